@@ -1,0 +1,237 @@
+//! The inference backend: the trait every engine implements, the tensor type
+//! that crosses it, and the ONNX Runtime engine (`ort.rs`) with its execution
+//! provider selection (TensorRT, CUDA, CPU).
+
+pub mod ort;
+pub mod tensor;
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+pub use self::tensor::{DType, NpyError, Tensor};
+
+/// An execution provider, in the vocabulary of the config and the CLI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Provider {
+    Tensorrt,
+    Cuda,
+    Cpu,
+}
+
+impl Provider {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Tensorrt => "tensorrt",
+            Provider::Cuda => "cuda",
+            Provider::Cpu => "cpu",
+        }
+    }
+
+    /// Parses a comma-separated preference list such as `tensorrt,cuda,cpu`.
+    pub fn parse_list(s: &str) -> Result<Vec<Provider>, String> {
+        let list: Vec<Provider> =
+            s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::parse).collect::<Result<_, _>>()?;
+        if list.is_empty() {
+            return Err("empty provider list (expected e.g. tensorrt,cuda,cpu)".into());
+        }
+        Ok(list)
+    }
+}
+
+impl FromStr for Provider {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "tensorrt" | "trt" => Ok(Provider::Tensorrt),
+            "cuda" => Ok(Provider::Cuda),
+            "cpu" => Ok(Provider::Cpu),
+            other => Err(format!("unknown execution provider `{other}` (expected tensorrt, cuda or cpu)")),
+        }
+    }
+}
+
+impl fmt::Display for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One dimension of a declared shape: a fixed size or a named free one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Dim {
+    Fixed(u64),
+    Symbolic(String),
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dim::Fixed(n) => write!(f, "{n}"),
+            Dim::Symbolic(s) => f.write_str(s),
+        }
+    }
+}
+
+/// Name, element type and shape of one model input or output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IoSpec {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<Dim>,
+}
+
+impl IoSpec {
+    pub fn shape_string(&self) -> String {
+        format!("[{}]", self.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "))
+    }
+
+    /// A concrete shape for this spec: symbolic dims take `batch` when they
+    /// name a batch axis, 1 otherwise.
+    pub fn concrete_shape(&self, batch: usize) -> Vec<usize> {
+        self.shape
+            .iter()
+            .map(|d| match d {
+                Dim::Fixed(n) => *n as usize,
+                Dim::Symbolic(s) if is_batch_name(s) => batch,
+                Dim::Symbolic(_) => 1,
+            })
+            .collect()
+    }
+}
+
+/// Names conventionally used for the batch axis by exporters.
+pub fn is_batch_name(s: &str) -> bool {
+    let s = s.to_ascii_lowercase();
+    s == "batch" || s == "batch_size" || s == "n" || s == "b" || s.starts_with("batch") || s == "unk__batch"
+}
+
+/// The inputs and outputs of a loaded model as the engine reports them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelIo {
+    pub inputs: Vec<IoSpec>,
+    pub outputs: Vec<IoSpec>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("missing input `{name}` (the model needs: {expected})")]
+    Missing { name: String, expected: String },
+    #[error("unknown input `{name}` (the model's inputs are: {expected})")]
+    Unknown { name: String, expected: String },
+    #[error("input `{name}`: the model expects {expected}, got {got}")]
+    DType { name: String, expected: DType, got: DType },
+    #[error("input `{name}`: the model expects shape {expected}, got {got:?}")]
+    Shape { name: String, expected: String, got: Vec<usize> },
+}
+
+/// Checks named tensors against a model's inputs before they reach the
+/// engine, so a bad frame gets an error that names what is wrong with it.
+pub fn check_inputs<'a>(
+    io: &ModelIo,
+    given: impl IntoIterator<Item = (&'a str, &'a Tensor)> + Clone,
+) -> Result<(), InputError> {
+    let expected = || io.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ");
+    for (name, t) in given.clone() {
+        let Some(spec) = io.inputs.iter().find(|i| i.name == name) else {
+            return Err(InputError::Unknown { name: name.to_string(), expected: expected() });
+        };
+        if spec.dtype != t.dtype() {
+            return Err(InputError::DType { name: name.to_string(), expected: spec.dtype, got: t.dtype() });
+        }
+        let shape_ok = spec.shape.len() == t.shape().len()
+            && spec.shape.iter().zip(t.shape()).all(|(d, g)| match d {
+                Dim::Fixed(n) => *n as usize == *g,
+                Dim::Symbolic(_) => true,
+            });
+        if !shape_ok {
+            return Err(InputError::Shape {
+                name: name.to_string(),
+                expected: spec.shape_string(),
+                got: t.shape().to_vec(),
+            });
+        }
+    }
+    for spec in &io.inputs {
+        if !given.clone().into_iter().any(|(n, _)| n == spec.name) {
+            return Err(InputError::Missing { name: spec.name.clone(), expected: expected() });
+        }
+    }
+    Ok(())
+}
+
+/// What every inference engine offers the rest of the daemon.
+pub trait InferenceSession: Send {
+    /// Inputs and outputs as the engine sees them.
+    fn io(&self) -> &ModelIo;
+    /// The execution provider that serves this session.
+    fn provider(&self) -> Provider;
+    /// Runs once. Inputs are checked first; outputs come back in the model's order.
+    fn run(&mut self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>, RunError>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Input(#[from] InputError),
+    #[error("inference failed: {0}")]
+    Engine(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io() -> ModelIo {
+        ModelIo {
+            inputs: vec![
+                IoSpec { name: "x".into(), dtype: DType::F32, shape: vec![Dim::Symbolic("batch".into()), Dim::Fixed(16)] },
+                IoSpec { name: "sr".into(), dtype: DType::I64, shape: vec![] },
+            ],
+            outputs: vec![],
+        }
+    }
+
+    #[test]
+    fn input_checks_name_every_problem_kind() {
+        let io = io();
+        let x = Tensor::filled(DType::F32, &[3, 16], 0.0);
+        let sr = Tensor::filled(DType::I64, &[], 16000.0);
+        assert!(check_inputs(&io, [("x", &x), ("sr", &sr)]).is_ok());
+        assert!(matches!(check_inputs(&io, [("x", &x)]), Err(InputError::Missing { name, .. }) if name == "sr"));
+        let bad = Tensor::filled(DType::F32, &[1, 15], 0.0);
+        assert!(matches!(check_inputs(&io, [("x", &bad), ("sr", &sr)]), Err(InputError::Shape { .. })));
+        let bad = Tensor::filled(DType::F64, &[1, 16], 0.0);
+        assert!(matches!(check_inputs(&io, [("x", &bad), ("sr", &sr)]), Err(InputError::DType { .. })));
+        let bad = Tensor::filled(DType::F32, &[16], 0.0);
+        assert!(matches!(check_inputs(&io, [("x", &bad), ("sr", &sr)]), Err(InputError::Shape { .. })));
+        assert!(matches!(
+            check_inputs(&io, [("x", &x), ("sr", &sr), ("y", &x)]),
+            Err(InputError::Unknown { name, .. }) if name == "y"
+        ));
+    }
+
+    #[test]
+    fn provider_lists_parse() {
+        assert_eq!(
+            Provider::parse_list("tensorrt, cuda,cpu").unwrap(),
+            vec![Provider::Tensorrt, Provider::Cuda, Provider::Cpu]
+        );
+        assert!(Provider::parse_list("cpu,tpu").is_err());
+        assert!(Provider::parse_list("").is_err());
+    }
+
+    #[test]
+    fn concrete_shapes_use_batch_for_batch_axes() {
+        let s = IoSpec {
+            name: "s".into(),
+            dtype: DType::F32,
+            shape: vec![Dim::Fixed(2), Dim::Symbolic("batch".into()), Dim::Symbolic("t".into())],
+        };
+        assert_eq!(s.concrete_shape(4), vec![2, 4, 1]);
+    }
+}

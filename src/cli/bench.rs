@@ -1,0 +1,229 @@
+//! `outpost bench --model MODEL`: latency percentiles and throughput.
+//!
+//! The timed loop is the same work a pipeline does per frame, and nothing
+//! more: inputs are prepared once as ONNX Runtime values, each iteration runs
+//! the session and, for stateful models, copies the state outputs back into
+//! the state inputs (as a stream would).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use ort::session::{Session, SessionInputValue};
+use ort::value::DynValue;
+
+use crate::backend::ort::OrtSession;
+use crate::backend::{DType, InferenceSession, Tensor, check_inputs};
+use crate::model::manifest::StatePair;
+use crate::model::registry::open_model_arg;
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// A path to an .onnx file or the name of a model in the model directory.
+    #[arg(long)]
+    pub model: String,
+    /// Timed iterations.
+    #[arg(long, default_value_t = 1000)]
+    pub iterations: usize,
+    /// Untimed iterations first.
+    #[arg(long, default_value_t = 50)]
+    pub warmup: usize,
+    /// Batch size for the batch axis of generated inputs.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Inputs as NAME=FILE.npy instead of generated ones (any not given are generated).
+    #[arg(long = "input", value_name = "NAME=FILE.npy")]
+    pub inputs: Vec<String>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub run: super::RunOpts,
+}
+
+/// One inference step with prepared values; what the timed loop repeats.
+pub struct HotLoop {
+    values: Vec<DynValue>,
+    /// (index of the state input in `values`, name of the output feeding it)
+    state: Vec<(usize, String)>,
+}
+
+impl HotLoop {
+    /// Prepares values in the session's input order. State pairs of f32
+    /// tensors are copied in place each step.
+    pub fn new(session: &OrtSession, inputs: &[(String, Tensor)], state: &[StatePair]) -> anyhow::Result<HotLoop> {
+        let io = session.io();
+        check_inputs(io, inputs.iter().map(|(n, t)| (n.as_str(), t)))?;
+        let mut values = Vec::with_capacity(io.inputs.len());
+        for spec in &io.inputs {
+            // check_inputs guarantees every input is present.
+            let (_, t) = inputs.iter().find(|(n, _)| *n == spec.name).ok_or_else(|| anyhow::anyhow!("missing {}", spec.name))?;
+            values.push(t.to_ort()?);
+        }
+        let mut pairs = Vec::new();
+        for p in state {
+            let idx = io.inputs.iter().position(|i| i.name == p.input);
+            let dtype = io.inputs.iter().find(|i| i.name == p.input).map(|i| i.dtype);
+            match (idx, dtype) {
+                (Some(i), Some(DType::F32)) => pairs.push((i, p.output.clone())),
+                _ => anyhow::bail!("state input `{}` must be an f32 input of the model", p.input),
+            }
+        }
+        Ok(HotLoop { values, state: pairs })
+    }
+
+    /// One run, state fed back.
+    #[inline]
+    pub fn step(&mut self, session: &mut Session) -> ort::Result<()> {
+        let inputs: Vec<SessionInputValue<'_>> = self.values.iter().map(|v| v.view().into()).collect();
+        let outputs = session.run(inputs.as_slice())?;
+        drop(inputs);
+        for (idx, out) in &self.state {
+            let Some(src) = outputs.get(out.as_str()) else {
+                return Err(ort::Error::new(format!("state output `{out}` missing")));
+            };
+            let (_, src) = src.try_extract_tensor::<f32>()?;
+            let (_, dst) = self.values[*idx].try_extract_tensor_mut::<f32>()?;
+            if src.len() != dst.len() {
+                return Err(ort::Error::new(format!("state output `{out}` has {} values, its input {}", src.len(), dst.len())));
+            }
+            dst.copy_from_slice(src);
+        }
+        Ok(())
+    }
+}
+
+/// Latency figures of one benchmark.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Summary {
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    pub mean_us: f64,
+    pub throughput_per_s: f64,
+}
+
+/// Percentiles by the nearest-rank method over sorted samples.
+pub fn summarize(samples: &mut [Duration], total: Duration, items_per_iter: usize) -> Summary {
+    samples.sort_unstable();
+    let n = samples.len().max(1);
+    let us = |d: Duration| d.as_nanos() as f64 / 1e3;
+    let rank = |q: f64| {
+        let r = ((q * n as f64).ceil() as usize).clamp(1, n) - 1;
+        samples.get(r).copied().map(us).unwrap_or(0.0)
+    };
+    let sum: Duration = samples.iter().sum();
+    Summary {
+        p50_us: rank(0.50),
+        p90_us: rank(0.90),
+        p99_us: rank(0.99),
+        max_us: samples.last().copied().map(us).unwrap_or(0.0),
+        mean_us: us(sum) / n as f64,
+        throughput_per_s: if total.is_zero() { 0.0 } else { (samples.len() * items_per_iter) as f64 / total.as_secs_f64() },
+    }
+}
+
+/// Peak resident memory of this process (VmHWM), where Linux reports it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
+    if a.iterations == 0 || a.batch == 0 {
+        anyhow::bail!("--iterations and --batch must be at least 1");
+    }
+    let mut given = Vec::new();
+    for s in &a.inputs {
+        let Some((n, p)) = s.split_once('=') else {
+            return Err(super::infer::BadInput(format!("`{s}` is not NAME=FILE.npy")).into());
+        };
+        let t = Tensor::read_npy(&PathBuf::from(p)).map_err(|e| super::infer::BadInput(e.to_string()))?;
+        given.push((n.to_string(), t));
+    }
+    let ctx = super::Ctx::new(cli, &a.run)?;
+    let model = open_model_arg(&ctx.runtime, &a.model, &ctx.model_dir, &ctx.session)?;
+    let mut inputs = model.synthetic_inputs(a.batch);
+    for (n, t) in given {
+        match inputs.iter_mut().find(|(m, _)| *m == n) {
+            Some(slot) => slot.1 = t,
+            None => inputs.push((n, t)),
+        }
+    }
+    let threads = ctx.session.intra_threads;
+    let (mut samples, total) = model.with_session(|s| -> anyhow::Result<(Vec<Duration>, Duration)> {
+        let mut hot = HotLoop::new(s, &inputs, &model.manifest.state).map_err(|e| super::infer::BadInput(e.to_string()))?;
+        let raw = s.raw();
+        for _ in 0..a.warmup {
+            hot.step(raw)?;
+        }
+        let bar = indicatif::ProgressBar::new(a.iterations as u64);
+        if a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        }
+        let mut samples = Vec::with_capacity(a.iterations);
+        let start = Instant::now();
+        for i in 0..a.iterations {
+            let t0 = Instant::now();
+            hot.step(raw)?;
+            samples.push(t0.elapsed());
+            if i % 64 == 0 {
+                bar.set_position(i as u64);
+            }
+        }
+        let total = start.elapsed();
+        bar.finish_and_clear();
+        Ok((samples, total))
+    })?;
+    let s = summarize(&mut samples, total, a.batch);
+    let rss = peak_rss_bytes();
+    if a.json {
+        let v = serde_json::json!({
+            "model": model.id(),
+            "provider": model.provider,
+            "fallbacks": model.fallbacks,
+            "iterations": a.iterations,
+            "warmup": a.warmup,
+            "batch": a.batch,
+            "threads": threads,
+            "p50_us": s.p50_us,
+            "p90_us": s.p90_us,
+            "p99_us": s.p99_us,
+            "max_us": s.max_us,
+            "mean_us": s.mean_us,
+            "throughput_per_s": s.throughput_per_s,
+            "peak_rss_bytes": rss,
+        });
+        println!("{}", serde_json::to_string(&v)?);
+    } else {
+        println!("model      {}  provider {}  threads {}  batch {}", model.id(), model.provider, threads, a.batch);
+        println!("iterations {} (+{} warm-up)", a.iterations, a.warmup);
+        println!(
+            "latency    p50 {:.1} us   p90 {:.1} us   p99 {:.1} us   max {:.1} us   mean {:.1} us",
+            s.p50_us, s.p90_us, s.p99_us, s.max_us, s.mean_us
+        );
+        println!("throughput {:.0} items/s", s.throughput_per_s);
+        if let Some(r) = rss {
+            println!("peak rss   {:.1} MiB", r as f64 / (1024.0 * 1024.0));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut v: Vec<Duration> = (1..=100).rev().map(Duration::from_micros).collect();
+        let s = summarize(&mut v, Duration::from_millis(10), 2);
+        assert_eq!(s.p50_us, 50.0);
+        assert_eq!(s.p90_us, 90.0);
+        assert_eq!(s.p99_us, 99.0);
+        assert_eq!(s.max_us, 100.0);
+        assert_eq!(s.throughput_per_s, 20_000.0);
+    }
+}

@@ -1,0 +1,112 @@
+//! Command-line interface: one file per subcommand.
+
+pub mod bench;
+pub mod check;
+pub mod infer;
+pub mod models;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::backend::Provider;
+use crate::backend::ort::{Runtime, SessionOptions};
+use crate::config::Config;
+
+#[derive(Debug, Parser)]
+#[command(name = "outpost", version, about = "Edge inference daemon: local ONNX Runtime / TensorRT inference, durable outbox, fleet uplink")]
+pub struct Cli {
+    /// Config file (TOML); its [runtime] section and model_dir apply to every command.
+    #[arg(long, global = true, env = "OUTPOST_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Model directory (folders with manifest.toml); overrides the config.
+    #[arg(long, global = true, env = "OUTPOST_MODEL_DIR")]
+    pub model_dir: Option<PathBuf>,
+    /// Path of libonnxruntime.so; overrides the config and the search.
+    #[arg(long, global = true)]
+    pub onnxruntime: Option<PathBuf>,
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// More logging (-v info, -vv debug); default shows warnings and errors.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate a config file and list every problem.
+    Check(check::CheckArgs),
+    /// Inspect and list models.
+    #[command(subcommand)]
+    Models(models::ModelsCommand),
+    /// Run a model once on inputs from .npy files and print its outputs.
+    Infer(infer::InferArgs),
+    /// Measure a model's latency and throughput.
+    Bench(bench::BenchArgs),
+}
+
+/// Options shared by the commands that run models.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunOpts {
+    /// Execution providers in order of preference, e.g. `tensorrt,cuda,cpu`.
+    #[arg(long, value_parser = Provider::parse_list)]
+    pub ep: Option<Vec<Provider>>,
+    /// Intra-op threads.
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// What a command needs to run models: the config, the runtime, the options.
+pub struct Ctx {
+    pub config: Config,
+    pub model_dir: PathBuf,
+    pub runtime: Arc<Runtime>,
+    pub session: SessionOptions,
+}
+
+impl Ctx {
+    pub fn new(cli: &Cli, run: &RunOpts) -> anyhow::Result<Ctx> {
+        let config = match &cli.config {
+            Some(p) => Config::load(p)?,
+            None => Config::default(),
+        };
+        let model_dir = match (&cli.model_dir, &cli.config) {
+            (Some(d), _) => d.clone(),
+            (None, Some(_)) => config.model_dir.clone(),
+            // Without a config, a checkout's models/ is the natural place.
+            (None, None) if Path::new("models").is_dir() => PathBuf::from("models"),
+            (None, None) => config.model_dir.clone(),
+        };
+        let lib = cli.onnxruntime.as_deref().or(config.runtime.onnxruntime.as_deref());
+        let runtime = Runtime::load(lib)?;
+        let r = &config.runtime;
+        let session = SessionOptions {
+            providers: run.ep.clone().unwrap_or_else(|| r.providers.clone()),
+            intra_threads: run.threads.unwrap_or(r.intra_threads),
+            tensorrt: r.tensorrt.clone(),
+            cuda_device_id: r.cuda_device_id,
+            cache_dir: config.tensorrt_cache_dir(),
+        };
+        Ok(Ctx { config, model_dir, runtime, session })
+    }
+}
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match &cli.command {
+        Command::Check(a) => check::run(&cli, a),
+        Command::Models(m) => models::run(&cli, m),
+        Command::Infer(a) => infer::run(&cli, a),
+        Command::Bench(a) => bench::run(&cli, a),
+    }
+}

@@ -1,0 +1,212 @@
+//! The daemon's TOML config: load -> interpolate `${VAR}` -> parse (unknown
+//! keys refused) -> validate (every problem at once).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::Provider;
+use crate::backend::ort::TensorRtOptions;
+
+/// Top level of `outpost.toml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// This device's name in result ids and topics; default: the host name.
+    #[serde(default)]
+    pub device: Option<String>,
+    /// Where the outbox, engine caches and staged updates live.
+    #[serde(default = "default_data_dir")]
+    pub data_dir: PathBuf,
+    /// Folder of model folders, each with a manifest.toml.
+    #[serde(default = "default_model_dir")]
+    pub model_dir: PathBuf,
+    #[serde(default)]
+    pub runtime: RuntimeConfig,
+}
+
+fn default_data_dir() -> PathBuf {
+    PathBuf::from("/var/lib/outpost")
+}
+fn default_model_dir() -> PathBuf {
+    PathBuf::from("/var/lib/outpost/models")
+}
+
+/// How models are run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// Path of libonnxruntime.so; searched for when unset (see `backend::ort`).
+    pub onnxruntime: Option<PathBuf>,
+    /// Execution providers in order of preference; each model gets the first that works here.
+    pub providers: Vec<Provider>,
+    /// Intra-op threads per session.
+    pub intra_threads: usize,
+    /// CUDA device ordinal for the CUDA provider.
+    pub cuda_device_id: i32,
+    pub tensorrt: TensorRtOptions,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            onnxruntime: None,
+            providers: vec![Provider::Tensorrt, Provider::Cuda, Provider::Cpu],
+            intra_threads: 1,
+            cuda_device_id: 0,
+            tensorrt: TensorRtOptions::default(),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { device: None, data_dir: default_data_dir(), model_dir: default_model_dir(), runtime: RuntimeConfig::default() }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("{path}: {} problem(s):\n{}", .problems.len(), .problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid { path: String, problems: Vec<String> },
+}
+
+/// Replaces `${NAME}` with the environment variable NAME (`$$` escapes a
+/// dollar). Unset variables are reported with their line.
+pub fn interpolate(text: &str, get: impl Fn(&str) -> Option<String>) -> Result<String, Vec<String>> {
+    let mut out = String::with_capacity(text.len());
+    let mut problems = Vec::new();
+    for (lineno, line) in text.split_inclusive('\n').enumerate() {
+        let mut rest = line;
+        while let Some(i) = rest.find('$') {
+            out.push_str(&rest[..i]);
+            let after = &rest[i + 1..];
+            if let Some(stripped) = after.strip_prefix('$') {
+                out.push('$');
+                rest = stripped;
+            } else if let Some(body) = after.strip_prefix('{') {
+                match body.find('}') {
+                    Some(end) => {
+                        let name = &body[..end];
+                        match get(name) {
+                            Some(v) => out.push_str(&v),
+                            None => problems.push(format!("line {}: environment variable `{name}` is not set", lineno + 1)),
+                        }
+                        rest = &body[end + 1..];
+                    }
+                    None => {
+                        problems.push(format!("line {}: unterminated `${{`", lineno + 1));
+                        out.push('$');
+                        rest = after;
+                    }
+                }
+            } else {
+                out.push('$');
+                rest = after;
+            }
+        }
+        out.push_str(rest);
+    }
+    if problems.is_empty() { Ok(out) } else { Err(problems) }
+}
+
+impl Config {
+    /// Loads, interpolates, parses and validates; all problems in one error.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: p.clone(), source })?;
+        Self::from_toml(&text, &p, |k| std::env::var(k).ok())
+    }
+
+    pub fn from_toml(text: &str, path: &str, env: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let text = interpolate(text, env).map_err(|problems| ConfigError::Invalid { path: path.into(), problems })?;
+        let cfg: Config = toml::from_str(&text).map_err(|e| ConfigError::Invalid {
+            path: path.into(),
+            problems: vec![e.to_string().trim_end().replace('\n', "\n    ")],
+        })?;
+        let problems = cfg.validate();
+        if problems.is_empty() { Ok(cfg) } else { Err(ConfigError::Invalid { path: path.into(), problems }) }
+    }
+
+    /// Every problem, each naming its key.
+    pub fn validate(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if let Some(d) = &self.device
+            && (d.is_empty() || d.contains(['/', '+', '#', ' ']))
+        {
+            p.push(format!("device: `{d}` must be non-empty without '/', '+', '#' or spaces (it is used in ids and topics)"));
+        }
+        let r = &self.runtime;
+        if r.providers.is_empty() {
+            p.push("runtime.providers: empty (use e.g. [\"tensorrt\", \"cuda\", \"cpu\"])".into());
+        }
+        for (i, a) in r.providers.iter().enumerate() {
+            if r.providers[..i].contains(a) {
+                p.push(format!("runtime.providers: `{a}` listed twice"));
+            }
+        }
+        if r.intra_threads == 0 || r.intra_threads > 256 {
+            p.push(format!("runtime.intra_threads: {} is out of range 1..=256", r.intra_threads));
+        }
+        if let Some(lib) = &r.onnxruntime
+            && !lib.exists()
+        {
+            p.push(format!("runtime.onnxruntime: {} does not exist", lib.display()));
+        }
+        let t = &r.tensorrt;
+        if let Some(table) = &t.int8_calibration_table {
+            if !t.int8 {
+                p.push("runtime.tensorrt.int8_calibration_table is set but int8 is false".into());
+            }
+            if table.is_absolute() && !table.exists() {
+                p.push(format!("runtime.tensorrt.int8_calibration_table: {} does not exist", table.display()));
+            }
+        }
+        p
+    }
+
+    /// The engine cache root.
+    pub fn tensorrt_cache_dir(&self) -> PathBuf {
+        self.data_dir.join("tensorrt")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interpolation_replaces_and_reports_each_unset_variable() {
+        let env = |k: &str| (k == "SITE").then(|| "farm-7".to_string());
+        assert_eq!(interpolate("device = \"${SITE}\" # $$5", env).unwrap(), "device = \"farm-7\" # $5");
+        let err = interpolate("a = \"${NOPE}\"\nb = \"${ALSO}\"\n", env).unwrap_err();
+        assert_eq!(err.len(), 2);
+        assert!(err[1].starts_with("line 2"));
+    }
+
+    #[test]
+    fn every_problem_reported_at_once() {
+        let text = r#"
+device = "a b"
+[runtime]
+providers = ["cuda", "cuda"]
+intra_threads = 0
+[runtime.tensorrt]
+int8_calibration_table = "/nonexistent/table"
+"#;
+        let Err(ConfigError::Invalid { problems, .. }) = Config::from_toml(text, "t.toml", |_| None) else {
+            panic!("expected invalid");
+        };
+        assert_eq!(problems.len(), 5, "{problems:?}");
+    }
+
+    #[test]
+    fn unknown_keys_and_providers_refused() {
+        assert!(Config::from_toml("[runtime]\nthreads = 2\n", "t", |_| None).is_err());
+        assert!(Config::from_toml("[runtime]\nproviders = [\"tpu\"]\n", "t", |_| None).is_err());
+        let c = Config::from_toml("[runtime]\nproviders = [\"cpu\"]\n", "t", |_| None).unwrap();
+        assert_eq!(c.runtime.providers, vec![Provider::Cpu]);
+    }
+}

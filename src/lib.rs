@@ -1,0 +1,8 @@
+//! outpost: an edge inference daemon. Sources feed pipelines that run ONNX
+//! models locally; results wait in a durable outbox until the fleet has them.
+
+pub mod backend;
+pub mod cli;
+pub mod config;
+pub mod model;
+pub mod telemetry;

@@ -1,0 +1,39 @@
+//! The `outpost` binary: parse the command line, run, map errors to exit codes.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use outpost::backend::ort::RuntimeError;
+use outpost::cli::{self, Cli, infer::BadInput};
+use outpost::config::ConfigError;
+use outpost::model::registry::ModelError;
+
+/// Exit codes scripts can rely on.
+const EXIT_ERROR: u8 = 1;
+const EXIT_CONFIG: u8 = 2;
+const EXIT_RUNTIME: u8 = 3;
+const EXIT_MODEL: u8 = 4;
+const EXIT_INPUT: u8 = 5;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    outpost::telemetry::logging::init(cli.log_format, cli.verbose);
+    match cli::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            let code = if e.is::<RuntimeError>() {
+                EXIT_RUNTIME
+            } else if e.is::<ModelError>() {
+                EXIT_MODEL
+            } else if e.is::<BadInput>() {
+                EXIT_INPUT
+            } else if e.is::<ConfigError>() {
+                EXIT_CONFIG
+            } else {
+                EXIT_ERROR
+            };
+            ExitCode::from(code)
+        }
+    }
+}

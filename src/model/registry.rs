@@ -1,0 +1,265 @@
+//! The model registry: every model folder under the model directory, checked
+//! and loaded. A model that fails any check (checksum, ONNX parse, manifest
+//! against the model's real inputs, warm-up) is refused with an error naming
+//! its file; the others still load.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use super::manifest::{Manifest, ManifestError, compare_io};
+use super::onnx::{OnnxInfo, inspect_bytes};
+use crate::backend::ort::{Fallback, ModelKey, OrtSession, Runtime, SessionError, SessionOptions};
+use crate::backend::{InferenceSession, ModelIo, Provider, RunError, Tensor};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error("{path}: cannot read: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("{path}: sha256 is {actual}, the manifest says {expected} (corrupt or wrong file; run models/fetch)")]
+    Checksum { path: String, expected: String, actual: String },
+    #[error("{path}: {detail}")]
+    NotOnnx { path: String, detail: String },
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error("{path}: the manifest disagrees with the model: {}", .problems.join("; "))]
+    Mismatch { path: String, problems: Vec<String> },
+    #[error("{path}: warm-up failed: {detail}")]
+    WarmUp { path: String, detail: String },
+    #[error("model `{name}` not found in {dir} (models there: {available})")]
+    NotFound { name: String, dir: String, available: String },
+}
+
+/// A model ready to serve: its manifest, its session and what was learnt
+/// while loading it.
+pub struct LoadedModel {
+    pub manifest: Manifest,
+    pub path: PathBuf,
+    pub info: OnnxInfo,
+    pub provider: Provider,
+    pub fallbacks: Vec<Fallback>,
+    pub warmup: Duration,
+    pub io: ModelIo,
+    session: Mutex<OrtSession>,
+}
+
+impl LoadedModel {
+    /// `name@version`, as result records name models.
+    pub fn id(&self) -> String {
+        format!("{}@{}", self.manifest.name, self.manifest.version)
+    }
+
+    /// Runs once. The session is shared by every pipeline using this model;
+    /// callers on other threads wait for the lock.
+    pub fn run(&self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>, RunError> {
+        let mut s = self.session.lock().unwrap_or_else(|p| p.into_inner());
+        s.run(inputs)
+    }
+
+    /// Exclusive access to the underlying session, for benchmarks' hot loops.
+    pub fn with_session<R>(&self, f: impl FnOnce(&mut OrtSession) -> R) -> R {
+        let mut s = self.session.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut s)
+    }
+
+    /// Inputs for one call built from the manifest: `fill` values where
+    /// declared, zeros for state inputs, seeded pseudo-random data otherwise.
+    pub fn synthetic_inputs(&self, batch: usize) -> Vec<(String, Tensor)> {
+        self.manifest
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let shape = d.spec().concrete_shape(batch);
+                let t = match d.fill {
+                    Some(v) => Tensor::filled(d.dtype, &shape, v),
+                    None if self.manifest.is_state_input(&d.name) => Tensor::filled(d.dtype, &shape, 0.0),
+                    None => Tensor::pseudo_random(d.dtype, &shape, 0x5EED + i as u64),
+                };
+                (d.name.clone(), t)
+            })
+            .collect()
+    }
+}
+
+/// A manifest for a bare .onnx file: its inputs and outputs as the model
+/// declares them, no checksum to hold it to.
+fn manifest_for_bare_file(path: &Path, io: &ModelIo, sha256: String) -> Manifest {
+    let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string();
+    let conv = |v: &[crate::backend::IoSpec]| {
+        v.iter()
+            .map(|s| super::manifest::ManifestIo { name: s.name.clone(), dtype: s.dtype, shape: s.shape.clone(), fill: None })
+            .collect()
+    };
+    Manifest {
+        name,
+        version: "0.0.0".into(),
+        file: path.file_name().and_then(|s| s.to_str()).unwrap_or_default().to_string(),
+        sha256,
+        source: path.display().to_string(),
+        license: "unknown".into(),
+        description: String::new(),
+        inputs: conv(&io.inputs),
+        outputs: conv(&io.outputs),
+        state: Vec::new(),
+        preprocess: None,
+        postprocess: None,
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Opens one model from its manifest: checksum, parse, session, manifest
+/// against the real model, warm-up.
+pub fn load_manifest(rt: &Runtime, manifest_path: &Path, opts: &SessionOptions) -> Result<LoadedModel, ModelError> {
+    let manifest = Manifest::load(manifest_path)?;
+    let dir = manifest_path.parent().unwrap_or(Path::new("."));
+    let path = dir.join(&manifest.file);
+    load_file(rt, &path, Some(manifest), opts)
+}
+
+/// Opens a model file; with a manifest, holds it to the manifest.
+pub fn load_file(rt: &Runtime, path: &Path, manifest: Option<Manifest>, opts: &SessionOptions) -> Result<LoadedModel, ModelError> {
+    let shown = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| ModelError::Io { path: shown.clone(), source })?;
+    let actual = sha256_hex(&bytes);
+    if let Some(m) = &manifest
+        && !m.sha256.eq_ignore_ascii_case(&actual)
+    {
+        return Err(ModelError::Checksum { path: shown, expected: m.sha256.clone(), actual });
+    }
+    let info = inspect_bytes(&bytes).map_err(|e| ModelError::NotOnnx { path: shown.clone(), detail: e.to_string() })?;
+    drop(bytes);
+    let (name, version) = match &manifest {
+        Some(m) => (m.name.clone(), m.version.clone()),
+        None => (path.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string(), "0.0.0".to_string()),
+    };
+    let key = ModelKey { name: &name, version: &version };
+    let session = OrtSession::open(rt, path, &key, opts)?;
+    let io = session.io().clone();
+    let manifest = match manifest {
+        Some(m) => {
+            let mut problems = compare_io("input", &m.inputs, &io.inputs);
+            problems.extend(compare_io("output", &m.outputs, &io.outputs));
+            if !problems.is_empty() {
+                return Err(ModelError::Mismatch { path: shown, problems });
+            }
+            m
+        }
+        None => manifest_for_bare_file(path, &io, actual),
+    };
+    let provider = session.provider();
+    let fallbacks = session.fallbacks.clone();
+    let mut model = LoadedModel {
+        manifest,
+        path: path.to_path_buf(),
+        info,
+        provider,
+        fallbacks,
+        warmup: Duration::ZERO,
+        io,
+        session: Mutex::new(session),
+    };
+    // Warm-up: the first run allocates arenas and (on TensorRT) builds the
+    // engine; do it at load so the first real frame does not pay for it.
+    let inputs = model.synthetic_inputs(1);
+    let refs: Vec<(&str, &Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let t0 = Instant::now();
+    model.run(&refs).map_err(|e| ModelError::WarmUp { path: shown.clone(), detail: e.to_string() })?;
+    model.warmup = t0.elapsed();
+    tracing::info!(model = %model.id(), provider = %model.provider, warmup_ms = model.warmup.as_secs_f64() * 1e3, "model loaded");
+    Ok(model)
+}
+
+/// Every model of a model directory that passed its checks.
+#[derive(Default)]
+pub struct Registry {
+    pub dir: PathBuf,
+    models: BTreeMap<String, Arc<LoadedModel>>,
+}
+
+impl Registry {
+    /// Loads every `<dir>/<name>/manifest.toml`. Models that fail are returned
+    /// as errors beside the registry of those that loaded.
+    pub fn load_dir(rt: &Runtime, dir: &Path, opts: &SessionOptions) -> (Registry, Vec<ModelError>) {
+        let mut reg = Registry { dir: dir.to_path_buf(), models: BTreeMap::new() };
+        let mut errors = Vec::new();
+        for manifest in manifests_in(dir) {
+            match load_manifest(rt, &manifest, opts) {
+                Ok(m) => {
+                    reg.models.insert(m.manifest.name.clone(), Arc::new(m));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "model refused");
+                    errors.push(e);
+                }
+            }
+        }
+        (reg, errors)
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<LoadedModel>> {
+        self.models.get(name).cloned()
+    }
+
+    pub fn models(&self) -> impl Iterator<Item = &Arc<LoadedModel>> {
+        self.models.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.models.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.models.is_empty()
+    }
+}
+
+/// The manifests of a model directory, sorted by folder name.
+pub fn manifests_in(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("manifest.toml"))
+        .filter(|p| p.is_file())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Resolves a MODEL argument: a path to an .onnx file (held to the manifest
+/// beside it when that manifest names the file) or a model name in `dir`.
+pub fn open_model_arg(rt: &Runtime, arg: &str, dir: &Path, opts: &SessionOptions) -> Result<LoadedModel, ModelError> {
+    let as_path = Path::new(arg);
+    if as_path.is_file() {
+        let beside = as_path.parent().unwrap_or(Path::new(".")).join("manifest.toml");
+        if beside.is_file()
+            && let Ok(m) = Manifest::load(&beside)
+            && Path::new(&m.file).file_name() == as_path.file_name()
+        {
+            return load_file(rt, as_path, Some(m), opts);
+        }
+        return load_file(rt, as_path, None, opts);
+    }
+    let manifest = dir.join(arg).join("manifest.toml");
+    if manifest.is_file() {
+        return load_manifest(rt, &manifest, opts);
+    }
+    let available: Vec<String> = manifests_in(dir)
+        .iter()
+        .filter_map(|p| p.parent().and_then(|d| d.file_name()).map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    Err(ModelError::NotFound {
+        name: arg.to_string(),
+        dir: dir.display().to_string(),
+        available: if available.is_empty() { "none; run models/fetch and models/build".into() } else { available.join(", ") },
+    })
+}

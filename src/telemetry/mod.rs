@@ -1,0 +1,3 @@
+//! Logging setup (and, later, metrics and device sensors).
+
+pub mod logging;

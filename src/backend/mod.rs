@@ -32,8 +32,12 @@ impl Provider {
 
     /// Parses a comma-separated preference list such as `tensorrt,cuda,cpu`.
     pub fn parse_list(s: &str) -> Result<Vec<Provider>, String> {
-        let list: Vec<Provider> =
-            s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::parse).collect::<Result<_, _>>()?;
+        let list: Vec<Provider> = s
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::parse)
+            .collect::<Result<_, _>>()?;
         if list.is_empty() {
             return Err("empty provider list (expected e.g. tensorrt,cuda,cpu)".into());
         }
@@ -48,7 +52,9 @@ impl FromStr for Provider {
             "tensorrt" | "trt" => Ok(Provider::Tensorrt),
             "cuda" => Ok(Provider::Cuda),
             "cpu" => Ok(Provider::Cpu),
-            other => Err(format!("unknown execution provider `{other}` (expected tensorrt, cuda or cpu)")),
+            other => Err(format!(
+                "unknown execution provider `{other}` (expected tensorrt, cuda or cpu)"
+            )),
         }
     }
 }
@@ -87,7 +93,14 @@ pub struct IoSpec {
 
 impl IoSpec {
     pub fn shape_string(&self) -> String {
-        format!("[{}]", self.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "))
+        format!(
+            "[{}]",
+            self.shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
     }
 
     /// A concrete shape for this spec: symbolic dims take `batch` when they
@@ -107,7 +120,12 @@ impl IoSpec {
 /// Names conventionally used for the batch axis by exporters.
 pub fn is_batch_name(s: &str) -> bool {
     let s = s.to_ascii_lowercase();
-    s == "batch" || s == "batch_size" || s == "n" || s == "b" || s.starts_with("batch") || s == "unk__batch"
+    s == "batch"
+        || s == "batch_size"
+        || s == "n"
+        || s == "b"
+        || s.starts_with("batch")
+        || s == "unk__batch"
 }
 
 /// The inputs and outputs of a loaded model as the engine reports them.
@@ -124,9 +142,17 @@ pub enum InputError {
     #[error("unknown input `{name}` (the model's inputs are: {expected})")]
     Unknown { name: String, expected: String },
     #[error("input `{name}`: the model expects {expected}, got {got}")]
-    DType { name: String, expected: DType, got: DType },
+    DType {
+        name: String,
+        expected: DType,
+        got: DType,
+    },
     #[error("input `{name}`: the model expects shape {expected}, got {got:?}")]
-    Shape { name: String, expected: String, got: Vec<usize> },
+    Shape {
+        name: String,
+        expected: String,
+        got: Vec<usize>,
+    },
 }
 
 /// Checks named tensors against a model's inputs before they reach the
@@ -135,13 +161,26 @@ pub fn check_inputs<'a>(
     io: &ModelIo,
     given: impl IntoIterator<Item = (&'a str, &'a Tensor)> + Clone,
 ) -> Result<(), InputError> {
-    let expected = || io.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ");
+    let expected = || {
+        io.inputs
+            .iter()
+            .map(|i| i.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     for (name, t) in given.clone() {
         let Some(spec) = io.inputs.iter().find(|i| i.name == name) else {
-            return Err(InputError::Unknown { name: name.to_string(), expected: expected() });
+            return Err(InputError::Unknown {
+                name: name.to_string(),
+                expected: expected(),
+            });
         };
         if spec.dtype != t.dtype() {
-            return Err(InputError::DType { name: name.to_string(), expected: spec.dtype, got: t.dtype() });
+            return Err(InputError::DType {
+                name: name.to_string(),
+                expected: spec.dtype,
+                got: t.dtype(),
+            });
         }
         let shape_ok = spec.shape.len() == t.shape().len()
             && spec.shape.iter().zip(t.shape()).all(|(d, g)| match d {
@@ -158,7 +197,10 @@ pub fn check_inputs<'a>(
     }
     for spec in &io.inputs {
         if !given.clone().into_iter().any(|(n, _)| n == spec.name) {
-            return Err(InputError::Missing { name: spec.name.clone(), expected: expected() });
+            return Err(InputError::Missing {
+                name: spec.name.clone(),
+                expected: expected(),
+            });
         }
     }
     Ok(())
@@ -189,8 +231,16 @@ mod tests {
     fn io() -> ModelIo {
         ModelIo {
             inputs: vec![
-                IoSpec { name: "x".into(), dtype: DType::F32, shape: vec![Dim::Symbolic("batch".into()), Dim::Fixed(16)] },
-                IoSpec { name: "sr".into(), dtype: DType::I64, shape: vec![] },
+                IoSpec {
+                    name: "x".into(),
+                    dtype: DType::F32,
+                    shape: vec![Dim::Symbolic("batch".into()), Dim::Fixed(16)],
+                },
+                IoSpec {
+                    name: "sr".into(),
+                    dtype: DType::I64,
+                    shape: vec![],
+                },
             ],
             outputs: vec![],
         }
@@ -202,13 +252,24 @@ mod tests {
         let x = Tensor::filled(DType::F32, &[3, 16], 0.0);
         let sr = Tensor::filled(DType::I64, &[], 16000.0);
         assert!(check_inputs(&io, [("x", &x), ("sr", &sr)]).is_ok());
-        assert!(matches!(check_inputs(&io, [("x", &x)]), Err(InputError::Missing { name, .. }) if name == "sr"));
+        assert!(
+            matches!(check_inputs(&io, [("x", &x)]), Err(InputError::Missing { name, .. }) if name == "sr")
+        );
         let bad = Tensor::filled(DType::F32, &[1, 15], 0.0);
-        assert!(matches!(check_inputs(&io, [("x", &bad), ("sr", &sr)]), Err(InputError::Shape { .. })));
+        assert!(matches!(
+            check_inputs(&io, [("x", &bad), ("sr", &sr)]),
+            Err(InputError::Shape { .. })
+        ));
         let bad = Tensor::filled(DType::F64, &[1, 16], 0.0);
-        assert!(matches!(check_inputs(&io, [("x", &bad), ("sr", &sr)]), Err(InputError::DType { .. })));
+        assert!(matches!(
+            check_inputs(&io, [("x", &bad), ("sr", &sr)]),
+            Err(InputError::DType { .. })
+        ));
         let bad = Tensor::filled(DType::F32, &[16], 0.0);
-        assert!(matches!(check_inputs(&io, [("x", &bad), ("sr", &sr)]), Err(InputError::Shape { .. })));
+        assert!(matches!(
+            check_inputs(&io, [("x", &bad), ("sr", &sr)]),
+            Err(InputError::Shape { .. })
+        ));
         assert!(matches!(
             check_inputs(&io, [("x", &x), ("sr", &sr), ("y", &x)]),
             Err(InputError::Unknown { name, .. }) if name == "y"
@@ -230,7 +291,11 @@ mod tests {
         let s = IoSpec {
             name: "s".into(),
             dtype: DType::F32,
-            shape: vec![Dim::Fixed(2), Dim::Symbolic("batch".into()), Dim::Symbolic("t".into())],
+            shape: vec![
+                Dim::Fixed(2),
+                Dim::Symbolic("batch".into()),
+                Dim::Symbolic("t".into()),
+            ],
         };
         assert_eq!(s.concrete_shape(4), vec![2, 4, 1]);
     }

@@ -22,7 +22,9 @@ use ort::ep::{self, ExecutionProvider};
 use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::{Session, SessionInputValue};
 
-use super::{DType, Dim, InferenceSession, IoSpec, ModelIo, Provider, RunError, Tensor, check_inputs};
+use super::{
+    DType, Dim, InferenceSession, IoSpec, ModelIo, Provider, RunError, Tensor, check_inputs,
+};
 
 /// The ONNX Runtime API version this build needs (ort's `api-31` feature).
 pub const REQUIRED_API: u32 = ort::MINOR_VERSION;
@@ -44,7 +46,11 @@ pub enum RuntimeError {
          This build needs ONNX Runtime 1.{api} or newer; `models/fetch --lib-only` fetches 1.31.1.",
         api = REQUIRED_API
     )]
-    Unusable { path: String, source_name: String, detail: String },
+    Unusable {
+        path: String,
+        source_name: String,
+        detail: String,
+    },
     #[error("ONNX Runtime environment: {0}")]
     Environment(String),
 }
@@ -79,12 +85,25 @@ struct Candidate {
 fn candidates(configured: Option<&Path>) -> Vec<Candidate> {
     let mut c = Vec::new();
     if let Some(p) = configured {
-        c.push(Candidate { found_by: "config [runtime] onnxruntime".into(), path: p.into(), explicit: true, system: false });
+        c.push(Candidate {
+            found_by: "config [runtime] onnxruntime".into(),
+            path: p.into(),
+            explicit: true,
+            system: false,
+        });
     }
     if let Some(p) = std::env::var_os("ORT_DYLIB_PATH").filter(|p| !p.is_empty()) {
-        c.push(Candidate { found_by: "$ORT_DYLIB_PATH".into(), path: p.into(), explicit: true, system: false });
+        c.push(Candidate {
+            found_by: "$ORT_DYLIB_PATH".into(),
+            path: p.into(),
+            explicit: true,
+            system: false,
+        });
     }
-    if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
         c.push(Candidate {
             found_by: "lib/ beside the binary".into(),
             path: dir.join("lib").join(LIB_NAME),
@@ -122,7 +141,12 @@ impl Runtime {
         for (i, c) in candidates(configured).into_iter().enumerate() {
             let shown = c.path.display().to_string();
             if !c.system && !c.path.exists() {
-                searched.push(format!("  {}. {} ({}): no such file", i + 1, shown, c.found_by));
+                searched.push(format!(
+                    "  {}. {} ({}): no such file",
+                    i + 1,
+                    shown,
+                    c.found_by
+                ));
                 if c.explicit {
                     return Err(RuntimeError::Unusable {
                         path: shown,
@@ -137,7 +161,9 @@ impl Runtime {
             let path = if c.system || c.path.is_absolute() {
                 c.path.clone()
             } else {
-                std::env::current_dir().map(|d| d.join(&c.path)).unwrap_or(c.path.clone())
+                std::env::current_dir()
+                    .map(|d| d.join(&c.path))
+                    .unwrap_or(c.path.clone())
             };
             match ort::init_from(&path) {
                 Ok(builder) => {
@@ -146,8 +172,13 @@ impl Runtime {
                         .with_telemetry(false)
                         .build()
                         .map_err(|e| RuntimeError::Environment(e.to_string()))?;
-                    let version = library_version(&path).unwrap_or_else(|| version_from_build_info(ort::info()));
-                    let info = RuntimeInfo { path: path.display().to_string(), found_by: c.found_by, version };
+                    let version = library_version(&path)
+                        .unwrap_or_else(|| version_from_build_info(ort::info()));
+                    let info = RuntimeInfo {
+                        path: path.display().to_string(),
+                        found_by: c.found_by,
+                        version,
+                    };
                     tracing::info!(path = %info.path, version = %info.version, found_by = %info.found_by, "ONNX Runtime loaded");
                     let rt = Arc::new(Runtime { env, info });
                     let _ = RUNTIME.set(rt.clone());
@@ -157,13 +188,25 @@ impl Runtime {
                     let detail = e.to_string();
                     let bad_version = matches!(e, ort::LoadDynamicError::BadVersion { .. });
                     if c.explicit || bad_version {
-                        return Err(RuntimeError::Unusable { path: shown, source_name: c.found_by, detail });
+                        return Err(RuntimeError::Unusable {
+                            path: shown,
+                            source_name: c.found_by,
+                            detail,
+                        });
                     }
-                    searched.push(format!("  {}. {} ({}): {}", i + 1, shown, c.found_by, detail));
+                    searched.push(format!(
+                        "  {}. {} ({}): {}",
+                        i + 1,
+                        shown,
+                        c.found_by,
+                        detail
+                    ));
                 }
             }
         }
-        Err(RuntimeError::NotFound { searched: searched.join("\n") })
+        Err(RuntimeError::NotFound {
+            searched: searched.join("\n"),
+        })
     }
 
     /// The runtime loaded earlier in this process, if any.
@@ -191,7 +234,8 @@ fn library_version(path: &Path) -> Option<String> {
     // static NUL-terminated string.
     unsafe {
         let lib = libloading::Library::new(path).ok()?;
-        let get: libloading::Symbol<unsafe extern "C" fn() -> *const ort::sys::OrtApiBase> = lib.get(b"OrtGetApiBase").ok()?;
+        let get: libloading::Symbol<unsafe extern "C" fn() -> *const ort::sys::OrtApiBase> =
+            lib.get(b"OrtGetApiBase").ok()?;
         let base = get();
         if base.is_null() {
             return None;
@@ -297,7 +341,12 @@ pub fn ep_context_path(cache_dir: &Path, model: &str, version: &str) -> PathBuf 
 
 /// TensorRT provider options as ONNX Runtime's key/value pairs. Kept free of
 /// I/O so the mapping is tested on machines without a GPU.
-pub fn tensorrt_provider_options(o: &TensorRtOptions, cache_dir: &Path, model: &str, version: &str) -> Vec<(String, String)> {
+pub fn tensorrt_provider_options(
+    o: &TensorRtOptions,
+    cache_dir: &Path,
+    model: &str,
+    version: &str,
+) -> Vec<(String, String)> {
     let b = |v: bool| if v { "1" } else { "0" }.to_string();
     let dir = engine_cache_dir(cache_dir, model, version);
     let mut kv = vec![
@@ -309,25 +358,42 @@ pub fn tensorrt_provider_options(o: &TensorRtOptions, cache_dir: &Path, model: &
     if o.int8 {
         if let Some(t) = &o.int8_calibration_table {
             // An absolute name is used as is; ONNX Runtime joins relative ones to the cache path.
-            kv.push(("trt_int8_calibration_table_name".into(), t.display().to_string()));
+            kv.push((
+                "trt_int8_calibration_table_name".into(),
+                t.display().to_string(),
+            ));
         }
-        kv.push(("trt_int8_use_native_calibration_table".into(), b(o.int8_native_calibration_table)));
+        kv.push((
+            "trt_int8_use_native_calibration_table".into(),
+            b(o.int8_native_calibration_table),
+        ));
     }
     if o.engine_cache {
         kv.push(("trt_engine_cache_path".into(), dir.display().to_string()));
     }
     if o.timing_cache {
         kv.push(("trt_timing_cache_enable".into(), "1".into()));
-        kv.push(("trt_timing_cache_path".into(), cache_dir.display().to_string()));
+        kv.push((
+            "trt_timing_cache_path".into(),
+            cache_dir.display().to_string(),
+        ));
     }
     if o.ep_context == EpContextMode::Dump {
         kv.push(("trt_dump_ep_context_model".into(), "1".into()));
-        kv.push(("trt_ep_context_file_path".into(), ep_context_path(cache_dir, model, version).display().to_string()));
+        kv.push((
+            "trt_ep_context_file_path".into(),
+            ep_context_path(cache_dir, model, version)
+                .display()
+                .to_string(),
+        ));
         // 0: the engine lives in its own file beside the context model, not inside it.
         kv.push(("trt_ep_context_embed_mode".into(), "0".into()));
     }
     if o.max_workspace_bytes > 0 {
-        kv.push(("trt_max_workspace_size".into(), o.max_workspace_bytes.to_string()));
+        kv.push((
+            "trt_max_workspace_size".into(),
+            o.max_workspace_bytes.to_string(),
+        ));
     }
     kv
 }
@@ -373,7 +439,13 @@ fn base_builder(rt: &Runtime, o: &SessionOptions) -> ort::Result<SessionBuilder>
 }
 
 /// Registers one provider on a builder, or says why it cannot serve here.
-fn register(rt: &Runtime, p: Provider, b: &mut SessionBuilder, o: &SessionOptions, key: &ModelKey<'_>) -> Result<(), String> {
+fn register(
+    rt: &Runtime,
+    p: Provider,
+    b: &mut SessionBuilder,
+    o: &SessionOptions,
+    key: &ModelKey<'_>,
+) -> Result<(), String> {
     if !rt.provider_available(p) {
         return Err(format!(
             "this ONNX Runtime build ({} at {}) has no {} execution provider",
@@ -388,20 +460,29 @@ fn register(rt: &Runtime, p: Provider, b: &mut SessionBuilder, o: &SessionOption
     }
     match p {
         Provider::Cpu => Ok(()),
-        Provider::Cuda => ep::CUDA::default().with_device_id(o.cuda_device_id).register(b).map_err(|e| e.to_string()),
+        Provider::Cuda => ep::CUDA::default()
+            .with_device_id(o.cuda_device_id)
+            .register(b)
+            .map_err(|e| e.to_string()),
         Provider::Tensorrt => {
             if o.tensorrt.engine_cache {
                 let dir = engine_cache_dir(&o.cache_dir, key.name, key.version);
-                std::fs::create_dir_all(&dir).map_err(|e| format!("engine cache {}: {e}", dir.display()))?;
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| format!("engine cache {}: {e}", dir.display()))?;
             }
             let mut trt = ep::TensorRT::default();
-            for (k, v) in tensorrt_provider_options(&o.tensorrt, &o.cache_dir, key.name, key.version) {
-                trt = ep::ArbitrarilyConfigurableExecutionProvider::with_arbitrary_config(trt, k, v);
+            for (k, v) in
+                tensorrt_provider_options(&o.tensorrt, &o.cache_dir, key.name, key.version)
+            {
+                trt =
+                    ep::ArbitrarilyConfigurableExecutionProvider::with_arbitrary_config(trt, k, v);
             }
             trt.register(b).map_err(|e| e.to_string())?;
             // Nodes TensorRT cannot take go to CUDA rather than the CPU when CUDA is there.
             if rt.provider_available(Provider::Cuda) {
-                let _ = ep::CUDA::default().with_device_id(o.cuda_device_id).register(b);
+                let _ = ep::CUDA::default()
+                    .with_device_id(o.cuda_device_id)
+                    .register(b);
             }
             Ok(())
         }
@@ -412,12 +493,20 @@ impl OrtSession {
     /// Opens a model with the first provider in `o.providers` that serves it
     /// on this machine. A TensorRT EPContext model dumped by an earlier start
     /// is preferred when present (the engine is then not rebuilt).
-    pub fn open(rt: &Runtime, path: &Path, key: &ModelKey<'_>, o: &SessionOptions) -> Result<OrtSession, SessionError> {
+    pub fn open(
+        rt: &Runtime,
+        path: &Path,
+        key: &ModelKey<'_>,
+        o: &SessionOptions,
+    ) -> Result<OrtSession, SessionError> {
         let shown = path.display().to_string();
         let mut fallbacks = Vec::new();
         let mut last_load_error = None;
         for &p in &o.providers {
-            let mut b = base_builder(rt, o).map_err(|e| SessionError::Load { path: shown.clone(), detail: e.to_string() })?;
+            let mut b = base_builder(rt, o).map_err(|e| SessionError::Load {
+                path: shown.clone(),
+                detail: e.to_string(),
+            })?;
             if let Err(reason) = register(rt, p, &mut b, o, key) {
                 // A provider missing from the build is expected on CPU gateways (info);
                 // one that is there but fails to register is worth a warning.
@@ -426,18 +515,30 @@ impl OrtSession {
                 } else {
                     tracing::info!(model = key.name, provider = %p, %reason, "execution provider unavailable, falling back");
                 }
-                fallbacks.push(Fallback { provider: p, reason });
+                fallbacks.push(Fallback {
+                    provider: p,
+                    reason,
+                });
                 continue;
             }
             let ctx = ep_context_path(&o.cache_dir, key.name, key.version);
-            if p == Provider::Tensorrt && o.tensorrt.ep_context == EpContextMode::Dump && ctx.exists() {
+            if p == Provider::Tensorrt
+                && o.tensorrt.ep_context == EpContextMode::Dump
+                && ctx.exists()
+            {
                 match b.commit_from_file(&ctx) {
                     Ok(s) => return Self::finish(s, p, fallbacks, &shown),
                     Err(e) => {
                         tracing::warn!(model = key.name, context = %ctx.display(), error = %e, "precompiled EPContext model unusable, building from the source model");
-                        b = base_builder(rt, o).map_err(|e| SessionError::Load { path: shown.clone(), detail: e.to_string() })?;
+                        b = base_builder(rt, o).map_err(|e| SessionError::Load {
+                            path: shown.clone(),
+                            detail: e.to_string(),
+                        })?;
                         if let Err(reason) = register(rt, p, &mut b, o, key) {
-                            fallbacks.push(Fallback { provider: p, reason });
+                            fallbacks.push(Fallback {
+                                provider: p,
+                                reason,
+                            });
                             continue;
                         }
                     }
@@ -449,29 +550,53 @@ impl OrtSession {
                     let detail = e.to_string();
                     if p == Provider::Cpu {
                         // The CPU provider runs every standard operator: a failure here is the model's.
-                        return Err(SessionError::Load { path: shown, detail });
+                        return Err(SessionError::Load {
+                            path: shown,
+                            detail,
+                        });
                     }
                     tracing::warn!(model = key.name, provider = %p, reason = %detail, "execution provider could not take the model, falling back");
-                    fallbacks.push(Fallback { provider: p, reason: detail.clone() });
+                    fallbacks.push(Fallback {
+                        provider: p,
+                        reason: detail.clone(),
+                    });
                     last_load_error = Some(detail);
                 }
             }
         }
         match last_load_error {
-            Some(detail) => Err(SessionError::Load { path: shown, detail }),
+            Some(detail) => Err(SessionError::Load {
+                path: shown,
+                detail,
+            }),
             None => Err(SessionError::NoProvider {
                 path: shown,
-                tried: o.providers.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(", "),
+                tried: o
+                    .providers
+                    .iter()
+                    .map(|p| p.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
             }),
         }
     }
 
-    fn finish(session: Session, provider: Provider, fallbacks: Vec<Fallback>, shown: &str) -> Result<OrtSession, SessionError> {
+    fn finish(
+        session: Session,
+        provider: Provider,
+        fallbacks: Vec<Fallback>,
+        shown: &str,
+    ) -> Result<OrtSession, SessionError> {
         let conv = |outlets: &[ort::value::Outlet]| -> Result<Vec<IoSpec>, SessionError> {
             outlets
                 .iter()
                 .map(|o| {
-                    let ort::value::ValueType::Tensor { ty, shape, dimension_symbols } = o.dtype() else {
+                    let ort::value::ValueType::Tensor {
+                        ty,
+                        shape,
+                        dimension_symbols,
+                    } = o.dtype()
+                    else {
                         return Err(SessionError::Unsupported {
                             path: shown.to_string(),
                             detail: format!("`{}` is not a tensor ({:?})", o.name(), o.dtype()),
@@ -479,7 +604,10 @@ impl OrtSession {
                     };
                     let dtype = DType::from_ort(*ty).ok_or_else(|| SessionError::Unsupported {
                         path: shown.to_string(),
-                        detail: format!("`{}` has element type {ty:?}, which outpost does not handle", o.name()),
+                        detail: format!(
+                            "`{}` has element type {ty:?}, which outpost does not handle",
+                            o.name()
+                        ),
                     })?;
                     let shape = shape
                         .iter()
@@ -495,15 +623,27 @@ impl OrtSession {
                             }
                         })
                         .collect();
-                    Ok(IoSpec { name: o.name().to_string(), dtype, shape })
+                    Ok(IoSpec {
+                        name: o.name().to_string(),
+                        dtype,
+                        shape,
+                    })
                 })
                 .collect()
         };
-        let io = ModelIo { inputs: conv(session.inputs())?, outputs: conv(session.outputs())? };
+        let io = ModelIo {
+            inputs: conv(session.inputs())?,
+            outputs: conv(session.outputs())?,
+        };
         if !fallbacks.is_empty() {
             tracing::info!(model = shown, provider = %provider, "served by fallback provider");
         }
-        Ok(OrtSession { session, io, provider, fallbacks })
+        Ok(OrtSession {
+            session,
+            io,
+            provider,
+            fallbacks,
+        })
     }
 
     /// The raw session, for hot loops that prepare their own values.
@@ -546,14 +686,22 @@ impl InferenceSession for OrtSession {
 
     fn run(&mut self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>, RunError> {
         check_inputs(&self.io, inputs.iter().map(|(n, t)| (*n, *t)))?;
-        let mut values: Vec<(std::borrow::Cow<'_, str>, SessionInputValue<'_>)> = Vec::with_capacity(inputs.len());
+        let mut values: Vec<(std::borrow::Cow<'_, str>, SessionInputValue<'_>)> =
+            Vec::with_capacity(inputs.len());
         for (n, t) in inputs {
-            values.push(((*n).into(), input_view(t).map_err(|e| RunError::Engine(e.to_string()))?));
+            values.push((
+                (*n).into(),
+                input_view(t).map_err(|e| RunError::Engine(e.to_string()))?,
+            ));
         }
-        let outputs = self.session.run(values).map_err(|e| RunError::Engine(e.to_string()))?;
+        let outputs = self
+            .session
+            .run(values)
+            .map_err(|e| RunError::Engine(e.to_string()))?;
         let mut out = Vec::with_capacity(outputs.len());
         for (name, v) in outputs.iter() {
-            let t = Tensor::from_ort(&v).map_err(|e| RunError::Engine(format!("output `{name}`: {e}")))?;
+            let t = Tensor::from_ort(&v)
+                .map_err(|e| RunError::Engine(format!("output `{name}`: {e}")))?;
             out.push((name.to_string(), t));
         }
         Ok(out)
@@ -572,27 +720,50 @@ mod tests {
             int8_calibration_table: Some(PathBuf::from("/etc/outpost/calib.table")),
             ..Default::default()
         };
-        let kv = tensorrt_provider_options(&o, Path::new("/var/lib/outpost/tensorrt"), "det", "1.2.0");
+        let kv =
+            tensorrt_provider_options(&o, Path::new("/var/lib/outpost/tensorrt"), "det", "1.2.0");
         let get = |k: &str| kv.iter().find(|(kk, _)| kk == k).map(|(_, v)| v.as_str());
         assert_eq!(get("trt_fp16_enable"), Some("1"));
         assert_eq!(get("trt_int8_enable"), Some("1"));
-        assert_eq!(get("trt_int8_calibration_table_name"), Some("/etc/outpost/calib.table"));
+        assert_eq!(
+            get("trt_int8_calibration_table_name"),
+            Some("/etc/outpost/calib.table")
+        );
         assert_eq!(get("trt_engine_cache_enable"), Some("1"));
-        assert_eq!(get("trt_engine_cache_path"), Some("/var/lib/outpost/tensorrt/det@1.2.0"));
+        assert_eq!(
+            get("trt_engine_cache_path"),
+            Some("/var/lib/outpost/tensorrt/det@1.2.0")
+        );
         assert_eq!(get("trt_dump_ep_context_model"), Some("1"));
-        assert_eq!(get("trt_ep_context_file_path"), Some("/var/lib/outpost/tensorrt/det@1.2.0/det_ctx.onnx"));
+        assert_eq!(
+            get("trt_ep_context_file_path"),
+            Some("/var/lib/outpost/tensorrt/det@1.2.0/det_ctx.onnx")
+        );
         assert_eq!(get("trt_ep_context_embed_mode"), Some("0"));
 
-        let off = TensorRtOptions { engine_cache: false, ep_context: EpContextMode::Off, timing_cache: false, ..Default::default() };
+        let off = TensorRtOptions {
+            engine_cache: false,
+            ep_context: EpContextMode::Off,
+            timing_cache: false,
+            ..Default::default()
+        };
         let kv = tensorrt_provider_options(&off, Path::new("/c"), "m", "1");
-        assert!(kv.iter().all(|(k, _)| k != "trt_engine_cache_path" && k != "trt_dump_ep_context_model"));
-        assert!(kv.iter().all(|(k, _)| k != "trt_int8_calibration_table_name"));
+        assert!(
+            kv.iter()
+                .all(|(k, _)| k != "trt_engine_cache_path" && k != "trt_dump_ep_context_model")
+        );
+        assert!(
+            kv.iter()
+                .all(|(k, _)| k != "trt_int8_calibration_table_name")
+        );
     }
 
     #[test]
     fn version_parsed_from_build_info() {
         assert_eq!(
-            version_from_build_info("ORT Build Info: git-branch=rel-1.31.1, git-commit-id=abc, build type=Release"),
+            version_from_build_info(
+                "ORT Build Info: git-branch=rel-1.31.1, git-commit-id=abc, build type=Release"
+            ),
             "1.31.1"
         );
     }

@@ -119,15 +119,27 @@ macro_rules! each {
 #[derive(Debug, thiserror::Error)]
 pub enum NpyError {
     #[error("{path}: cannot read: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path}: not a NumPy .npy file: {source}")]
-    Format { path: String, source: std::io::Error },
-    #[error("{path}: unsupported .npy dtype {descr} (supported: f2 f4 f8 i1 i4 i8 u1 b1, little-endian)")]
+    Format {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path}: unsupported .npy dtype {descr} (supported: f2 f4 f8 i1 i4 i8 u1 b1, little-endian)"
+    )]
     DType { path: String, descr: String },
     #[error("{path}: Fortran-ordered arrays are not supported; save with np.ascontiguousarray")]
     FortranOrder { path: String },
     #[error("{path}: shape {shape:?} does not match its {len} elements")]
-    Shape { path: String, shape: Vec<usize>, len: usize },
+    Shape {
+        path: String,
+        shape: Vec<usize>,
+        len: usize,
+    },
 }
 
 impl Tensor {
@@ -186,7 +198,9 @@ impl Tensor {
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             z ^ (z >> 31)
         };
-        let unit: Vec<f64> = (0..n).map(|_| (next() >> 11) as f64 / (1u64 << 53) as f64).collect();
+        let unit: Vec<f64> = (0..n)
+            .map(|_| (next() >> 11) as f64 / (1u64 << 53) as f64)
+            .collect();
         let d = IxDyn(shape);
         let floats = |f: &dyn Fn(f64) -> f64| unit.iter().map(|u| f(*u)).collect::<Vec<f64>>();
         let ints: Vec<i64> = unit.iter().map(|u| (u * 16.0) as i64).collect();
@@ -194,26 +208,44 @@ impl Tensor {
         let mk = |v: Vec<f64>| v;
         match dtype {
             DType::F32 => Tensor::F32(
-                ArrayD::from_shape_vec(d, mk(floats(&|u| u * 2.0 - 1.0)).into_iter().map(|x| x as f32).collect())
-                    .unwrap_or_default(),
+                ArrayD::from_shape_vec(
+                    d,
+                    mk(floats(&|u| u * 2.0 - 1.0))
+                        .into_iter()
+                        .map(|x| x as f32)
+                        .collect(),
+                )
+                .unwrap_or_default(),
             ),
             DType::F16 => Tensor::F16(
-                ArrayD::from_shape_vec(d, floats(&|u| u * 2.0 - 1.0).into_iter().map(f16::from_f64).collect())
-                    .unwrap_or_default(),
+                ArrayD::from_shape_vec(
+                    d,
+                    floats(&|u| u * 2.0 - 1.0)
+                        .into_iter()
+                        .map(f16::from_f64)
+                        .collect(),
+                )
+                .unwrap_or_default(),
             ),
-            DType::F64 => Tensor::F64(ArrayD::from_shape_vec(d, floats(&|u| u * 2.0 - 1.0)).unwrap_or_default()),
+            DType::F64 => Tensor::F64(
+                ArrayD::from_shape_vec(d, floats(&|u| u * 2.0 - 1.0)).unwrap_or_default(),
+            ),
             DType::I64 => Tensor::I64(ArrayD::from_shape_vec(d, ints).unwrap_or_default()),
             DType::I32 => Tensor::I32(
-                ArrayD::from_shape_vec(d, ints.into_iter().map(|x| x as i32).collect()).unwrap_or_default(),
+                ArrayD::from_shape_vec(d, ints.into_iter().map(|x| x as i32).collect())
+                    .unwrap_or_default(),
             ),
             DType::I8 => Tensor::I8(
-                ArrayD::from_shape_vec(d, ints.into_iter().map(|x| x as i8).collect()).unwrap_or_default(),
+                ArrayD::from_shape_vec(d, ints.into_iter().map(|x| x as i8).collect())
+                    .unwrap_or_default(),
             ),
             DType::U8 => Tensor::U8(
-                ArrayD::from_shape_vec(d, ints.into_iter().map(|x| x as u8).collect()).unwrap_or_default(),
+                ArrayD::from_shape_vec(d, ints.into_iter().map(|x| x as u8).collect())
+                    .unwrap_or_default(),
             ),
             DType::Bool => Tensor::Bool(
-                ArrayD::from_shape_vec(d, ints.into_iter().map(|x| x % 2 == 1).collect()).unwrap_or_default(),
+                ArrayD::from_shape_vec(d, ints.into_iter().map(|x| x % 2 == 1).collect())
+                    .unwrap_or_default(),
             ),
         }
     }
@@ -253,36 +285,71 @@ impl Tensor {
         let mut bytes = Vec::new();
         std::fs::File::open(path)
             .and_then(|mut f| f.read_to_end(&mut bytes))
-            .map_err(|source| NpyError::Io { path: p.clone(), source })?;
+            .map_err(|source| NpyError::Io {
+                path: p.clone(),
+                source,
+            })?;
         Self::parse_npy(&bytes, &p)
     }
 
     /// Parses the bytes of a `.npy` file; `name` is used in errors.
     pub fn parse_npy(bytes: &[u8], name: &str) -> Result<Tensor, NpyError> {
-        let format = |source| NpyError::Format { path: name.to_string(), source };
+        let format = |source| NpyError::Format {
+            path: name.to_string(),
+            source,
+        };
         let npy = npyz::NpyFile::new(bytes).map_err(format)?;
         if npy.order() == npyz::Order::Fortran && npy.shape().len() > 1 {
-            return Err(NpyError::FortranOrder { path: name.to_string() });
+            return Err(NpyError::FortranOrder {
+                path: name.to_string(),
+            });
         }
         let shape: Vec<usize> = npy.shape().iter().map(|d| *d as usize).collect();
         let npyz::DType::Plain(ts) = npy.dtype() else {
-            return Err(NpyError::DType { path: name.to_string(), descr: npy.dtype().descr() });
+            return Err(NpyError::DType {
+                path: name.to_string(),
+                descr: npy.dtype().descr(),
+            });
         };
         use npyz::{Endianness, TypeChar};
         let descr = ts.to_string();
         if ts.endianness() == Endianness::Big && ts.size_field() > 1 {
-            return Err(NpyError::DType { path: name.to_string(), descr });
+            return Err(NpyError::DType {
+                path: name.to_string(),
+                descr,
+            });
         }
         let t = match (ts.type_char(), ts.size_field()) {
-            (TypeChar::Float, 4) => Tensor::F32(vec_to_array(npy.into_vec().map_err(format)?, &shape, name)?),
-            (TypeChar::Float, 2) => Tensor::F16(vec_to_array(npy.into_vec().map_err(format)?, &shape, name)?),
-            (TypeChar::Float, 8) => Tensor::F64(vec_to_array(npy.into_vec().map_err(format)?, &shape, name)?),
-            (TypeChar::Int, 8) => Tensor::I64(vec_to_array(npy.into_vec().map_err(format)?, &shape, name)?),
-            (TypeChar::Int, 4) => Tensor::I32(vec_to_array(npy.into_vec().map_err(format)?, &shape, name)?),
-            (TypeChar::Int, 1) => Tensor::I8(vec_to_array(npy.into_vec().map_err(format)?, &shape, name)?),
-            (TypeChar::Uint, 1) => Tensor::U8(vec_to_array(npy.into_vec().map_err(format)?, &shape, name)?),
-            (TypeChar::Bool, 1) => Tensor::Bool(vec_to_array(npy.into_vec().map_err(format)?, &shape, name)?),
-            _ => return Err(NpyError::DType { path: name.to_string(), descr }),
+            (TypeChar::Float, 4) => {
+                Tensor::F32(vec_to_array(npy.into_vec().map_err(format)?, &shape, name)?)
+            }
+            (TypeChar::Float, 2) => {
+                Tensor::F16(vec_to_array(npy.into_vec().map_err(format)?, &shape, name)?)
+            }
+            (TypeChar::Float, 8) => {
+                Tensor::F64(vec_to_array(npy.into_vec().map_err(format)?, &shape, name)?)
+            }
+            (TypeChar::Int, 8) => {
+                Tensor::I64(vec_to_array(npy.into_vec().map_err(format)?, &shape, name)?)
+            }
+            (TypeChar::Int, 4) => {
+                Tensor::I32(vec_to_array(npy.into_vec().map_err(format)?, &shape, name)?)
+            }
+            (TypeChar::Int, 1) => {
+                Tensor::I8(vec_to_array(npy.into_vec().map_err(format)?, &shape, name)?)
+            }
+            (TypeChar::Uint, 1) => {
+                Tensor::U8(vec_to_array(npy.into_vec().map_err(format)?, &shape, name)?)
+            }
+            (TypeChar::Bool, 1) => {
+                Tensor::Bool(vec_to_array(npy.into_vec().map_err(format)?, &shape, name)?)
+            }
+            _ => {
+                return Err(NpyError::DType {
+                    path: name.to_string(),
+                    descr,
+                });
+            }
         };
         Ok(t)
     }
@@ -304,7 +371,8 @@ impl Tensor {
         let Some(ty) = v.dtype().tensor_type() else {
             return Err(format!("output is a {:?}, not a tensor", v.dtype()));
         };
-        let dtype = DType::from_ort(ty).ok_or_else(|| format!("unsupported output element type {ty:?}"))?;
+        let dtype =
+            DType::from_ort(ty).ok_or_else(|| format!("unsupported output element type {ty:?}"))?;
         let e = |e: ort::Error| e.to_string();
         Ok(match dtype {
             DType::F32 => Tensor::F32(v.try_extract_array::<f32>().map_err(e)?.to_owned()),
@@ -337,9 +405,17 @@ mod tests {
         let shape_s = match shape.len() {
             0 => "()".to_string(),
             1 => format!("({},)", shape[0]),
-            _ => format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+            _ => format!(
+                "({})",
+                shape
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         };
-        let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
+        let mut header =
+            format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
         while (10 + header.len() + 1) % 64 != 0 {
             header.push(' ');
         }
@@ -353,13 +429,17 @@ mod tests {
 
     #[test]
     fn reads_f32_and_i64_scalar() {
-        let data: Vec<u8> = [1.5f32, -2.0, 3.25, 4.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let data: Vec<u8> = [1.5f32, -2.0, 3.25, 4.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         let t = Tensor::parse_npy(&npy_bytes("<f4", &[2, 2], &data), "a.npy").unwrap();
         assert_eq!(t.dtype(), DType::F32);
         assert_eq!(t.shape(), &[2, 2]);
         assert_eq!(t.to_f64_vec(), vec![1.5, -2.0, 3.25, 4.0]);
 
-        let t = Tensor::parse_npy(&npy_bytes("<i8", &[], &16000i64.to_le_bytes()), "sr.npy").unwrap();
+        let t =
+            Tensor::parse_npy(&npy_bytes("<i8", &[], &16000i64.to_le_bytes()), "sr.npy").unwrap();
         assert_eq!(t.dtype(), DType::I64);
         assert!(t.shape().is_empty());
         assert_eq!(t.to_f64_vec(), vec![16000.0]);
@@ -367,8 +447,14 @@ mod tests {
 
     #[test]
     fn refuses_garbage_truncation_and_strings() {
-        assert!(matches!(Tensor::parse_npy(b"not numpy at all", "x"), Err(NpyError::Format { .. })));
-        assert!(matches!(Tensor::parse_npy(b"", "x"), Err(NpyError::Format { .. })));
+        assert!(matches!(
+            Tensor::parse_npy(b"not numpy at all", "x"),
+            Err(NpyError::Format { .. })
+        ));
+        assert!(matches!(
+            Tensor::parse_npy(b"", "x"),
+            Err(NpyError::Format { .. })
+        ));
         let full = npy_bytes("<f4", &[4], &[0u8; 16]);
         assert!(Tensor::parse_npy(&full[..full.len() - 3], "x").is_err());
         assert!(matches!(

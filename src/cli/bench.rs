@@ -50,31 +50,49 @@ pub struct HotLoop {
 impl HotLoop {
     /// Prepares values in the session's input order. State pairs of f32
     /// tensors are copied in place each step.
-    pub fn new(session: &OrtSession, inputs: &[(String, Tensor)], state: &[StatePair]) -> anyhow::Result<HotLoop> {
+    pub fn new(
+        session: &OrtSession,
+        inputs: &[(String, Tensor)],
+        state: &[StatePair],
+    ) -> anyhow::Result<HotLoop> {
         let io = session.io();
         check_inputs(io, inputs.iter().map(|(n, t)| (n.as_str(), t)))?;
         let mut values = Vec::with_capacity(io.inputs.len());
         for spec in &io.inputs {
             // check_inputs guarantees every input is present.
-            let (_, t) = inputs.iter().find(|(n, _)| *n == spec.name).ok_or_else(|| anyhow::anyhow!("missing {}", spec.name))?;
+            let (_, t) = inputs
+                .iter()
+                .find(|(n, _)| *n == spec.name)
+                .ok_or_else(|| anyhow::anyhow!("missing {}", spec.name))?;
             values.push(t.to_ort()?);
         }
         let mut pairs = Vec::new();
         for p in state {
             let idx = io.inputs.iter().position(|i| i.name == p.input);
-            let dtype = io.inputs.iter().find(|i| i.name == p.input).map(|i| i.dtype);
+            let dtype = io
+                .inputs
+                .iter()
+                .find(|i| i.name == p.input)
+                .map(|i| i.dtype);
             match (idx, dtype) {
                 (Some(i), Some(DType::F32)) => pairs.push((i, p.output.clone())),
-                _ => anyhow::bail!("state input `{}` must be an f32 input of the model", p.input),
+                _ => anyhow::bail!(
+                    "state input `{}` must be an f32 input of the model",
+                    p.input
+                ),
             }
         }
-        Ok(HotLoop { values, state: pairs })
+        Ok(HotLoop {
+            values,
+            state: pairs,
+        })
     }
 
     /// One run, state fed back.
     #[inline]
     pub fn step(&mut self, session: &mut Session) -> ort::Result<()> {
-        let inputs: Vec<SessionInputValue<'_>> = self.values.iter().map(|v| v.view().into()).collect();
+        let inputs: Vec<SessionInputValue<'_>> =
+            self.values.iter().map(|v| v.view().into()).collect();
         let outputs = session.run(inputs.as_slice())?;
         drop(inputs);
         for (idx, out) in &self.state {
@@ -84,7 +102,11 @@ impl HotLoop {
             let (_, src) = src.try_extract_tensor::<f32>()?;
             let (_, dst) = self.values[*idx].try_extract_tensor_mut::<f32>()?;
             if src.len() != dst.len() {
-                return Err(ort::Error::new(format!("state output `{out}` has {} values, its input {}", src.len(), dst.len())));
+                return Err(ort::Error::new(format!(
+                    "state output `{out}` has {} values, its input {}",
+                    src.len(),
+                    dst.len()
+                )));
             }
             dst.copy_from_slice(src);
         }
@@ -119,7 +141,11 @@ pub fn summarize(samples: &mut [Duration], total: Duration, items_per_iter: usiz
         p99_us: rank(0.99),
         max_us: samples.last().copied().map(us).unwrap_or(0.0),
         mean_us: us(sum) / n as f64,
-        throughput_per_s: if total.is_zero() { 0.0 } else { (samples.len() * items_per_iter) as f64 / total.as_secs_f64() },
+        throughput_per_s: if total.is_zero() {
+            0.0
+        } else {
+            (samples.len() * items_per_iter) as f64 / total.as_secs_f64()
+        },
     }
 }
 
@@ -140,7 +166,8 @@ pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
         let Some((n, p)) = s.split_once('=') else {
             return Err(super::infer::BadInput(format!("`{s}` is not NAME=FILE.npy")).into());
         };
-        let t = Tensor::read_npy(&PathBuf::from(p)).map_err(|e| super::infer::BadInput(e.to_string()))?;
+        let t = Tensor::read_npy(&PathBuf::from(p))
+            .map_err(|e| super::infer::BadInput(e.to_string()))?;
         given.push((n.to_string(), t));
     }
     let ctx = super::Ctx::new(cli, &a.run)?;
@@ -153,30 +180,32 @@ pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     let threads = ctx.session.intra_threads;
-    let (mut samples, total) = model.with_session(|s| -> anyhow::Result<(Vec<Duration>, Duration)> {
-        let mut hot = HotLoop::new(s, &inputs, &model.manifest.state).map_err(|e| super::infer::BadInput(e.to_string()))?;
-        let raw = s.raw();
-        for _ in 0..a.warmup {
-            hot.step(raw)?;
-        }
-        let bar = indicatif::ProgressBar::new(a.iterations as u64);
-        if a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-            bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-        }
-        let mut samples = Vec::with_capacity(a.iterations);
-        let start = Instant::now();
-        for i in 0..a.iterations {
-            let t0 = Instant::now();
-            hot.step(raw)?;
-            samples.push(t0.elapsed());
-            if i % 64 == 0 {
-                bar.set_position(i as u64);
+    let (mut samples, total) =
+        model.with_session(|s| -> anyhow::Result<(Vec<Duration>, Duration)> {
+            let mut hot = HotLoop::new(s, &inputs, &model.manifest.state)
+                .map_err(|e| super::infer::BadInput(e.to_string()))?;
+            let raw = s.raw();
+            for _ in 0..a.warmup {
+                hot.step(raw)?;
             }
-        }
-        let total = start.elapsed();
-        bar.finish_and_clear();
-        Ok((samples, total))
-    })?;
+            let bar = indicatif::ProgressBar::new(a.iterations as u64);
+            if a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+                bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+            }
+            let mut samples = Vec::with_capacity(a.iterations);
+            let start = Instant::now();
+            for i in 0..a.iterations {
+                let t0 = Instant::now();
+                hot.step(raw)?;
+                samples.push(t0.elapsed());
+                if i % 64 == 0 {
+                    bar.set_position(i as u64);
+                }
+            }
+            let total = start.elapsed();
+            bar.finish_and_clear();
+            Ok((samples, total))
+        })?;
     let s = summarize(&mut samples, total, a.batch);
     let rss = peak_rss_bytes();
     if a.json {
@@ -198,7 +227,13 @@ pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
         });
         println!("{}", serde_json::to_string(&v)?);
     } else {
-        println!("model      {}  provider {}  threads {}  batch {}", model.id(), model.provider, threads, a.batch);
+        println!(
+            "model      {}  provider {}  threads {}  batch {}",
+            model.id(),
+            model.provider,
+            threads,
+            a.batch
+        );
         println!("iterations {} (+{} warm-up)", a.iterations, a.warmup);
         println!(
             "latency    p50 {:.1} us   p90 {:.1} us   p99 {:.1} us   max {:.1} us   mean {:.1} us",

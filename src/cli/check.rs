@@ -21,7 +21,12 @@ pub fn run(cli: &super::Cli, a: &CheckArgs) -> anyhow::Result<()> {
         path.display(),
         cfg.data_dir.display(),
         cfg.model_dir.display(),
-        cfg.runtime.providers.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(",")
+        cfg.runtime
+            .providers
+            .iter()
+            .map(|p| p.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
     );
     Ok(())
 }

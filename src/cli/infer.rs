@@ -47,7 +47,9 @@ pub fn run(cli: &super::Cli, a: &InferArgs) -> anyhow::Result<()> {
     let model = open_model_arg(&ctx.runtime, &a.model, &ctx.model_dir, &ctx.session)?;
     let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let t0 = Instant::now();
-    let outputs = model.run(&refs).map_err(|e| BadInput(format!("{}: {e}", model.id())))?;
+    let outputs = model
+        .run(&refs)
+        .map_err(|e| BadInput(format!("{}: {e}", model.id())))?;
     let latency_us = t0.elapsed().as_micros() as u64;
     if a.json {
         let mut outs = serde_json::Map::new();
@@ -62,12 +64,27 @@ pub fn run(cli: &super::Cli, a: &InferArgs) -> anyhow::Result<()> {
         });
         println!("{}", serde_json::to_string(&v)?);
     } else {
-        println!("model {}  provider {}  latency {} us", model.id(), model.provider, latency_us);
+        println!(
+            "model {}  provider {}  latency {} us",
+            model.id(),
+            model.provider,
+            latency_us
+        );
         for (n, t) in &outputs {
             let v = t.to_f64_vec();
             let head: Vec<String> = v.iter().take(8).map(|x| format!("{x:.6}")).collect();
-            let more = if v.len() > 8 { format!(" ... ({} values)", v.len()) } else { String::new() };
-            println!("{n}  {} {:?}  [{}{}]", t.dtype(), t.shape(), head.join(", "), more);
+            let more = if v.len() > 8 {
+                format!(" ... ({} values)", v.len())
+            } else {
+                String::new()
+            };
+            println!(
+                "{n}  {} {:?}  [{}{}]",
+                t.dtype(),
+                t.shape(),
+                head.join(", "),
+                more
+            );
         }
     }
     Ok(())

@@ -15,7 +15,11 @@ use crate::backend::ort::{Runtime, SessionOptions};
 use crate::config::Config;
 
 #[derive(Debug, Parser)]
-#[command(name = "outpost", version, about = "Edge inference daemon: local ONNX Runtime / TensorRT inference, durable outbox, fleet uplink")]
+#[command(
+    name = "outpost",
+    version,
+    about = "Edge inference daemon: local ONNX Runtime / TensorRT inference, durable outbox, fleet uplink"
+)]
 pub struct Cli {
     /// Config file (TOML); its [runtime] section and model_dir apply to every command.
     #[arg(long, global = true, env = "OUTPOST_CONFIG")]
@@ -59,11 +63,19 @@ pub enum Command {
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunOpts {
     /// Execution providers in order of preference, e.g. `tensorrt,cuda,cpu`.
-    #[arg(long, value_parser = Provider::parse_list)]
-    pub ep: Option<Vec<Provider>>,
+    #[arg(long, value_name = "LIST", value_parser = parse_providers)]
+    pub ep: Option<ProviderList>,
     /// Intra-op threads.
     #[arg(long)]
     pub threads: Option<usize>,
+}
+
+/// A comma-separated provider preference list (one clap value).
+#[derive(Debug, Clone)]
+pub struct ProviderList(pub Vec<Provider>);
+
+fn parse_providers(s: &str) -> Result<ProviderList, String> {
+    Provider::parse_list(s).map(ProviderList)
 }
 
 /// What a command needs to run models: the config, the runtime, the options.
@@ -87,17 +99,29 @@ impl Ctx {
             (None, None) if Path::new("models").is_dir() => PathBuf::from("models"),
             (None, None) => config.model_dir.clone(),
         };
-        let lib = cli.onnxruntime.as_deref().or(config.runtime.onnxruntime.as_deref());
+        let lib = cli
+            .onnxruntime
+            .as_deref()
+            .or(config.runtime.onnxruntime.as_deref());
         let runtime = Runtime::load(lib)?;
         let r = &config.runtime;
         let session = SessionOptions {
-            providers: run.ep.clone().unwrap_or_else(|| r.providers.clone()),
+            providers: run
+                .ep
+                .clone()
+                .map(|l| l.0)
+                .unwrap_or_else(|| r.providers.clone()),
             intra_threads: run.threads.unwrap_or(r.intra_threads),
             tensorrt: r.tensorrt.clone(),
             cuda_device_id: r.cuda_device_id,
             cache_dir: config.tensorrt_cache_dir(),
         };
-        Ok(Ctx { config, model_dir, runtime, session })
+        Ok(Ctx {
+            config,
+            model_dir,
+            runtime,
+            session,
+        })
     }
 }
 

@@ -58,21 +58,47 @@ fn print_human(m: &LoadedModel, runtime: &crate::backend::ort::RuntimeInfo) {
     println!("model       {}  ({})", m.id(), m.path.display());
     println!("sha256      {}", m.manifest.sha256);
     println!("source      {} [{}]", m.manifest.source, m.manifest.license);
-    let opsets: Vec<String> = m.info.opsets.iter().map(|(d, v)| format!("{d} {v}")).collect();
-    println!("opset       {}   (ir {}, producer {})", opsets.join(", "), m.info.ir_version, m.info.producer);
-    println!("parameters  {}   ({} nodes)", m.info.parameters, m.info.nodes);
+    let opsets: Vec<String> = m
+        .info
+        .opsets
+        .iter()
+        .map(|(d, v)| format!("{d} {v}"))
+        .collect();
+    println!(
+        "opset       {}   (ir {}, producer {})",
+        opsets.join(", "),
+        m.info.ir_version,
+        m.info.producer
+    );
+    println!(
+        "parameters  {}   ({} nodes)",
+        m.info.parameters, m.info.nodes
+    );
     println!("provider    {}", m.provider);
     for f in &m.fallbacks {
         println!("  skipped   {}: {}", f.provider, f.reason);
     }
-    println!("runtime     ONNX Runtime {} ({})", runtime.version, runtime.path);
+    println!(
+        "runtime     ONNX Runtime {} ({})",
+        runtime.version, runtime.path
+    );
     println!("inputs");
     for s in &m.io.inputs {
-        println!("  {:<32} {:<5} {}", s.name, s.dtype.as_str(), s.shape_string());
+        println!(
+            "  {:<32} {:<5} {}",
+            s.name,
+            s.dtype.as_str(),
+            s.shape_string()
+        );
     }
     println!("outputs");
     for s in &m.io.outputs {
-        println!("  {:<32} {:<5} {}", s.name, s.dtype.as_str(), s.shape_string());
+        println!(
+            "  {:<32} {:<5} {}",
+            s.name,
+            s.dtype.as_str(),
+            s.shape_string()
+        );
     }
     for s in &m.manifest.state {
         println!("state       {} <- {} (kept per stream)", s.input, s.output);
@@ -106,7 +132,14 @@ pub fn run(cli: &super::Cli, cmd: &ModelsCommand) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 for m in reg.models() {
-                    println!("{:<24} {:<10} {:<9} {:>12} params  {}", m.manifest.name, m.manifest.version, m.provider.as_str(), m.info.parameters, m.manifest.license);
+                    println!(
+                        "{:<24} {:<10} {:<9} {:>12} params  {}",
+                        m.manifest.name,
+                        m.manifest.version,
+                        m.provider.as_str(),
+                        m.info.parameters,
+                        m.manifest.license
+                    );
                 }
                 for e in &errors {
                     println!("refused: {e}");

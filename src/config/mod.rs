@@ -61,21 +61,32 @@ impl Default for RuntimeConfig {
 
 impl Default for Config {
     fn default() -> Self {
-        Config { device: None, data_dir: default_data_dir(), model_dir: default_model_dir(), runtime: RuntimeConfig::default() }
+        Config {
+            device: None,
+            data_dir: default_data_dir(),
+            model_dir: default_model_dir(),
+            runtime: RuntimeConfig::default(),
+        }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{path}: cannot read: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path}: {} problem(s):\n{}", .problems.len(), .problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
     Invalid { path: String, problems: Vec<String> },
 }
 
 /// Replaces `${NAME}` with the environment variable NAME (`$$` escapes a
 /// dollar). Unset variables are reported with their line.
-pub fn interpolate(text: &str, get: impl Fn(&str) -> Option<String>) -> Result<String, Vec<String>> {
+pub fn interpolate(
+    text: &str,
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<String, Vec<String>> {
     let mut out = String::with_capacity(text.len());
     let mut problems = Vec::new();
     for (lineno, line) in text.split_inclusive('\n').enumerate() {
@@ -92,7 +103,10 @@ pub fn interpolate(text: &str, get: impl Fn(&str) -> Option<String>) -> Result<S
                         let name = &body[..end];
                         match get(name) {
                             Some(v) => out.push_str(&v),
-                            None => problems.push(format!("line {}: environment variable `{name}` is not set", lineno + 1)),
+                            None => problems.push(format!(
+                                "line {}: environment variable `{name}` is not set",
+                                lineno + 1
+                            )),
                         }
                         rest = &body[end + 1..];
                     }
@@ -109,25 +123,46 @@ pub fn interpolate(text: &str, get: impl Fn(&str) -> Option<String>) -> Result<S
         }
         out.push_str(rest);
     }
-    if problems.is_empty() { Ok(out) } else { Err(problems) }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(problems)
+    }
 }
 
 impl Config {
     /// Loads, interpolates, parses and validates; all problems in one error.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let p = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: p.clone(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: p.clone(),
+            source,
+        })?;
         Self::from_toml(&text, &p, |k| std::env::var(k).ok())
     }
 
-    pub fn from_toml(text: &str, path: &str, env: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        let text = interpolate(text, env).map_err(|problems| ConfigError::Invalid { path: path.into(), problems })?;
+    pub fn from_toml(
+        text: &str,
+        path: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let text = interpolate(text, env).map_err(|problems| ConfigError::Invalid {
+            path: path.into(),
+            problems,
+        })?;
         let cfg: Config = toml::from_str(&text).map_err(|e| ConfigError::Invalid {
             path: path.into(),
             problems: vec![e.to_string().trim_end().replace('\n', "\n    ")],
         })?;
         let problems = cfg.validate();
-        if problems.is_empty() { Ok(cfg) } else { Err(ConfigError::Invalid { path: path.into(), problems }) }
+        if problems.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(ConfigError::Invalid {
+                path: path.into(),
+                problems,
+            })
+        }
     }
 
     /// Every problem, each naming its key.
@@ -148,12 +183,18 @@ impl Config {
             }
         }
         if r.intra_threads == 0 || r.intra_threads > 256 {
-            p.push(format!("runtime.intra_threads: {} is out of range 1..=256", r.intra_threads));
+            p.push(format!(
+                "runtime.intra_threads: {} is out of range 1..=256",
+                r.intra_threads
+            ));
         }
         if let Some(lib) = &r.onnxruntime
             && !lib.exists()
         {
-            p.push(format!("runtime.onnxruntime: {} does not exist", lib.display()));
+            p.push(format!(
+                "runtime.onnxruntime: {} does not exist",
+                lib.display()
+            ));
         }
         let t = &r.tensorrt;
         if let Some(table) = &t.int8_calibration_table {
@@ -161,7 +202,10 @@ impl Config {
                 p.push("runtime.tensorrt.int8_calibration_table is set but int8 is false".into());
             }
             if table.is_absolute() && !table.exists() {
-                p.push(format!("runtime.tensorrt.int8_calibration_table: {} does not exist", table.display()));
+                p.push(format!(
+                    "runtime.tensorrt.int8_calibration_table: {} does not exist",
+                    table.display()
+                ));
             }
         }
         p
@@ -180,7 +224,10 @@ mod tests {
     #[test]
     fn interpolation_replaces_and_reports_each_unset_variable() {
         let env = |k: &str| (k == "SITE").then(|| "farm-7".to_string());
-        assert_eq!(interpolate("device = \"${SITE}\" # $$5", env).unwrap(), "device = \"farm-7\" # $5");
+        assert_eq!(
+            interpolate("device = \"${SITE}\" # $$5", env).unwrap(),
+            "device = \"farm-7\" # $5"
+        );
         let err = interpolate("a = \"${NOPE}\"\nb = \"${ALSO}\"\n", env).unwrap_err();
         assert_eq!(err.len(), 2);
         assert!(err[1].starts_with("line 2"));
@@ -196,7 +243,9 @@ intra_threads = 0
 [runtime.tensorrt]
 int8_calibration_table = "/nonexistent/table"
 "#;
-        let Err(ConfigError::Invalid { problems, .. }) = Config::from_toml(text, "t.toml", |_| None) else {
+        let Err(ConfigError::Invalid { problems, .. }) =
+            Config::from_toml(text, "t.toml", |_| None)
+        else {
             panic!("expected invalid");
         };
         assert_eq!(problems.len(), 5, "{problems:?}");

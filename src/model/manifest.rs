@@ -53,7 +53,11 @@ pub struct ManifestIo {
 
 impl ManifestIo {
     pub fn spec(&self) -> IoSpec {
-        IoSpec { name: self.name.clone(), dtype: self.dtype, shape: self.shape.clone() }
+        IoSpec {
+            name: self.name.clone(),
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+        }
     }
 }
 
@@ -71,7 +75,11 @@ pub struct StatePair {
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Preprocess {
     /// PCM audio cut into sliding windows.
-    Audio { sample_rate: u32, window: usize, hop: usize },
+    Audio {
+        sample_rate: u32,
+        window: usize,
+        hop: usize,
+    },
     /// Images decoded, resized and normalized.
     Image {
         width: u32,
@@ -88,7 +96,9 @@ pub enum Preprocess {
         channel_order: ChannelOrder,
     },
     /// Fixed-length sensor vectors.
-    Sensor { length: usize },
+    Sensor {
+        length: usize,
+    },
     None,
 }
 
@@ -132,7 +142,11 @@ pub enum Postprocess {
         labels: Option<String>,
     },
     /// Text boxes from a text-detection probability map.
-    TextBoxes { output: String, threshold: f32, box_threshold: f32 },
+    TextBoxes {
+        output: String,
+        threshold: f32,
+        box_threshold: f32,
+    },
     /// Raw tensors, size-capped.
     Raw,
 }
@@ -151,9 +165,15 @@ impl Postprocess {
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     #[error("{path}: cannot read: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path}: {source}")]
-    Parse { path: String, source: Box<toml::de::Error> },
+    Parse {
+        path: String,
+        source: Box<toml::de::Error>,
+    },
     #[error("{path}: {}", .problems.join("; "))]
     Invalid { path: String, problems: Vec<String> },
 }
@@ -161,9 +181,19 @@ pub enum ManifestError {
 impl Manifest {
     pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
         let p = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Io { path: p.clone(), source })?;
-        let m: Manifest = toml::from_str(&text).map_err(|e| ManifestError::Parse { path: p.clone(), source: Box::new(e) })?;
-        let problems = m.validate(path.parent().and_then(|d| d.file_name()).and_then(|n| n.to_str()));
+        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Io {
+            path: p.clone(),
+            source,
+        })?;
+        let m: Manifest = toml::from_str(&text).map_err(|e| ManifestError::Parse {
+            path: p.clone(),
+            source: Box::new(e),
+        })?;
+        let problems = m.validate(
+            path.parent()
+                .and_then(|d| d.file_name())
+                .and_then(|n| n.to_str()),
+        );
         if !problems.is_empty() {
             return Err(ManifestError::Invalid { path: p, problems });
         }
@@ -176,16 +206,25 @@ impl Manifest {
         if let Some(f) = folder
             && f != self.name
         {
-            p.push(format!("name `{}` differs from its folder `{f}`", self.name));
+            p.push(format!(
+                "name `{}` differs from its folder `{f}`",
+                self.name
+            ));
         }
         if !is_semver(&self.version) {
-            p.push(format!("version `{}` is not MAJOR.MINOR.PATCH", self.version));
+            p.push(format!(
+                "version `{}` is not MAJOR.MINOR.PATCH",
+                self.version
+            ));
         }
         if self.sha256.len() != 64 || !self.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
             p.push("sha256 must be 64 hex digits".into());
         }
         if self.file.is_empty() || self.file.contains("..") || self.file.starts_with('/') {
-            p.push(format!("file `{}` must be a path inside the model's folder", self.file));
+            p.push(format!(
+                "file `{}` must be a path inside the model's folder",
+                self.file
+            ));
         }
         if self.inputs.is_empty() {
             p.push("no inputs declared".into());
@@ -198,23 +237,29 @@ impl Manifest {
             let o = self.outputs.iter().find(|o| o.name == s.output);
             match (i, o) {
                 (None, _) => p.push(format!("state input `{}` is not a declared input", s.input)),
-                (_, None) => p.push(format!("state output `{}` is not a declared output", s.output)),
-                (Some(i), Some(o)) if i.dtype != o.dtype || i.shape.len() != o.shape.len() => p.push(format!(
-                    "state `{}` <- `{}`: input is {} {}, output is {} {}",
-                    s.input,
-                    s.output,
-                    i.dtype,
-                    i.spec().shape_string(),
-                    o.dtype,
-                    o.spec().shape_string()
+                (_, None) => p.push(format!(
+                    "state output `{}` is not a declared output",
+                    s.output
                 )),
+                (Some(i), Some(o)) if i.dtype != o.dtype || i.shape.len() != o.shape.len() => p
+                    .push(format!(
+                        "state `{}` <- `{}`: input is {} {}, output is {} {}",
+                        s.input,
+                        s.output,
+                        i.dtype,
+                        i.spec().shape_string(),
+                        o.dtype,
+                        o.spec().shape_string()
+                    )),
                 _ => {}
             }
         }
         if let Some(out) = self.postprocess.as_ref().and_then(Postprocess::output)
             && !self.outputs.iter().any(|o| o.name == out)
         {
-            p.push(format!("postprocess reads output `{out}`, which is not declared"));
+            p.push(format!(
+                "postprocess reads output `{out}`, which is not declared"
+            ));
         }
         p
     }
@@ -227,7 +272,10 @@ impl Manifest {
 fn is_semver(v: &str) -> bool {
     let core = v.split(['-', '+']).next().unwrap_or("");
     let parts: Vec<&str> = core.split('.').collect();
-    parts.len() == 3 && parts.iter().all(|x| !x.is_empty() && x.bytes().all(|b| b.is_ascii_digit()))
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|x| !x.is_empty() && x.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Compares what a manifest declares with what the model really has. Free
@@ -240,12 +288,18 @@ pub fn compare_io(kind: &str, declared: &[ManifestIo], real: &[IoSpec]) -> Vec<S
             p.push(format!(
                 "manifest declares {kind} `{}`, the model has no such {kind} (it has: {})",
                 d.name,
-                real.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", ")
+                real.iter()
+                    .map(|r| r.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
             continue;
         };
         if r.dtype != d.dtype {
-            p.push(format!("{kind} `{}`: manifest says {}, the model says {}", d.name, d.dtype, r.dtype));
+            p.push(format!(
+                "{kind} `{}`: manifest says {}, the model says {}",
+                d.name, d.dtype, r.dtype
+            ));
         }
         let dims_ok = r.shape.len() == d.shape.len()
             && r.shape.iter().zip(&d.shape).all(|(rd, dd)| match (rd, dd) {
@@ -263,7 +317,10 @@ pub fn compare_io(kind: &str, declared: &[ManifestIo], real: &[IoSpec]) -> Vec<S
     }
     for r in real {
         if !declared.iter().any(|d| d.name == r.name) {
-            p.push(format!("the model's {kind} `{}` is not declared in the manifest", r.name));
+            p.push(format!(
+                "the model's {kind} `{}` is not declared in the manifest",
+                r.name
+            ));
         }
     }
     p
@@ -321,7 +378,10 @@ off = 0.35
         let m: Manifest = toml::from_str(SILERO).unwrap();
         assert!(m.validate(Some("silero_vad")).is_empty());
         assert!(m.is_state_input("state"));
-        assert_eq!(m.inputs[0].shape, vec![Dim::Symbolic("batch".into()), Dim::Fixed(576)]);
+        assert_eq!(
+            m.inputs[0].shape,
+            vec![Dim::Symbolic("batch".into()), Dim::Fixed(576)]
+        );
         assert_eq!(m.inputs[2].fill, Some(16000.0));
     }
 
@@ -345,9 +405,21 @@ off = 0.35
     fn io_comparison_allows_fixing_free_dims_only() {
         let m: Manifest = toml::from_str(SILERO).unwrap();
         let real = vec![
-            IoSpec { name: "input".into(), dtype: DType::F32, shape: vec![Dim::Symbolic("a".into()), Dim::Symbolic("b".into())] },
-            IoSpec { name: "state".into(), dtype: DType::F32, shape: vec![Dim::Fixed(2), Dim::Symbolic("b".into()), Dim::Fixed(128)] },
-            IoSpec { name: "sr".into(), dtype: DType::I64, shape: vec![] },
+            IoSpec {
+                name: "input".into(),
+                dtype: DType::F32,
+                shape: vec![Dim::Symbolic("a".into()), Dim::Symbolic("b".into())],
+            },
+            IoSpec {
+                name: "state".into(),
+                dtype: DType::F32,
+                shape: vec![Dim::Fixed(2), Dim::Symbolic("b".into()), Dim::Fixed(128)],
+            },
+            IoSpec {
+                name: "sr".into(),
+                dtype: DType::I64,
+                shape: vec![],
+            },
         ];
         assert!(compare_io("input", &m.inputs, &real).is_empty());
         let mut wrong = real.clone();
@@ -355,7 +427,11 @@ off = 0.35
         wrong[2].dtype = DType::I32;
         assert_eq!(compare_io("input", &m.inputs, &wrong).len(), 2);
         let mut extra = real;
-        extra.push(IoSpec { name: "h".into(), dtype: DType::F32, shape: vec![] });
+        extra.push(IoSpec {
+            name: "h".into(),
+            dtype: DType::F32,
+            shape: vec![],
+        });
         assert_eq!(compare_io("input", &m.inputs, &extra).len(), 1);
     }
 }

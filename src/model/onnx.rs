@@ -80,7 +80,10 @@ pub struct OnnxInfo {
 impl OnnxInfo {
     /// The default-domain opset, the one people mean by "opset 17".
     pub fn opset(&self) -> Option<i64> {
-        self.opsets.iter().find(|(d, _)| d == "ai.onnx").map(|(_, v)| *v)
+        self.opsets
+            .iter()
+            .find(|(d, _)| d == "ai.onnx")
+            .map(|(_, v)| *v)
     }
 }
 
@@ -109,7 +112,9 @@ pub fn inspect_bytes(bytes: &[u8]) -> Result<OnnxInfo, OnnxParseError> {
     let mut parameters = 0u64;
     let mut nodes = 0usize;
     count_graph(graph, &mut parameters, &mut nodes);
-    let producer = format!("{} {}", m.producer_name, m.producer_version).trim().to_string();
+    let producer = format!("{} {}", m.producer_name, m.producer_version)
+        .trim()
+        .to_string();
     Ok(OnnxInfo {
         ir_version: m.ir_version,
         producer,
@@ -117,7 +122,11 @@ pub fn inspect_bytes(bytes: &[u8]) -> Result<OnnxInfo, OnnxParseError> {
             .opset_import
             .iter()
             .map(|o| {
-                let d = if o.domain.is_empty() { "ai.onnx".to_string() } else { o.domain.clone() };
+                let d = if o.domain.is_empty() {
+                    "ai.onnx".to_string()
+                } else {
+                    o.domain.clone()
+                };
                 (d, o.version)
             })
             .collect(),
@@ -175,17 +184,29 @@ mod tests {
                 node: vec![NodeProto {
                     op_type: "Constant".into(),
                     attribute: vec![AttributeProto {
-                        t: Some(TensorProto { dims: vec![4], data_type: 1 }),
+                        t: Some(TensorProto {
+                            dims: vec![4],
+                            data_type: 1,
+                        }),
                         g: None,
                         graphs: vec![],
                     }],
                 }],
                 initializer: vec![
-                    TensorProto { dims: vec![16, 64], data_type: 1 },
-                    TensorProto { dims: vec![2], data_type: 7 },
+                    TensorProto {
+                        dims: vec![16, 64],
+                        data_type: 1,
+                    },
+                    TensorProto {
+                        dims: vec![2],
+                        data_type: 7,
+                    },
                 ],
             }),
-            opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 17 }],
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: 17,
+            }],
         }
         .encode_to_vec()
     }

@@ -13,16 +13,25 @@ use sha2::{Digest, Sha256};
 use super::manifest::{Manifest, ManifestError, compare_io};
 use super::onnx::{OnnxInfo, inspect_bytes};
 use crate::backend::ort::{Fallback, ModelKey, OrtSession, Runtime, SessionError, SessionOptions};
-use crate::backend::{InferenceSession, ModelIo, Provider, RunError, Tensor};
+use crate::backend::{InferenceSession, ModelIo, Provider, RunError, Tensor, check_inputs};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error(transparent)]
     Manifest(#[from] ManifestError),
     #[error("{path}: cannot read: {source}")]
-    Io { path: String, source: std::io::Error },
-    #[error("{path}: sha256 is {actual}, the manifest says {expected} (corrupt or wrong file; run models/fetch)")]
-    Checksum { path: String, expected: String, actual: String },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path}: sha256 is {actual}, the manifest says {expected} (corrupt or wrong file; run models/fetch)"
+    )]
+    Checksum {
+        path: String,
+        expected: String,
+        actual: String,
+    },
     #[error("{path}: {detail}")]
     NotOnnx { path: String, detail: String },
     #[error(transparent)]
@@ -32,7 +41,11 @@ pub enum ModelError {
     #[error("{path}: warm-up failed: {detail}")]
     WarmUp { path: String, detail: String },
     #[error("model `{name}` not found in {dir} (models there: {available})")]
-    NotFound { name: String, dir: String, available: String },
+    NotFound {
+        name: String,
+        dir: String,
+        available: String,
+    },
 }
 
 /// A model ready to serve: its manifest, its session and what was learnt
@@ -44,7 +57,11 @@ pub struct LoadedModel {
     pub provider: Provider,
     pub fallbacks: Vec<Fallback>,
     pub warmup: Duration,
+    /// As the model reports them.
     pub io: ModelIo,
+    /// As the manifest declares them: may fix free dimensions (silero's 576
+    /// samples), so frames are checked against what the pipeline promises.
+    pub declared: ModelIo,
     session: Mutex<OrtSession>,
 }
 
@@ -57,6 +74,7 @@ impl LoadedModel {
     /// Runs once. The session is shared by every pipeline using this model;
     /// callers on other threads wait for the lock.
     pub fn run(&self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>, RunError> {
+        check_inputs(&self.declared, inputs.iter().map(|(n, t)| (*n, *t)))?;
         let mut s = self.session.lock().unwrap_or_else(|p| p.into_inner());
         s.run(inputs)
     }
@@ -78,7 +96,9 @@ impl LoadedModel {
                 let shape = d.spec().concrete_shape(batch);
                 let t = match d.fill {
                     Some(v) => Tensor::filled(d.dtype, &shape, v),
-                    None if self.manifest.is_state_input(&d.name) => Tensor::filled(d.dtype, &shape, 0.0),
+                    None if self.manifest.is_state_input(&d.name) => {
+                        Tensor::filled(d.dtype, &shape, 0.0)
+                    }
                     None => Tensor::pseudo_random(d.dtype, &shape, 0x5EED + i as u64),
                 };
                 (d.name.clone(), t)
@@ -90,16 +110,29 @@ impl LoadedModel {
 /// A manifest for a bare .onnx file: its inputs and outputs as the model
 /// declares them, no checksum to hold it to.
 fn manifest_for_bare_file(path: &Path, io: &ModelIo, sha256: String) -> Manifest {
-    let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string();
+    let name = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("model")
+        .to_string();
     let conv = |v: &[crate::backend::IoSpec]| {
         v.iter()
-            .map(|s| super::manifest::ManifestIo { name: s.name.clone(), dtype: s.dtype, shape: s.shape.clone(), fill: None })
+            .map(|s| super::manifest::ManifestIo {
+                name: s.name.clone(),
+                dtype: s.dtype,
+                shape: s.shape.clone(),
+                fill: None,
+            })
             .collect()
     };
     Manifest {
         name,
         version: "0.0.0".into(),
-        file: path.file_name().and_then(|s| s.to_str()).unwrap_or_default().to_string(),
+        file: path
+            .file_name()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_string(),
         sha256,
         source: path.display().to_string(),
         license: "unknown".into(),
@@ -118,7 +151,11 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 /// Opens one model from its manifest: checksum, parse, session, manifest
 /// against the real model, warm-up.
-pub fn load_manifest(rt: &Runtime, manifest_path: &Path, opts: &SessionOptions) -> Result<LoadedModel, ModelError> {
+pub fn load_manifest(
+    rt: &Runtime,
+    manifest_path: &Path,
+    opts: &SessionOptions,
+) -> Result<LoadedModel, ModelError> {
     let manifest = Manifest::load(manifest_path)?;
     let dir = manifest_path.parent().unwrap_or(Path::new("."));
     let path = dir.join(&manifest.file);
@@ -126,22 +163,46 @@ pub fn load_manifest(rt: &Runtime, manifest_path: &Path, opts: &SessionOptions) 
 }
 
 /// Opens a model file; with a manifest, holds it to the manifest.
-pub fn load_file(rt: &Runtime, path: &Path, manifest: Option<Manifest>, opts: &SessionOptions) -> Result<LoadedModel, ModelError> {
+pub fn load_file(
+    rt: &Runtime,
+    path: &Path,
+    manifest: Option<Manifest>,
+    opts: &SessionOptions,
+) -> Result<LoadedModel, ModelError> {
     let shown = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| ModelError::Io { path: shown.clone(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
+        path: shown.clone(),
+        source,
+    })?;
     let actual = sha256_hex(&bytes);
     if let Some(m) = &manifest
         && !m.sha256.eq_ignore_ascii_case(&actual)
     {
-        return Err(ModelError::Checksum { path: shown, expected: m.sha256.clone(), actual });
+        return Err(ModelError::Checksum {
+            path: shown,
+            expected: m.sha256.clone(),
+            actual,
+        });
     }
-    let info = inspect_bytes(&bytes).map_err(|e| ModelError::NotOnnx { path: shown.clone(), detail: e.to_string() })?;
+    let info = inspect_bytes(&bytes).map_err(|e| ModelError::NotOnnx {
+        path: shown.clone(),
+        detail: e.to_string(),
+    })?;
     drop(bytes);
     let (name, version) = match &manifest {
         Some(m) => (m.name.clone(), m.version.clone()),
-        None => (path.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string(), "0.0.0".to_string()),
+        None => (
+            path.file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("model")
+                .to_string(),
+            "0.0.0".to_string(),
+        ),
     };
-    let key = ModelKey { name: &name, version: &version };
+    let key = ModelKey {
+        name: &name,
+        version: &version,
+    };
     let session = OrtSession::open(rt, path, &key, opts)?;
     let io = session.io().clone();
     let manifest = match manifest {
@@ -149,11 +210,18 @@ pub fn load_file(rt: &Runtime, path: &Path, manifest: Option<Manifest>, opts: &S
             let mut problems = compare_io("input", &m.inputs, &io.inputs);
             problems.extend(compare_io("output", &m.outputs, &io.outputs));
             if !problems.is_empty() {
-                return Err(ModelError::Mismatch { path: shown, problems });
+                return Err(ModelError::Mismatch {
+                    path: shown,
+                    problems,
+                });
             }
             m
         }
         None => manifest_for_bare_file(path, &io, actual),
+    };
+    let declared = ModelIo {
+        inputs: manifest.inputs.iter().map(|i| i.spec()).collect(),
+        outputs: manifest.outputs.iter().map(|o| o.spec()).collect(),
     };
     let provider = session.provider();
     let fallbacks = session.fallbacks.clone();
@@ -165,6 +233,7 @@ pub fn load_file(rt: &Runtime, path: &Path, manifest: Option<Manifest>, opts: &S
         fallbacks,
         warmup: Duration::ZERO,
         io,
+        declared,
         session: Mutex::new(session),
     };
     // Warm-up: the first run allocates arenas and (on TensorRT) builds the
@@ -172,7 +241,10 @@ pub fn load_file(rt: &Runtime, path: &Path, manifest: Option<Manifest>, opts: &S
     let inputs = model.synthetic_inputs(1);
     let refs: Vec<(&str, &Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let t0 = Instant::now();
-    model.run(&refs).map_err(|e| ModelError::WarmUp { path: shown.clone(), detail: e.to_string() })?;
+    model.run(&refs).map_err(|e| ModelError::WarmUp {
+        path: shown.clone(),
+        detail: e.to_string(),
+    })?;
     model.warmup = t0.elapsed();
     tracing::info!(model = %model.id(), provider = %model.provider, warmup_ms = model.warmup.as_secs_f64() * 1e3, "model loaded");
     Ok(model)
@@ -188,8 +260,15 @@ pub struct Registry {
 impl Registry {
     /// Loads every `<dir>/<name>/manifest.toml`. Models that fail are returned
     /// as errors beside the registry of those that loaded.
-    pub fn load_dir(rt: &Runtime, dir: &Path, opts: &SessionOptions) -> (Registry, Vec<ModelError>) {
-        let mut reg = Registry { dir: dir.to_path_buf(), models: BTreeMap::new() };
+    pub fn load_dir(
+        rt: &Runtime,
+        dir: &Path,
+        opts: &SessionOptions,
+    ) -> (Registry, Vec<ModelError>) {
+        let mut reg = Registry {
+            dir: dir.to_path_buf(),
+            models: BTreeMap::new(),
+        };
         let mut errors = Vec::new();
         for manifest in manifests_in(dir) {
             match load_manifest(rt, &manifest, opts) {
@@ -237,10 +316,18 @@ pub fn manifests_in(dir: &Path) -> Vec<PathBuf> {
 
 /// Resolves a MODEL argument: a path to an .onnx file (held to the manifest
 /// beside it when that manifest names the file) or a model name in `dir`.
-pub fn open_model_arg(rt: &Runtime, arg: &str, dir: &Path, opts: &SessionOptions) -> Result<LoadedModel, ModelError> {
+pub fn open_model_arg(
+    rt: &Runtime,
+    arg: &str,
+    dir: &Path,
+    opts: &SessionOptions,
+) -> Result<LoadedModel, ModelError> {
     let as_path = Path::new(arg);
     if as_path.is_file() {
-        let beside = as_path.parent().unwrap_or(Path::new(".")).join("manifest.toml");
+        let beside = as_path
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join("manifest.toml");
         if beside.is_file()
             && let Ok(m) = Manifest::load(&beside)
             && Path::new(&m.file).file_name() == as_path.file_name()
@@ -255,11 +342,19 @@ pub fn open_model_arg(rt: &Runtime, arg: &str, dir: &Path, opts: &SessionOptions
     }
     let available: Vec<String> = manifests_in(dir)
         .iter()
-        .filter_map(|p| p.parent().and_then(|d| d.file_name()).map(|n| n.to_string_lossy().into_owned()))
+        .filter_map(|p| {
+            p.parent()
+                .and_then(|d| d.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+        })
         .collect();
     Err(ModelError::NotFound {
         name: arg.to_string(),
         dir: dir.display().to_string(),
-        available: if available.is_empty() { "none; run models/fetch and models/build".into() } else { available.join(", ") },
+        available: if available.is_empty() {
+            "none; run models/fetch and models/build".into()
+        } else {
+            available.join(", ")
+        },
     })
 }

@@ -43,14 +43,19 @@ impl StreamStates {
         if pairs.is_empty() {
             return model.run(inputs);
         }
-        let batch = inputs.first().and_then(|(_, t)| t.shape().first().copied()).unwrap_or(1);
+        let batch = inputs
+            .first()
+            .and_then(|(_, t)| t.shape().first().copied())
+            .unwrap_or(1);
         let state = self.streams.entry(stream.to_string()).or_insert_with(|| {
             pairs
                 .iter()
                 .map(|p| {
                     let spec = model.manifest.inputs.iter().find(|i| i.name == p.input);
                     // validate() guarantees the state input is declared.
-                    let (dtype, shape) = spec.map(|s| (s.dtype, s.spec().concrete_shape(batch))).unwrap_or_default();
+                    let (dtype, shape) = spec
+                        .map(|s| (s.dtype, s.spec().concrete_shape(batch)))
+                        .unwrap_or_default();
                     Tensor::filled(dtype, &shape, 0.0)
                 })
                 .collect()
@@ -71,7 +76,9 @@ impl StreamStates {
         if new_state.iter().all(Option::is_some) {
             *state = new_state.into_iter().flatten().collect();
         } else {
-            return Err(RunError::Engine("the model did not return every declared state output".into()));
+            return Err(RunError::Engine(
+                "the model did not return every declared state output".into(),
+            ));
         }
         Ok(rest)
     }

@@ -1,1 +1,10 @@
+//! Integration tests: the real `outpost` binary, real ONNX Runtime, real
+//! models fetched by `models/fetch` and built by `models/build`.
 
+mod common;
+mod errors;
+mod providers;
+mod reference;
+mod registry;
+mod runtime;
+mod state;

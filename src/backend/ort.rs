@@ -209,6 +209,11 @@ impl Runtime {
         })
     }
 
+    /// The ONNX Runtime environment sessions are created in.
+    pub fn env(&self) -> &ort::environment::Environment {
+        &self.env
+    }
+
     /// The runtime loaded earlier in this process, if any.
     pub fn get() -> Option<Arc<Runtime>> {
         RUNTIME.get().cloned()

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod check;
 pub mod infer;
 pub mod models;
+pub mod outbox;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -57,6 +58,9 @@ pub enum Command {
     Infer(infer::InferArgs),
     /// Measure a model's latency and throughput.
     Bench(bench::BenchArgs),
+    /// Inspect, export or purge a stopped daemon's outbox.
+    #[command(subcommand)]
+    Outbox(outbox::OutboxCommand),
 }
 
 /// Options shared by the commands that run models.
@@ -132,5 +136,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Models(m) => models::run(&cli, m),
         Command::Infer(a) => infer::run(&cli, a),
         Command::Bench(a) => bench::run(&cli, a),
+        Command::Outbox(c) => outbox::run(&cli, c),
     }
 }

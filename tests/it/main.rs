@@ -3,6 +3,8 @@
 
 mod common;
 mod errors;
+mod outbox;
+mod preprocess;
 mod providers;
 mod reference;
 mod registry;

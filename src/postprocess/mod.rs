@@ -1,0 +1,1 @@
+//! Turning model outputs into result payloads.

@@ -1,0 +1,1 @@
+//! Decoding payloads into model input tensors.

@@ -1,0 +1,1 @@
+//! Uplinks to the fleet.

@@ -1,0 +1,1 @@
+//! The outbox as a real store on disk.

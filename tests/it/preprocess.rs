@@ -1,0 +1,1 @@
+//! Decoders against real files.

@@ -1,9 +1,11 @@
 //! outpost: an edge inference daemon. Sources feed pipelines that run ONNX
 //! models locally; results wait in a durable outbox until the fleet has them.
 
+pub mod api;
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod model;
 pub mod outbox;
 pub mod pipeline;

@@ -201,50 +201,35 @@ impl Tensor {
         let unit: Vec<f64> = (0..n)
             .map(|_| (next() >> 11) as f64 / (1u64 << 53) as f64)
             .collect();
+        let signed = || unit.iter().map(|u| u * 2.0 - 1.0);
+        let small = || unit.iter().map(|u| (u * 16.0) as i64);
         let d = IxDyn(shape);
-        let floats = |f: &dyn Fn(f64) -> f64| unit.iter().map(|u| f(*u)).collect::<Vec<f64>>();
-        let ints: Vec<i64> = unit.iter().map(|u| (u * 16.0) as i64).collect();
         // Shapes and lengths agree by construction, so from_shape_vec cannot fail.
-        let mk = |v: Vec<f64>| v;
         match dtype {
             DType::F32 => Tensor::F32(
-                ArrayD::from_shape_vec(
-                    d,
-                    mk(floats(&|u| u * 2.0 - 1.0))
-                        .into_iter()
-                        .map(|x| x as f32)
-                        .collect(),
-                )
-                .unwrap_or_default(),
+                ArrayD::from_shape_vec(d, signed().map(|x| x as f32).collect()).unwrap_or_default(),
             ),
             DType::F16 => Tensor::F16(
-                ArrayD::from_shape_vec(
-                    d,
-                    floats(&|u| u * 2.0 - 1.0)
-                        .into_iter()
-                        .map(f16::from_f64)
-                        .collect(),
-                )
-                .unwrap_or_default(),
-            ),
-            DType::F64 => Tensor::F64(
-                ArrayD::from_shape_vec(d, floats(&|u| u * 2.0 - 1.0)).unwrap_or_default(),
-            ),
-            DType::I64 => Tensor::I64(ArrayD::from_shape_vec(d, ints).unwrap_or_default()),
-            DType::I32 => Tensor::I32(
-                ArrayD::from_shape_vec(d, ints.into_iter().map(|x| x as i32).collect())
+                ArrayD::from_shape_vec(d, signed().map(f16::from_f64).collect())
                     .unwrap_or_default(),
+            ),
+            DType::F64 => {
+                Tensor::F64(ArrayD::from_shape_vec(d, signed().collect()).unwrap_or_default())
+            }
+            DType::I64 => {
+                Tensor::I64(ArrayD::from_shape_vec(d, small().collect()).unwrap_or_default())
+            }
+            DType::I32 => Tensor::I32(
+                ArrayD::from_shape_vec(d, small().map(|x| x as i32).collect()).unwrap_or_default(),
             ),
             DType::I8 => Tensor::I8(
-                ArrayD::from_shape_vec(d, ints.into_iter().map(|x| x as i8).collect())
-                    .unwrap_or_default(),
+                ArrayD::from_shape_vec(d, small().map(|x| x as i8).collect()).unwrap_or_default(),
             ),
             DType::U8 => Tensor::U8(
-                ArrayD::from_shape_vec(d, ints.into_iter().map(|x| x as u8).collect())
-                    .unwrap_or_default(),
+                ArrayD::from_shape_vec(d, small().map(|x| x as u8).collect()).unwrap_or_default(),
             ),
             DType::Bool => Tensor::Bool(
-                ArrayD::from_shape_vec(d, ints.into_iter().map(|x| x % 2 == 1).collect())
+                ArrayD::from_shape_vec(d, small().map(|x| x % 2 == 1).collect())
                     .unwrap_or_default(),
             ),
         }
@@ -277,6 +262,71 @@ impl Tensor {
             Tensor::Bool(a) => serde_json::json!(a.iter().collect::<Vec<_>>()),
         };
         serde_json::json!({"dtype": self.dtype().as_str(), "shape": self.shape(), "data": data})
+    }
+
+    /// Concatenates tensors of one type along axis 0 (micro-batching: items
+    /// with a batch axis of 1 become one batch).
+    pub fn concat0(parts: &[&Tensor]) -> Result<Tensor, String> {
+        fn cat<T: Clone>(v: Vec<&ArrayD<T>>) -> Result<ArrayD<T>, String> {
+            let views: Vec<_> = v.iter().map(|a| a.view()).collect();
+            ndarray::concatenate(ndarray::Axis(0), &views).map_err(|e| e.to_string())
+        }
+        let Some(first) = parts.first() else {
+            return Err("nothing to concatenate".into());
+        };
+        macro_rules! all {
+            ($variant:ident) => {{
+                let mut v = Vec::with_capacity(parts.len());
+                for p in parts {
+                    match p {
+                        Tensor::$variant(a) => v.push(a),
+                        other => {
+                            return Err(format!(
+                                "cannot batch {} with {}",
+                                first.dtype(),
+                                other.dtype()
+                            ));
+                        }
+                    }
+                }
+                Tensor::$variant(cat(v)?)
+            }};
+        }
+        Ok(match first {
+            Tensor::F32(_) => all!(F32),
+            Tensor::F16(_) => all!(F16),
+            Tensor::F64(_) => all!(F64),
+            Tensor::I64(_) => all!(I64),
+            Tensor::I32(_) => all!(I32),
+            Tensor::I8(_) => all!(I8),
+            Tensor::U8(_) => all!(U8),
+            Tensor::Bool(_) => all!(Bool),
+        })
+    }
+
+    /// Splits along axis 0 into `n` equal parts (each keeps the axis, of
+    /// size len/n). `None` when axis 0 is not a multiple of n.
+    pub fn split0(&self, n: usize) -> Option<Vec<Tensor>> {
+        let len = *self.shape().first()?;
+        if n == 0 || len % n != 0 {
+            return None;
+        }
+        let step = len / n;
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let s = ndarray::Slice::from(i * step..(i + 1) * step);
+            out.push(match self {
+                Tensor::F32(a) => Tensor::F32(a.slice_axis(ndarray::Axis(0), s).to_owned()),
+                Tensor::F16(a) => Tensor::F16(a.slice_axis(ndarray::Axis(0), s).to_owned()),
+                Tensor::F64(a) => Tensor::F64(a.slice_axis(ndarray::Axis(0), s).to_owned()),
+                Tensor::I64(a) => Tensor::I64(a.slice_axis(ndarray::Axis(0), s).to_owned()),
+                Tensor::I32(a) => Tensor::I32(a.slice_axis(ndarray::Axis(0), s).to_owned()),
+                Tensor::I8(a) => Tensor::I8(a.slice_axis(ndarray::Axis(0), s).to_owned()),
+                Tensor::U8(a) => Tensor::U8(a.slice_axis(ndarray::Axis(0), s).to_owned()),
+                Tensor::Bool(a) => Tensor::Bool(a.slice_axis(ndarray::Axis(0), s).to_owned()),
+            });
+        }
+        Some(out)
     }
 
     /// Reads a NumPy `.npy` file (C order, little-endian or byte-order-free types).
@@ -465,6 +515,18 @@ mod tests {
             Tensor::parse_npy(&npy_bytes(">f4", &[1], &[0, 0, 0, 0]), "x"),
             Err(NpyError::DType { .. })
         ));
+    }
+
+    #[test]
+    fn concat_and_split_along_the_batch_axis() {
+        let a = Tensor::filled(DType::F32, &[1, 3], 1.0);
+        let b = Tensor::filled(DType::F32, &[1, 3], 2.0);
+        let c = Tensor::concat0(&[&a, &b]).unwrap();
+        assert_eq!(c.shape(), &[2, 3]);
+        let parts = c.split0(2).unwrap();
+        assert_eq!(parts, vec![a.clone(), b]);
+        assert!(c.split0(3).is_none());
+        assert!(Tensor::concat0(&[&a, &Tensor::filled(DType::I64, &[1, 3], 0.0)]).is_err());
     }
 
     #[test]

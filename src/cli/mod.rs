@@ -5,6 +5,7 @@ pub mod check;
 pub mod infer;
 pub mod models;
 pub mod outbox;
+pub mod run;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -49,6 +50,8 @@ pub enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the daemon: pipelines, outbox, uplinks, local API.
+    Run(run::RunArgs),
     /// Validate a config file and list every problem.
     Check(check::CheckArgs),
     /// Inspect and list models.
@@ -132,6 +135,7 @@ impl Ctx {
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
+        Command::Run(a) => run::run(&cli, a),
         Command::Check(a) => check::run(&cli, a),
         Command::Models(m) => models::run(&cli, m),
         Command::Infer(a) => infer::run(&cli, a),

@@ -1,12 +1,17 @@
 //! The daemon's TOML config: load -> interpolate `${VAR}` -> parse (unknown
 //! keys refused) -> validate (every problem at once).
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Provider;
 use crate::backend::ort::TensorRtOptions;
+use crate::outbox::OutboxConfig;
+use crate::pipeline::PipelineConfig;
+use crate::source::SourceConfig;
+use crate::source::mqtt::{EmbeddedBrokerConfig, SiteBrokerConfig};
 
 /// Top level of `outpost.toml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -23,6 +28,62 @@ pub struct Config {
     pub model_dir: PathBuf,
     #[serde(default)]
     pub runtime: RuntimeConfig,
+    #[serde(default)]
+    pub scheduler: SchedulerConfig,
+    #[serde(default)]
+    pub outbox: OutboxConfig,
+    #[serde(default)]
+    pub api: ApiConfig,
+    /// The site's MQTT broker, for mqtt sources. Without one, an embedded broker serves.
+    #[serde(default)]
+    pub site_broker: Option<SiteBrokerConfig>,
+    /// The embedded broker's settings (used when mqtt sources exist and no site broker is set).
+    #[serde(default)]
+    pub embedded_broker: EmbeddedBrokerConfig,
+    #[serde(default)]
+    pub pipelines: Vec<PipelineConfig>,
+}
+
+/// The inference worker pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// Inference threads; 0 = one per CPU core.
+    pub workers: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig { workers: 0 }
+    }
+}
+
+impl SchedulerConfig {
+    pub fn worker_count(&self) -> usize {
+        if self.workers > 0 {
+            self.workers
+        } else {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2)
+        }
+    }
+}
+
+/// The local HTTP API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    /// Loopback by default: the API is for the device and its operator's tunnel.
+    pub listen: SocketAddr,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8780)),
+        }
+    }
 }
 
 fn default_data_dir() -> PathBuf {
@@ -66,6 +127,12 @@ impl Default for Config {
             data_dir: default_data_dir(),
             model_dir: default_model_dir(),
             runtime: RuntimeConfig::default(),
+            scheduler: SchedulerConfig::default(),
+            outbox: OutboxConfig::default(),
+            api: ApiConfig::default(),
+            site_broker: None,
+            embedded_broker: EmbeddedBrokerConfig::default(),
+            pipelines: Vec::new(),
         }
     }
 }
@@ -208,7 +275,46 @@ impl Config {
                 ));
             }
         }
+        p.extend(
+            self.outbox
+                .validate()
+                .into_iter()
+                .map(|e| format!("outbox: {e}")),
+        );
+        for (i, pc) in self.pipelines.iter().enumerate() {
+            let at = format!("pipelines[{i}] ({})", pc.name);
+            p.extend(pc.validate(&at));
+            if self.pipelines[..i].iter().any(|o| o.name == pc.name) {
+                p.push(format!(
+                    "{at}.name: `{}` is used by an earlier pipeline",
+                    pc.name
+                ));
+            }
+            for (j, other) in self.pipelines[..i].iter().enumerate() {
+                if let (SourceConfig::Udp { listen: a, .. }, SourceConfig::Udp { listen: b, .. }) =
+                    (&pc.source, &other.source)
+                    && a == b
+                {
+                    p.push(format!(
+                        "{at}.source.listen: {a} is also used by pipelines[{j}]"
+                    ));
+                }
+            }
+        }
         p
+    }
+
+    /// This device's name: the config's, else the host name.
+    pub fn device_name(&self) -> String {
+        if let Some(d) = &self.device {
+            return d.clone();
+        }
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+            .map(|s| s.trim().to_string())
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "outpost".to_string())
     }
 
     /// The engine cache root.

@@ -70,97 +70,11 @@ pub struct StatePair {
     pub output: String,
 }
 
-/// Default preprocessing for the model's main input.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-pub enum Preprocess {
-    /// PCM audio cut into sliding windows.
-    Audio {
-        sample_rate: u32,
-        window: usize,
-        hop: usize,
-    },
-    /// Images decoded, resized and normalized.
-    Image {
-        width: u32,
-        height: u32,
-        #[serde(default = "default_mean")]
-        mean: [f32; 3],
-        #[serde(default = "default_std")]
-        std: [f32; 3],
-        #[serde(default = "default_scale")]
-        scale: f32,
-        #[serde(default)]
-        layout: Layout,
-        #[serde(default)]
-        channel_order: ChannelOrder,
-    },
-    /// Fixed-length sensor vectors.
-    Sensor {
-        length: usize,
-    },
-    None,
-}
-
-fn default_mean() -> [f32; 3] {
-    [0.0; 3]
-}
-fn default_std() -> [f32; 3] {
-    [1.0; 3]
-}
-fn default_scale() -> f32 {
-    1.0 / 255.0
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Layout {
-    #[default]
-    Nchw,
-    Nhwc,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ChannelOrder {
-    #[default]
-    Rgb,
-    Bgr,
-}
-
-/// Default postprocessing of the model's outputs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-pub enum Postprocess {
-    /// Hysteresis threshold on a probability: events on rising past `on` and falling below `off`.
-    Threshold { output: String, on: f32, off: f32 },
-    /// Softmax (if not already probabilities) and the top `k` classes.
-    SoftmaxTopk {
-        output: String,
-        k: usize,
-        #[serde(default)]
-        labels: Option<String>,
-    },
-    /// Text boxes from a text-detection probability map.
-    TextBoxes {
-        output: String,
-        threshold: f32,
-        box_threshold: f32,
-    },
-    /// Raw tensors, size-capped.
-    Raw,
-}
-
-impl Postprocess {
-    pub fn output(&self) -> Option<&str> {
-        match self {
-            Postprocess::Threshold { output, .. }
-            | Postprocess::SoftmaxTopk { output, .. }
-            | Postprocess::TextBoxes { output, .. } => Some(output),
-            Postprocess::Raw => None,
-        }
-    }
-}
+/// Default postprocessing of the model's outputs (see `crate::postprocess`).
+pub use crate::postprocess::PostprocessConfig as Postprocess;
+/// Default preprocessing for the model's main input (see `crate::preprocess`).
+pub use crate::preprocess::PreprocessConfig as Preprocess;
+pub use crate::preprocess::{ChannelOrder, Layout};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {

@@ -1,1 +1,594 @@
-//! The durable outbox (sled).
+//! The durable outbox: every result record goes in here before anything
+//! else happens to it, and leaves only when the fleet has acknowledged it
+//! (or it is dropped by the `max_bytes` policy, which is counted).
+//!
+//! # Layout
+//!
+//! `<data_dir>/outbox/` is one sled 0.34 database (files `conf`, `db`,
+//! `snap.*`, `blobs/`) plus `boot`, a text file mirroring the boot counter.
+//! Trees:
+//!
+//! - `records`: key = 16 bytes big-endian `(boot, seq)`; value = version
+//!   byte, append time (u64 BE unix ns), stream (u16 BE length + UTF-8),
+//!   then the record bytes ([`record`] has the exact layout).
+//! - `dead_letters`: same key; value adds the time it died and a reason.
+//! - `meta`: `boot` = u64 BE, the boot number of the last open.
+//!
+//! # Invariants
+//!
+//! - Keys sort in append order, because sled orders big-endian bytes and
+//!   `(boot, seq)` only grows: `boot` is 1 + the highest boot found in
+//!   `meta`, the sidecar or any key, and it is durable (sled flush + fsync,
+//!   sidecar written atomically) before `open` returns, so no append of a
+//!   later boot can reuse a key. `seq` starts at 0 each boot.
+//! - Keys become visible in key order: the seq is taken and the record
+//!   inserted under one lock, so an uplink reading `pending(after)` with a
+//!   cursor never skips a record that shows up later with a smaller key.
+//! - A record is removed only by `ack`, `dead_letter` (moved), the full
+//!   policy (counted by reason) or `purge` (operator, CLI).
+//! - `bytes` accounting = sum of key + value lengths of the `records` tree,
+//!   `max_bytes` bounds records + dead letters. It is recomputed by a scan
+//!   at every open, never stored, so it cannot drift across restarts.
+//!   sled's log takes more disk than that (see benches/outbox.rs).
+//!
+//! # Durability and crashes
+//!
+//! `append` never waits for the disk. A background thread commits in
+//! groups: every `flush_interval`, or early after `flush_records` appends,
+//! or at once when someone calls `sync()`; it runs sled's `flush()` and
+//! then `fdatasync` on sled's log file (and fsyncs new blob files), because
+//! sled 0.34's flush uses `sync_file_range`, which does not reach the disk
+//! (sled issues 1351, 1452). A record is durable once the group commit that
+//! includes it has completed, at most about `flush_interval` after its
+//! append; `sync()` waits for that. After a crash (SIGKILL, power loss)
+//! every record whose group commit completed is there; later ones may be
+//! lost, in a suffix of the log; none is half-written (sled checksums its
+//! log and stops recovery at the first bad entry). Acks are committed the
+//! same way, so a crash can bring back acknowledged records: the uplink
+//! sends them again and the fleet drops them by id.
+//!
+//! A database sled cannot open (or panics on) is moved to
+//! `<data_dir>/quarantine/outbox-<unix-ts>`, never deleted, and a fresh one
+//! is created with a boot number above the old one's (from the sidecar).
+//! A database held by another process (sled's file lock) is never touched:
+//! that is [`OutboxError::InUse`].
+
+mod commit;
+mod config;
+mod error;
+mod open;
+pub mod record;
+mod stats;
+
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::Notify;
+
+use commit::{Commit, Disk, lock};
+pub use config::{OutboxConfig, WhenFull};
+pub use error::OutboxError;
+pub use record::{DeadLetter, Entry, Key};
+pub use stats::{Dropped, OutboxStats};
+
+use record::{KEY_LEN, MAX_NAME};
+
+/// The durable outbox. Cheap to clone; all clones share one database.
+#[derive(Clone)]
+pub struct Outbox {
+    inner: Arc<Inner>,
+}
+
+/// Dropping the last clone stops the flusher after a final commit.
+struct Inner {
+    shared: Arc<Shared>,
+    flusher: Mutex<Option<JoinHandle<Result<(), OutboxError>>>>,
+}
+
+/// What the flusher thread shares with the handles.
+struct Shared {
+    dir: PathBuf,
+    cfg: OutboxConfig,
+    boot: u64,
+    /// Opened by the CLI: no boot bump, appends refused.
+    inspect: bool,
+    closed: AtomicBool,
+    records: sled::Tree,
+    dead: sled::Tree,
+    commit: Commit,
+    /// Next seq of this boot; held while a record is inserted (see header).
+    append: Mutex<u64>,
+    records_n: AtomicU64,
+    records_bytes: AtomicU64,
+    dead_n: AtomicU64,
+    dead_bytes: AtomicU64,
+    appended_total: AtomicU64,
+    acked_total: AtomicU64,
+    dead_lettered_total: AtomicU64,
+    dropped: stats::DropCounters,
+    quarantined_total: u64,
+    notify: Arc<Notify>,
+}
+
+/// What `purge` removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purge {
+    /// Records and dead letters.
+    All,
+    DeadLettersOnly,
+}
+
+/// What `purge` removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Purged {
+    pub records: u64,
+    pub dead_letters: u64,
+}
+
+fn entry_size(k: &[u8], v: &[u8]) -> u64 {
+    (k.len() + v.len()) as u64
+}
+
+impl Outbox {
+    /// Opens `dir` (creating it) for the daemon: bumps and persists the boot
+    /// counter, quarantines a database that cannot be opened.
+    pub fn open(dir: &Path, cfg: OutboxConfig) -> Result<Outbox, OutboxError> {
+        Self::open_with(dir, cfg, false)
+    }
+
+    /// Opens an existing outbox for inspection (the CLI on a stopped
+    /// daemon): the boot counter is left alone, a damaged database is
+    /// reported and left in place, appends are refused; pending, ack,
+    /// export and purge work.
+    pub fn open_inspect(dir: &Path, cfg: OutboxConfig) -> Result<Outbox, OutboxError> {
+        Self::open_with(dir, cfg, true)
+    }
+
+    fn open_with(dir: &Path, cfg: OutboxConfig, inspect: bool) -> Result<Outbox, OutboxError> {
+        let problems = cfg.validate();
+        if !problems.is_empty() {
+            return Err(OutboxError::Invalid(problems));
+        }
+        let io = |op| {
+            let path = dir.to_path_buf();
+            move |source| OutboxError::Io { op, path, source }
+        };
+        if inspect {
+            if !dir.join("db").is_file() {
+                return Err(OutboxError::NotFound {
+                    path: dir.to_path_buf(),
+                });
+            }
+        } else {
+            std::fs::create_dir_all(dir).map_err(io("create directory"))?;
+        }
+        // Read before sled touches anything: if the database is quarantined,
+        // this is what keeps the next boot number above the old ones.
+        let sidecar = open::read_boot_file(dir);
+        let mut quarantined_total = 0;
+        let loaded = match open::load(dir, &cfg) {
+            Ok(l) => l,
+            Err(open::Failure::Damaged(reason)) if !inspect => {
+                let to = open::quarantine(dir)?;
+                tracing::error!(
+                    path = %dir.display(),
+                    quarantine = %to.display(),
+                    %reason,
+                    "outbox database is damaged: moved aside, starting a fresh one"
+                );
+                quarantined_total = 1;
+                std::fs::create_dir_all(dir).map_err(io("create directory"))?;
+                open::load(dir, &cfg).map_err(|f| f.into_error(dir))?
+            }
+            Err(f) => return Err(f.into_error(dir)),
+        };
+        let last_boot = loaded.last_boot.max(sidecar);
+        let boot = if inspect { last_boot } else { last_boot + 1 };
+        let mut disk = Disk::new(loaded.db.clone(), dir)?;
+        if !inspect {
+            open::store_boot(&loaded.meta, boot)?;
+            disk.flush()?;
+            // sled created its files; make their names durable too.
+            commit::sync_dir(dir)?;
+            open::write_boot_file(dir, boot)?;
+        }
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            boot,
+            inspect,
+            closed: AtomicBool::new(false),
+            records: loaded.records,
+            dead: loaded.dead,
+            commit: Commit::new(cfg.flush_interval, cfg.flush_records),
+            cfg,
+            append: Mutex::new(0),
+            records_n: AtomicU64::new(loaded.records_n),
+            records_bytes: AtomicU64::new(loaded.records_bytes),
+            dead_n: AtomicU64::new(loaded.dead_n),
+            dead_bytes: AtomicU64::new(loaded.dead_bytes),
+            appended_total: AtomicU64::new(0),
+            acked_total: AtomicU64::new(0),
+            dead_lettered_total: AtomicU64::new(0),
+            dropped: stats::DropCounters::default(),
+            quarantined_total,
+            notify: Arc::new(Notify::new()),
+        });
+        let s = Arc::clone(&shared);
+        let flusher = std::thread::Builder::new()
+            .name("outbox-flush".into())
+            .spawn(move || s.commit.run(&mut disk))
+            .map_err(io("spawn flusher thread"))?;
+        tracing::debug!(path = %dir.display(), boot, records = shared.records_n.load(Ordering::Relaxed), "outbox open");
+        Ok(Outbox {
+            inner: Arc::new(Inner {
+                shared,
+                flusher: Mutex::new(Some(flusher)),
+            }),
+        })
+    }
+
+    fn s(&self) -> &Shared {
+        &self.inner.shared
+    }
+
+    /// This open's boot number (1, 2, ...); for an inspection, the last one.
+    pub fn boot(&self) -> u64 {
+        self.s().boot
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.s().dir
+    }
+
+    /// Appends one serialized record for `stream` and returns its key. Does
+    /// not wait for the disk: the record is durable after the next group
+    /// commit (`sync()` waits for it).
+    pub fn append(&self, stream: &str, record: &[u8]) -> Result<Key, OutboxError> {
+        let s = self.s();
+        if s.inspect {
+            return Err(OutboxError::ReadOnly);
+        }
+        if s.closed.load(Ordering::Relaxed) {
+            return Err(OutboxError::Closed);
+        }
+        if stream.len() > MAX_NAME {
+            return Err(OutboxError::StreamName {
+                len: stream.len(),
+                max: MAX_NAME,
+            });
+        }
+        let value = record::encode(stream, SystemTime::now(), record);
+        let size = (KEY_LEN + value.len()) as u64;
+        if size > s.cfg.max_bytes {
+            return Err(OutboxError::TooLarge {
+                size,
+                max_bytes: s.cfg.max_bytes,
+            });
+        }
+        let mut seq = lock(&s.append);
+        s.make_room(size)?;
+        let key = Key(s.boot, *seq);
+        // Counted before the insert so a concurrent ack of this key can never
+        // subtract first and wrap the counters.
+        s.records_n.fetch_add(1, Ordering::SeqCst);
+        s.records_bytes.fetch_add(size, Ordering::SeqCst);
+        if let Err(e) = s.records.insert(key.to_bytes(), value) {
+            s.records_n.fetch_sub(1, Ordering::SeqCst);
+            s.records_bytes.fetch_sub(size, Ordering::SeqCst);
+            return Err(OutboxError::Db {
+                op: "append",
+                source: e,
+            });
+        }
+        *seq += 1;
+        drop(seq);
+        s.appended_total.fetch_add(1, Ordering::Relaxed);
+        s.commit.appended();
+        // notify_waiters wakes every uplink waiting now; notify_one leaves a
+        // permit for one that is between an empty `pending` and its await.
+        s.notify.notify_waiters();
+        s.notify.notify_one();
+        Ok(key)
+    }
+
+    /// Blocks until everything done before the call (appends, acks, dead
+    /// letters) is durable, or returns the error of the flush that failed.
+    pub fn sync(&self) -> Result<(), OutboxError> {
+        self.s().commit.sync()
+    }
+
+    /// Same as [`Outbox::sync`].
+    pub fn flush_now(&self) -> Result<(), OutboxError> {
+        self.sync()
+    }
+
+    /// Up to `limit` unacknowledged records with key > `after` (`None`: from
+    /// the start), oldest first. A value that cannot be decoded is moved to
+    /// the dead letters (reason `undecodable: ...`) instead of blocking the
+    /// uplink behind it.
+    pub fn pending(&self, after: Option<Key>, limit: usize) -> Result<Vec<Entry>, OutboxError> {
+        let s = self.s();
+        let mut out = Vec::with_capacity(limit.min(4096));
+        let mut from = after;
+        while out.len() < limit {
+            let mut bad = None;
+            for kv in s.records.range(range_after(from)).take(limit - out.len()) {
+                let (k, v) = kv.map_err(OutboxError::db("read pending"))?;
+                let key = open::key_of(&k)?;
+                match record::decode(key, &v) {
+                    Ok(e) => out.push(e),
+                    Err(e) => {
+                        bad = Some((key, e));
+                        break;
+                    }
+                }
+            }
+            match bad {
+                None => break,
+                Some((key, e)) => {
+                    tracing::error!(%key, error = %e, "undecodable outbox record moved to dead letters");
+                    s.move_to_dead(key, &format!("undecodable: {e}"))?;
+                    from = Some(key);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes acknowledged records; keys already gone are fine (idempotent).
+    pub fn ack(&self, keys: &[Key]) -> Result<(), OutboxError> {
+        let s = self.s();
+        let mut n = 0;
+        for k in keys {
+            let kb = k.to_bytes();
+            if let Some(v) = s.records.remove(kb).map_err(OutboxError::db("ack"))? {
+                s.records_n.fetch_sub(1, Ordering::SeqCst);
+                s.records_bytes
+                    .fetch_sub(entry_size(&kb, &v), Ordering::SeqCst);
+                n += 1;
+            }
+        }
+        if n > 0 {
+            s.acked_total.fetch_add(n, Ordering::Relaxed);
+            s.commit.op_done();
+        }
+        Ok(())
+    }
+
+    /// Moves a record the fleet refused to the dead letters, with a reason
+    /// (cut to 64 KiB). A key already gone is fine (idempotent).
+    pub fn dead_letter(&self, key: Key, reason: &str) -> Result<(), OutboxError> {
+        self.s().move_to_dead(key, reason)
+    }
+
+    /// Up to `limit` dead letters with key > `after`, oldest first.
+    pub fn dead_letters(
+        &self,
+        after: Option<Key>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, OutboxError> {
+        let mut out = Vec::new();
+        for kv in self.s().dead.range(range_after(after)).take(limit) {
+            let (k, v) = kv.map_err(OutboxError::db("read dead letters"))?;
+            let key = open::key_of(&k)?;
+            out.push(
+                record::decode_dead(key, &v).map_err(|e| OutboxError::Corrupt {
+                    key: key.to_string(),
+                    reason: e.to_string(),
+                })?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Removes records and dead letters (or dead letters only), oldest
+    /// first, and waits until that is durable. The operator's tool: the
+    /// removed records are lost for good.
+    pub fn purge(&self, what: Purge) -> Result<Purged, OutboxError> {
+        let s = self.s();
+        let mut p = Purged::default();
+        while let Some((k, v)) = s.dead.pop_min().map_err(OutboxError::db("purge"))? {
+            s.dead_n.fetch_sub(1, Ordering::SeqCst);
+            s.dead_bytes.fetch_sub(entry_size(&k, &v), Ordering::SeqCst);
+            p.dead_letters += 1;
+        }
+        if what == Purge::All {
+            while let Some((k, v)) = s.records.pop_min().map_err(OutboxError::db("purge"))? {
+                s.records_n.fetch_sub(1, Ordering::SeqCst);
+                s.records_bytes
+                    .fetch_sub(entry_size(&k, &v), Ordering::SeqCst);
+                p.records += 1;
+            }
+        }
+        s.commit.op_done();
+        self.sync()?;
+        Ok(p)
+    }
+
+    /// Wakes when records are appended, so an uplink can wait instead of
+    /// polling: `let n = ob.notified();` then, when `pending` came back
+    /// empty, `n.notified().await` (a permit left by `notify_one` covers an
+    /// append between the two; meant for one consumer).
+    pub fn notified(&self) -> Arc<Notify> {
+        Arc::clone(&self.s().notify)
+    }
+
+    pub fn stats(&self) -> OutboxStats {
+        self.s().stats()
+    }
+
+    /// Final group commit and stop. Other clones then get `Closed` on append.
+    pub fn close(self) -> Result<(), OutboxError> {
+        self.inner.stop()
+    }
+}
+
+fn range_after(after: Option<Key>) -> (Bound<[u8; KEY_LEN]>, Bound<[u8; KEY_LEN]>) {
+    match after {
+        Some(k) => (Bound::Excluded(k.to_bytes()), Bound::Unbounded),
+        None => (Bound::Unbounded, Bound::Unbounded),
+    }
+}
+
+impl Inner {
+    fn stop(&self) -> Result<(), OutboxError> {
+        let s = &self.shared;
+        s.closed.store(true, Ordering::SeqCst);
+        s.commit.shutdown();
+        let handle = lock(&self.flusher).take();
+        match handle {
+            None => Ok(()),
+            Some(h) => h
+                .join()
+                .unwrap_or_else(|_| Err(OutboxError::Flush("the flusher thread panicked".into()))),
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::error!(error = %e, "outbox: final flush at drop failed");
+        }
+    }
+}
+
+impl Shared {
+    /// Frees `size` bytes under `max_bytes`: dead letters go first (they
+    /// will never be sent), then the policy decides. Called with the append
+    /// lock held, so two appends cannot both count the same free space.
+    fn make_room(&self, size: u64) -> Result<(), OutboxError> {
+        let max = self.cfg.max_bytes;
+        loop {
+            let used =
+                self.records_bytes.load(Ordering::SeqCst) + self.dead_bytes.load(Ordering::SeqCst);
+            if used + size <= max {
+                return Ok(());
+            }
+            if let Some((k, v)) = self
+                .dead
+                .pop_min()
+                .map_err(OutboxError::db("drop dead letter"))?
+            {
+                self.dead_n.fetch_sub(1, Ordering::SeqCst);
+                self.dead_bytes
+                    .fetch_sub(entry_size(&k, &v), Ordering::SeqCst);
+                self.dropped
+                    .full_drop_dead_letter
+                    .fetch_add(1, Ordering::Relaxed);
+                self.commit.op_done();
+                continue;
+            }
+            let popped = match self.cfg.when_full {
+                WhenFull::DropOldest => self
+                    .records
+                    .pop_min()
+                    .map_err(OutboxError::db("drop oldest"))?,
+                WhenFull::RejectNew => None,
+            };
+            match popped {
+                Some((k, v)) => {
+                    self.records_n.fetch_sub(1, Ordering::SeqCst);
+                    self.records_bytes
+                        .fetch_sub(entry_size(&k, &v), Ordering::SeqCst);
+                    self.dropped
+                        .full_drop_oldest
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.commit.op_done();
+                }
+                // reject_new, or nothing left to drop (size <= max was checked,
+                // so only a racing accounting update gets here): refuse.
+                None => {
+                    self.dropped.full_reject_new.fetch_add(1, Ordering::Relaxed);
+                    return Err(OutboxError::Full {
+                        needed: used + size - max,
+                        max_bytes: max,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Moves one record to the dead letters in one sled transaction.
+    fn move_to_dead(&self, key: Key, reason: &str) -> Result<(), OutboxError> {
+        use sled::Transactional;
+        let kb = key.to_bytes();
+        let now = SystemTime::now();
+        let moved = (&self.records, &self.dead)
+            .transaction(|(rec, dead)| {
+                let Some(v) = rec.remove(&kb)? else {
+                    return Ok(None);
+                };
+                let dv = match record::decode(key, &v) {
+                    Ok(e) => record::encode_dead(&e, now, reason),
+                    // Keep the raw value: an operator can still read it in the export.
+                    Err(_) => record::encode_dead(
+                        &Entry {
+                            key,
+                            stream: String::new(),
+                            appended_at: SystemTime::UNIX_EPOCH,
+                            record: v.to_vec(),
+                        },
+                        now,
+                        reason,
+                    ),
+                };
+                let sizes = (entry_size(&kb, &v), entry_size(&kb, &dv));
+                dead.insert(&kb, dv)?;
+                Ok(Some(sizes))
+            })
+            .map_err(|e: sled::transaction::TransactionError<()>| match e {
+                sled::transaction::TransactionError::Storage(source) => OutboxError::Db {
+                    op: "dead letter",
+                    source,
+                },
+                // Nothing in the closure aborts.
+                sled::transaction::TransactionError::Abort(()) => OutboxError::Corrupt {
+                    key: key.to_string(),
+                    reason: "dead letter transaction aborted".into(),
+                },
+            })?;
+        if let Some((old, new)) = moved {
+            self.records_n.fetch_sub(1, Ordering::SeqCst);
+            self.records_bytes.fetch_sub(old, Ordering::SeqCst);
+            self.dead_n.fetch_add(1, Ordering::SeqCst);
+            self.dead_bytes.fetch_add(new, Ordering::SeqCst);
+            self.dead_lettered_total.fetch_add(1, Ordering::Relaxed);
+            self.commit.op_done();
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> OutboxStats {
+        let oldest_appended_at = match self.records.first() {
+            Ok(Some((_, v))) => record::appended_at(&v).ok(),
+            _ => None,
+        };
+        let c = &self.commit;
+        let last_ns = c.last_flush_ns.load(Ordering::Relaxed);
+        OutboxStats {
+            boot: self.boot,
+            records: self.records_n.load(Ordering::SeqCst),
+            bytes: self.records_bytes.load(Ordering::SeqCst),
+            oldest_appended_at,
+            oldest_age: oldest_appended_at
+                .map(|t| SystemTime::now().duration_since(t).unwrap_or_default()),
+            dead_letters: self.dead_n.load(Ordering::SeqCst),
+            dead_letter_bytes: self.dead_bytes.load(Ordering::SeqCst),
+            max_bytes: self.cfg.max_bytes,
+            appended_total: self.appended_total.load(Ordering::Relaxed),
+            acked_total: self.acked_total.load(Ordering::Relaxed),
+            dead_lettered_total: self.dead_lettered_total.load(Ordering::Relaxed),
+            dropped: self.dropped.snapshot(),
+            flushes_total: c.flushes_total.load(Ordering::Relaxed),
+            flush_errors_total: c.flush_errors_total.load(Ordering::Relaxed),
+            quarantined_total: self.quarantined_total,
+            last_flush_duration: (c.flushes_total.load(Ordering::Relaxed) > 0)
+                .then(|| Duration::from_nanos(last_ns)),
+        }
+    }
+}

@@ -1,1 +1,254 @@
-//! Pipelines and the scheduler.
+//! Pipelines: one source + preprocessing + one model + postprocessing, and
+//! the scheduler that runs them. A daemon runs many; they share loaded models.
+
+pub mod queue;
+pub mod record;
+pub mod scheduler;
+pub mod worker;
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+pub use self::queue::WhenFull;
+pub use self::record::ResultRecord;
+pub use self::scheduler::{Priority, Scheduler};
+pub use self::worker::Pipeline;
+use crate::postprocess::PostprocessConfig;
+use crate::preprocess::PreprocessConfig;
+use crate::source::SourceConfig;
+
+/// `[[pipelines]]` in the config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Unique name; appears in records, metrics and the HTTP path.
+    pub name: String,
+    /// A model name in the model directory.
+    pub model: String,
+    pub source: SourceConfig,
+    /// Overrides the model's default preprocessing.
+    #[serde(default)]
+    pub preprocess: Option<PreprocessConfig>,
+    /// Overrides the model's default postprocessing.
+    #[serde(default)]
+    pub postprocess: Option<PostprocessConfig>,
+    /// The model input the payload feeds (default: the first input that is neither state nor constant).
+    #[serde(default)]
+    pub input: Option<String>,
+    #[serde(default)]
+    pub priority: Priority,
+    /// Frames waiting for a worker, at most.
+    #[serde(default = "default_queue")]
+    pub queue: usize,
+    #[serde(default)]
+    pub when_full: WhenFull,
+    /// Items run together when the model has a batch axis (1 = no batching).
+    #[serde(default = "default_max_batch")]
+    pub max_batch: usize,
+    /// How long a worker waits for a batch to fill.
+    #[serde(default = "default_max_delay", with = "humantime_serde")]
+    pub max_delay: Duration,
+}
+
+fn default_queue() -> usize {
+    256
+}
+fn default_max_batch() -> usize {
+    1
+}
+fn default_max_delay() -> Duration {
+    Duration::from_millis(2)
+}
+
+impl PipelineConfig {
+    pub fn validate(&self, at: &str) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            p.push(format!(
+                "{at}.name: `{}` must be non-empty letters, digits, '_' or '-'",
+                self.name
+            ));
+        }
+        if self.model.is_empty() {
+            p.push(format!("{at}.model: empty"));
+        }
+        if self.queue == 0 {
+            p.push(format!("{at}.queue: must be at least 1"));
+        }
+        if self.max_batch == 0 || self.max_batch > 1024 {
+            p.push(format!(
+                "{at}.max_batch: {} is out of range 1..=1024",
+                self.max_batch
+            ));
+        }
+        p.extend(self.source.validate(&format!("{at}.source")));
+        if let Some(pre) = &self.preprocess {
+            p.extend(
+                pre.validate()
+                    .into_iter()
+                    .map(|e| format!("{at}.preprocess: {e}")),
+            );
+        }
+        if let Some(post) = &self.postprocess {
+            p.extend(
+                post.validate()
+                    .into_iter()
+                    .map(|e| format!("{at}.postprocess: {e}")),
+            );
+        }
+        p
+    }
+}
+
+/// Counters of one pipeline.
+#[derive(Default)]
+pub struct PipelineStats {
+    pub frames_in: AtomicU64,
+    pub frames_done: AtomicU64,
+    pub items: AtomicU64,
+    pub records: AtomicU64,
+    pub batches: AtomicU64,
+    pub batch_items: AtomicU64,
+    pub inference_us_total: AtomicU64,
+    drops: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl PipelineStats {
+    pub fn add_drop(&self, reason: &'static str) {
+        *self
+            .drops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(reason)
+            .or_default() += 1;
+    }
+
+    pub fn drops(&self) -> BTreeMap<&'static str, u64> {
+        self.drops.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn get(a: &AtomicU64) -> u64 {
+        a.load(Ordering::Relaxed)
+    }
+}
+
+/// Logs at most once per interval per reason, with the count suppressed since.
+pub struct RateLimitedLog {
+    every: Duration,
+    last: Mutex<BTreeMap<&'static str, (Instant, u64)>>,
+}
+
+impl RateLimitedLog {
+    pub fn new(every: Duration) -> Self {
+        RateLimitedLog {
+            every,
+            last: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Some(suppressed count) when this event should be logged now.
+    pub fn allow(&self, reason: &'static str) -> Option<u64> {
+        let mut m = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        match m.get_mut(reason) {
+            Some((t, n)) if now.duration_since(*t) < self.every => {
+                *n += 1;
+                None
+            }
+            Some((t, n)) => {
+                let suppressed = *n;
+                *t = now;
+                *n = 0;
+                Some(suppressed)
+            }
+            None => {
+                m.insert(reason, (now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
+/// Where records go once made: the outbox (and, for demos, stdout).
+pub trait RecordSink: Send + Sync {
+    fn store(&self, record: &ResultRecord) -> Result<(), String>;
+}
+
+/// Ids `<device>/<boot>/<seq>`: one sequence per daemon start.
+pub struct IdGen {
+    pub device: String,
+    pub boot: u64,
+    seq: AtomicU64,
+}
+
+impl IdGen {
+    pub fn new(device: String, boot: u64) -> Self {
+        IdGen {
+            device,
+            boot,
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    pub fn next(&self) -> (String, u64) {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        (ResultRecord::make_id(&self.device, self.boot, seq), seq)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_limited_log_counts_suppressed() {
+        let l = RateLimitedLog::new(Duration::from_secs(3600));
+        assert_eq!(l.allow("bad"), Some(0));
+        assert_eq!(l.allow("bad"), None);
+        assert_eq!(l.allow("bad"), None);
+        assert_eq!(l.allow("other"), Some(0));
+        let l = RateLimitedLog::new(Duration::ZERO);
+        l.allow("x");
+        assert_eq!(l.allow("x"), Some(0));
+    }
+
+    #[test]
+    fn ids_are_sequential_per_boot() {
+        let g = IdGen::new("gw".into(), 7);
+        assert_eq!(g.next(), ("gw/7/1".to_string(), 1));
+        assert_eq!(g.next(), ("gw/7/2".to_string(), 2));
+    }
+
+    #[test]
+    fn pipeline_config_defaults_and_validation() {
+        let c: PipelineConfig = toml::from_str(
+            r#"
+name = "vad"
+model = "silero_vad"
+source = { type = "udp", listen = "127.0.0.1:9000" }
+"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (c.queue, c.max_batch, c.priority, c.when_full),
+            (256, 1, Priority::Normal, WhenFull::DropOldest)
+        );
+        assert!(c.validate("p").is_empty());
+        let bad = PipelineConfig {
+            name: "a b".into(),
+            queue: 0,
+            max_batch: 0,
+            ..c
+        };
+        assert_eq!(bad.validate("p").len(), 3);
+    }
+}

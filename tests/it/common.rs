@@ -95,3 +95,205 @@ pub fn copy_model(name: &str, dst: &Path) -> PathBuf {
     }
     to
 }
+
+/// A free TCP port on loopback (bound, then released for the daemon).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A plain HTTP/1.1 request on loopback; returns (status, body).
+pub fn http(method: &str, addr: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )?;
+    s.write_all(body)?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no header end"))?;
+    let head = String::from_utf8_lossy(&buf[..split]).into_owned();
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let mut body = buf[split + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = dechunk(&body);
+    }
+    Ok((status, body))
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let n = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + n]);
+        b = &b[eol + 2 + n + 2..];
+    }
+}
+
+/// A real `outpost run` process; killed on drop.
+pub struct Daemon {
+    pub child: std::process::Child,
+    pub api: String,
+    pub dir: tempfile::TempDir,
+    records: std::sync::mpsc::Receiver<serde_json::Value>,
+    pub seen: Vec<serde_json::Value>,
+}
+
+impl Daemon {
+    /// Writes `config` (with `{API}` and `{DATA}` replaced) and starts the
+    /// daemon with --print-records; waits for /readyz.
+    pub fn start(config: &str) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(config, dir)
+    }
+
+    pub fn start_in(config: &str, dir: tempfile::TempDir) -> Daemon {
+        let api = format!("127.0.0.1:{}", free_port());
+        let data = dir.path().join("data");
+        let text = config
+            .replace("{API}", &api)
+            .replace("{DATA}", &data.display().to_string())
+            .replace("{DIR}", &dir.path().display().to_string());
+        let cfg = dir.path().join("outpost.toml");
+        std::fs::write(&cfg, text).unwrap();
+        let mut child = outpost()
+            .arg("--config")
+            .arg(&cfg)
+            .args(["run", "--print-records"])
+            .env("RUST_LOG", "info,ort=warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(dir.path().join("daemon.log")).unwrap())
+            .spawn()
+            .expect("spawn outpost run");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str(&line) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        let mut d = Daemon {
+            child,
+            api,
+            dir,
+            records: rx,
+            seen: Vec::new(),
+        };
+        d.wait_ready();
+        d
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
+    }
+
+    fn wait_ready(&mut self) {
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("daemon exited early ({st}):\n{}", self.log());
+            }
+            if let Ok((200, _)) = http("GET", &self.api, "/readyz", b"") {
+                return;
+            }
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(60),
+                "daemon not ready in 60 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        let (code, body) = http("GET", &self.api, "/v1/status", b"").expect("status");
+        assert_eq!(code, 200);
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    /// Collects printed records until `pred(records)` or the timeout.
+    pub fn records_until(
+        &mut self,
+        timeout: std::time::Duration,
+        pred: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> &[serde_json::Value] {
+        let t0 = std::time::Instant::now();
+        while !pred(&self.seen) && t0.elapsed() < timeout {
+            if let Ok(v) = self
+                .records
+                .recv_timeout(std::time::Duration::from_millis(50))
+            {
+                self.seen.push(v);
+            }
+        }
+        while let Ok(v) = self.records.try_recv() {
+            self.seen.push(v);
+        }
+        &self.seen
+    }
+
+    /// SIGTERM, then wait for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                // Drain what was printed before the exit.
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                while let Ok(v) = self.records.try_recv() {
+                    self.seen.push(v);
+                }
+                return st;
+            }
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(30),
+                "daemon did not stop on SIGTERM:\n{}",
+                self.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Stops it (SIGTERM) and hands back its folder, to start again on the same data.
+    pub fn stop_keep_dir(mut self) -> tempfile::TempDir {
+        self.terminate();
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
+        dir
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

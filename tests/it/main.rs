@@ -10,3 +10,4 @@ mod reference;
 mod registry;
 mod runtime;
 mod state;
+mod streams;

@@ -1,0 +1,171 @@
+//! Outbox benchmark (plain harness, prints a table):
+//!
+//! - durable append throughput: 200k records of ~200 bytes with the default
+//!   group commit, then `sync()`;
+//! - drain throughput: `pending` + `ack` in batches of 1000, then `sync()`;
+//! - disk bytes per stored record (allocated blocks of the directory);
+//! - resident memory with a 1,000,000-record backlog, measured in a fresh
+//!   child process (so the earlier phases' heap does not count), after the
+//!   appends and again after a reopen (which scans the backlog).
+//!
+//! `cargo bench --bench outbox`
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use outpost::outbox::{Key, Outbox, OutboxConfig};
+
+const N: u64 = 200_000;
+const BACKLOG: u64 = 1_000_000;
+const PHASE: &str = "OUTBOX_BENCH_PHASE";
+
+/// ~200 bytes, shaped like a result record.
+fn record(i: u64) -> Vec<u8> {
+    let mut r = format!(
+        r#"{{"id":"gw1/1/{i}","device":"gw1","pipeline":"vad","stream":"mic-{}","seq":{i},"ts":"2026-11-30T12:00:00.000000Z","model":"silero_vad@6.2.3","ep":"cpu","latency_us":231,"outputs":{{"speech":0.{:04}}}}}"#,
+        i % 4,
+        i % 10_000
+    );
+    while r.len() < 200 {
+        r.push(' ');
+    }
+    r.into_bytes()
+}
+
+fn disk_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => disk_bytes(&e.path()),
+                    Ok(m) => m.blocks() * 512,
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// `VmRSS` or `VmHWM` from /proc/self/status, in bytes.
+fn proc_status(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn append_all(ob: &Outbox, n: u64) -> f64 {
+    let recs: Vec<Vec<u8>> = (0..1000).map(record).collect();
+    let t = Instant::now();
+    for i in 0..n {
+        ob.append("mic", &recs[(i % 1000) as usize])
+            .expect("append");
+    }
+    ob.sync().expect("sync");
+    t.elapsed().as_secs_f64()
+}
+
+fn throughput_phase() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let ob = Outbox::open(&dir, OutboxConfig::default()).expect("open");
+    let secs = append_all(&ob, N);
+    let st = ob.stats();
+    let disk = disk_bytes(&dir);
+    row(
+        "durable append (200 B, default group commit, then sync)",
+        &format!("{:.0} records/s", N as f64 / secs),
+        &format!("{N} records in {secs:.2} s, {} flushes", st.flushes_total),
+    );
+    row(
+        "stored bytes per record (key + header + record)",
+        &format!("{:.1} B", st.bytes as f64 / N as f64),
+        "",
+    );
+    row(
+        "disk bytes per stored record (allocated blocks / records)",
+        &format!("{:.1} B", disk as f64 / N as f64),
+        &format!("{:.1} MiB on disk", disk as f64 / 1048576.0),
+    );
+
+    let t = Instant::now();
+    let mut after: Option<Key> = None;
+    let mut n = 0u64;
+    loop {
+        let batch = ob.pending(after, 1000).expect("pending");
+        let Some(last) = batch.last() else { break };
+        after = Some(last.key);
+        let keys: Vec<Key> = batch.iter().map(|e| e.key).collect();
+        ob.ack(&keys).expect("ack");
+        n += keys.len() as u64;
+    }
+    ob.sync().expect("sync");
+    let secs = t.elapsed().as_secs_f64();
+    assert_eq!(n, N);
+    row(
+        "drain (pending 1000 + ack, then sync)",
+        &format!("{:.0} records/s", n as f64 / secs),
+        &format!("{n} records in {secs:.2} s"),
+    );
+    ob.close().expect("close");
+}
+
+fn rss_phase() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let before = proc_status("VmRSS:");
+    let ob = Outbox::open(&dir, OutboxConfig::default()).expect("open");
+    let secs = append_all(&ob, BACKLOG);
+    let after_append = proc_status("VmRSS:");
+    let disk = disk_bytes(&dir);
+    ob.close().expect("close");
+    let t = Instant::now();
+    let ob = Outbox::open(&dir, OutboxConfig::default()).expect("reopen");
+    let reopen = t.elapsed().as_secs_f64();
+    let first = ob.pending(None, 1000).expect("pending");
+    assert_eq!(ob.stats().records, BACKLOG);
+    assert_eq!(first.len(), 1000);
+    let after_reopen = proc_status("VmRSS:");
+    let hwm = proc_status("VmHWM:");
+    let mb = |b: u64| format!("{:.1} MB", b as f64 / 1e6);
+    row(
+        "RSS with a 1,000,000-record backlog, after appending",
+        &mb(after_append),
+        &format!(
+            "appended at {:.0} records/s; {} before open; {:.0} MiB on disk",
+            BACKLOG as f64 / secs,
+            mb(before),
+            disk as f64 / 1048576.0
+        ),
+    );
+    row(
+        "RSS with the backlog, after reopen (scan) + first pending",
+        &mb(after_reopen),
+        &format!("reopen took {reopen:.2} s; peak (VmHWM) {}", mb(hwm)),
+    );
+    ob.close().expect("close");
+}
+
+fn row(what: &str, value: &str, note: &str) {
+    println!("| {what} | {value} | {note} |");
+}
+
+fn main() {
+    if std::env::var_os(PHASE).is_some() {
+        rss_phase();
+        return;
+    }
+    println!("| measure | value | note |");
+    println!("|---|---:|---|");
+    throughput_phase();
+    // A fresh process, so RSS is the backlog's and not the earlier phase's.
+    let exe = std::env::current_exe().expect("current_exe");
+    let status = Command::new(exe).env(PHASE, "rss").status().expect("spawn");
+    assert!(status.success(), "rss phase failed: {status}");
+}

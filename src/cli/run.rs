@@ -1,0 +1,35 @@
+//! `outpost run --config FILE`: the daemon.
+
+use std::path::PathBuf;
+
+use crate::config::Config;
+use crate::daemon::{self, RunOptions};
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Print every stored result record as one JSON line on stdout (demos).
+    #[arg(long)]
+    pub print_records: bool,
+    /// Model directory override.
+    #[arg(long, value_name = "DIR")]
+    pub models: Option<PathBuf>,
+}
+
+pub fn run(cli: &super::Cli, a: &RunArgs) -> anyhow::Result<()> {
+    let Some(path) = cli.config.as_ref() else {
+        anyhow::bail!("outpost run needs --config FILE (see `outpost config example`)");
+    };
+    let mut cfg = Config::load(path)?;
+    if let Some(d) = a.models.as_ref().or(cli.model_dir.as_ref()) {
+        cfg.model_dir = d.clone();
+    }
+    if let Some(lib) = &cli.onnxruntime {
+        cfg.runtime.onnxruntime = Some(lib.clone());
+    }
+    daemon::run(
+        cfg,
+        RunOptions {
+            print_records: a.print_records,
+        },
+    )
+}

@@ -1,0 +1,273 @@
+//! Group commit: one background thread makes everything written so far
+//! durable, every `flush_interval`, early after `flush_records` appends, or
+//! at once when someone waits in `sync()`.
+//!
+//! Progress is counted in *ops* (appends, acks, dead letters, drops): a
+//! writer bumps `ops` after its sled write returned, the flusher reads `ops`
+//! before `Db::flush`, so every op counted in that number is inside the
+//! flush, and after the fsync `durable = that number`.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::OutboxError;
+
+/// Shared between writers, waiters and the flusher thread.
+pub struct Commit {
+    /// Mutations issued so far (only grows).
+    pub ops: AtomicU64,
+    /// Appends since the flusher last started a flush.
+    pub since_flush: AtomicUsize,
+    pub flush_records: usize,
+    pub interval: Duration,
+    state: Mutex<State>,
+    /// Wakes the flusher.
+    wake_flusher: Condvar,
+    /// Wakes `sync()` waiters after each flush attempt.
+    flushed: Condvar,
+    pub flushes_total: AtomicU64,
+    pub flush_errors_total: AtomicU64,
+    pub last_flush_ns: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    /// Ops known durable.
+    durable: u64,
+    /// Flush attempts started.
+    started: u64,
+    /// The latest failed attempt and its error.
+    failed: Option<(u64, String)>,
+    wake: bool,
+    shutdown: bool,
+    stopped: bool,
+}
+
+/// Locks a mutex, ignoring poisoning: the state is plain counters, every
+/// update is a single assignment, so a panicking holder leaves it consistent.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Commit {
+    pub fn new(interval: Duration, flush_records: usize) -> Commit {
+        Commit {
+            ops: AtomicU64::new(0),
+            since_flush: AtomicUsize::new(0),
+            flush_records,
+            interval,
+            state: Mutex::new(State::default()),
+            wake_flusher: Condvar::new(),
+            flushed: Condvar::new(),
+            flushes_total: AtomicU64::new(0),
+            flush_errors_total: AtomicU64::new(0),
+            last_flush_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts a mutation whose sled write has returned.
+    pub fn op_done(&self) {
+        self.ops.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Counts an append; wakes the flusher when a burst reaches `flush_records`.
+    pub fn appended(&self) {
+        self.op_done();
+        if self.since_flush.fetch_add(1, Ordering::Relaxed) + 1 == self.flush_records {
+            self.wake();
+        }
+    }
+
+    fn wake(&self) {
+        lock(&self.state).wake = true;
+        self.wake_flusher.notify_one();
+    }
+
+    /// Blocks until every op issued before the call is durable.
+    pub fn sync(&self) -> Result<(), OutboxError> {
+        let target = self.ops.load(Ordering::SeqCst);
+        let mut st = lock(&self.state);
+        if st.durable >= target {
+            return Ok(());
+        }
+        let entered = st.started;
+        st.wake = true;
+        self.wake_flusher.notify_one();
+        loop {
+            if st.durable >= target {
+                return Ok(());
+            }
+            // An attempt started after we entered read `ops` after us, so it
+            // covered our target: its failure is ours.
+            if let Some((n, e)) = &st.failed
+                && *n > entered
+            {
+                return Err(OutboxError::Flush(e.clone()));
+            }
+            if st.stopped {
+                return Err(OutboxError::Closed);
+            }
+            st = self.flushed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Asks the flusher for a last flush and to stop.
+    pub fn shutdown(&self) {
+        lock(&self.state).shutdown = true;
+        self.wake_flusher.notify_one();
+    }
+
+    /// The flusher thread's body; returns the last flush's result.
+    pub fn run(&self, disk: &mut Disk) -> Result<(), OutboxError> {
+        let mut last = Ok(());
+        let mut next = Instant::now() + self.interval;
+        loop {
+            let (shutdown, started) = {
+                let mut st = lock(&self.state);
+                while !st.wake && !st.shutdown {
+                    let now = Instant::now();
+                    if now >= next {
+                        break;
+                    }
+                    st = self
+                        .wake_flusher
+                        .wait_timeout(st, next - now)
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|e| e.into_inner().0);
+                }
+                st.wake = false;
+                let target = self.ops.load(Ordering::SeqCst);
+                if target <= st.durable {
+                    // Idle: no fsync, so an idle device does not wear its flash.
+                    if st.shutdown {
+                        st.stopped = true;
+                        self.flushed.notify_all();
+                        return last;
+                    }
+                    next = Instant::now() + self.interval;
+                    continue;
+                }
+                st.started += 1;
+                (st.shutdown, (st.started, target))
+            };
+            let (attempt, target) = started;
+            self.since_flush.store(0, Ordering::Relaxed);
+            let t0 = Instant::now();
+            let r = disk.flush();
+            let took = t0.elapsed();
+            next = Instant::now() + self.interval;
+            self.flushes_total.fetch_add(1, Ordering::Relaxed);
+            self.last_flush_ns.store(
+                u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+            let mut st = lock(&self.state);
+            match &r {
+                Ok(()) => st.durable = st.durable.max(target),
+                Err(e) => {
+                    self.flush_errors_total.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(error = %e, "outbox flush failed; retrying at the next interval");
+                    st.failed = Some((attempt, e.to_string()));
+                }
+            }
+            last = r;
+            if shutdown {
+                st.stopped = true;
+                self.flushed.notify_all();
+                return last;
+            }
+            self.flushed.notify_all();
+        }
+    }
+}
+
+/// What a flush must reach: sled's log, then the disk itself.
+pub struct Disk {
+    pub db: sled::Db,
+    dir: PathBuf,
+    /// sled's log file, opened once for fsync.
+    log: File,
+    /// Blob files already fsynced (sled writes a value above ~1/4 of a
+    /// segment to its own file under blobs/ and never fsyncs it).
+    synced_blobs: HashSet<std::ffi::OsString>,
+}
+
+impl Disk {
+    pub fn new(db: sled::Db, dir: &Path) -> Result<Disk, OutboxError> {
+        let p = dir.join("db");
+        let log = File::open(&p).map_err(|source| OutboxError::Io {
+            op: "open for fsync",
+            path: p,
+            source,
+        })?;
+        Ok(Disk {
+            db,
+            dir: dir.to_path_buf(),
+            log,
+            synced_blobs: HashSet::new(),
+        })
+    }
+
+    /// `Db::flush` writes sled's buffers and calls sync_file_range, which
+    /// neither flushes the drive's cache nor the file's metadata (sled issues
+    /// 1351, 1452); fdatasync does both.
+    pub fn flush(&mut self) -> Result<(), OutboxError> {
+        self.db.flush().map_err(OutboxError::db("flush"))?;
+        self.log.sync_data().map_err(|source| OutboxError::Io {
+            op: "fsync",
+            path: self.dir.join("db"),
+            source,
+        })?;
+        self.sync_blobs()
+    }
+
+    fn sync_blobs(&mut self) -> Result<(), OutboxError> {
+        let dir = self.dir.join("blobs");
+        let io = |op, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| OutboxError::Io { op, path, source }
+        };
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io("read", &dir)(e)),
+        };
+        let mut new = false;
+        let mut present = HashSet::new();
+        for e in rd {
+            let e = e.map_err(io("read", &dir))?;
+            let name = e.file_name();
+            if !self.synced_blobs.contains(&name) {
+                let p = e.path();
+                match File::open(&p) {
+                    Ok(f) => f.sync_all().map_err(io("fsync", &p))?,
+                    // sled collected it meanwhile.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(io("open", &p)(e)),
+                }
+                new = true;
+            }
+            present.insert(name);
+        }
+        self.synced_blobs = present;
+        if new {
+            sync_dir(&dir)?;
+        }
+        Ok(())
+    }
+}
+
+/// fsyncs a directory, so the names in it (new files, renames) are durable.
+pub fn sync_dir(dir: &Path) -> Result<(), OutboxError> {
+    File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|source| OutboxError::Io {
+            op: "fsync directory",
+            path: dir.to_path_buf(),
+            source,
+        })
+}

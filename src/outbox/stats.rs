@@ -1,0 +1,88 @@
+//! Figures for `/metrics` and `outpost outbox stats`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+/// A snapshot of the outbox. Counters (`*_total`) count since this open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxStats {
+    pub boot: u64,
+    /// Unacknowledged records stored.
+    pub records: u64,
+    /// Their size: keys, headers and record bytes.
+    pub bytes: u64,
+    pub oldest_appended_at: Option<SystemTime>,
+    /// How long the oldest unacknowledged record has waited.
+    pub oldest_age: Option<Duration>,
+    pub dead_letters: u64,
+    pub dead_letter_bytes: u64,
+    pub max_bytes: u64,
+    pub appended_total: u64,
+    pub acked_total: u64,
+    pub dead_lettered_total: u64,
+    pub dropped: Dropped,
+    pub flushes_total: u64,
+    pub flush_errors_total: u64,
+    /// 1 when this open moved a damaged database aside.
+    pub quarantined_total: u64,
+    pub last_flush_duration: Option<Duration>,
+}
+
+/// Records lost to the `max_bytes` policy or damage, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// Oldest records removed to make room (`when_full = drop_oldest`).
+    pub full_drop_oldest: u64,
+    /// New records refused (`when_full = reject_new`).
+    pub full_reject_new: u64,
+    /// Dead letters removed to make room (either policy).
+    pub full_drop_dead_letter: u64,
+}
+
+impl Dropped {
+    /// `(reason, count)` pairs: the `reason` label of a metric.
+    pub fn by_reason(&self) -> [(&'static str, u64); 3] {
+        [
+            ("full_drop_oldest", self.full_drop_oldest),
+            ("full_reject_new", self.full_reject_new),
+            ("full_drop_dead_letter", self.full_drop_dead_letter),
+        ]
+    }
+
+    pub fn total(&self) -> u64 {
+        self.by_reason().iter().map(|(_, n)| n).sum()
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct DropCounters {
+    pub full_drop_oldest: AtomicU64,
+    pub full_reject_new: AtomicU64,
+    pub full_drop_dead_letter: AtomicU64,
+}
+
+impl DropCounters {
+    pub fn snapshot(&self) -> Dropped {
+        Dropped {
+            full_drop_oldest: self.full_drop_oldest.load(Ordering::Relaxed),
+            full_reject_new: self.full_reject_new.load(Ordering::Relaxed),
+            full_drop_dead_letter: self.full_drop_dead_letter.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropped_by_reason_sums() {
+        let d = Dropped {
+            full_drop_oldest: 3,
+            full_reject_new: 2,
+            full_drop_dead_letter: 1,
+        };
+        assert_eq!(d.total(), 6);
+        assert_eq!(d.by_reason()[1], ("full_reject_new", 2));
+    }
+}

@@ -1,0 +1,104 @@
+//! The result record: what a pipeline produces for the fleet.
+//!
+//! `id` = `<device>/<boot>/<seq>`: `boot` counts daemon starts (persisted by
+//! the outbox), `seq` counts records within a boot. The id is fixed when the
+//! record is made and stored with it, so every retry and every restart sends
+//! the same id and the fleet can drop duplicates.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultRecord {
+    pub id: String,
+    pub device: String,
+    pub pipeline: String,
+    pub stream: String,
+    pub seq: u64,
+    /// RFC 3339, UTC, microseconds.
+    pub ts: String,
+    /// `name@version`.
+    pub model: String,
+    /// The execution provider that served it.
+    pub ep: String,
+    /// Inference time of the item (batch time for micro-batched items).
+    pub latency_us: u64,
+    pub outputs: serde_json::Value,
+}
+
+impl ResultRecord {
+    pub fn make_id(device: &str, boot: u64, seq: u64) -> String {
+        format!("{device}/{boot}/{seq}")
+    }
+}
+
+/// Formats a system time as RFC 3339 UTC with microseconds (civil-from-days,
+/// proleptic Gregorian; no time-zone database needed for UTC).
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let micros = d.subsec_micros();
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
+    // Howard Hinnant's days-to-civil algorithm.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = if month <= 2 { y + 1 } else { y };
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{micros:06}Z")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn rfc3339_known_instants() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000000Z");
+        // 2026-11-30T02:30:41.5Z
+        let t = UNIX_EPOCH + Duration::from_micros(1_795_919_441_500_000);
+        assert_eq!(rfc3339(t), "2026-11-30T02:30:41.500000Z");
+        // A leap day.
+        let t = UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(rfc3339(t), "2000-02-29T00:00:00.000000Z");
+    }
+
+    #[test]
+    fn record_serializes_with_the_documented_keys() {
+        let r = ResultRecord {
+            id: ResultRecord::make_id("gw", 3, 17),
+            device: "gw".into(),
+            pipeline: "vad".into(),
+            stream: "mic1".into(),
+            seq: 17,
+            ts: rfc3339(UNIX_EPOCH),
+            model: "silero_vad@6.2.3".into(),
+            ep: "cpu".into(),
+            latency_us: 120,
+            outputs: serde_json::json!({"event": "start"}),
+        };
+        let v: serde_json::Value = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["id"], "gw/3/17");
+        for k in [
+            "id",
+            "device",
+            "pipeline",
+            "stream",
+            "seq",
+            "ts",
+            "model",
+            "ep",
+            "latency_us",
+            "outputs",
+        ] {
+            assert!(v.get(k).is_some(), "{k}");
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! The scheduler: every pipeline's bounded queue, and a pool of dedicated
+//! OS threads (never the async runtime's workers) that run inference.
+//!
+//! Invariants:
+//! - Priority tiers realtime > normal > batch share the workers by weight
+//!   (8 : 4 : 1 turns of a 13-slot wheel). A tier with no runnable work gives
+//!   its turns away, so an idle device runs any tier at full speed, and a
+//!   flooded realtime pipeline still leaves batch pipelines 1 turn in 13.
+//! - Within a tier, runnable pipelines are served round-robin.
+//! - A pipeline whose processing is stateful (recurrent model state, audio
+//!   windows, event thresholds) is run by one worker at a time, so its
+//!   streams see their frames in order.
+//! - Stop: sources stop first; workers finish every queued frame, then exit.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use super::queue::{BoundedQueue, Offer};
+use super::worker::Pipeline;
+use crate::source::Frame;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    Realtime,
+    #[default]
+    Normal,
+    Batch,
+}
+
+impl Priority {
+    fn tier(self) -> usize {
+        match self {
+            Priority::Realtime => 0,
+            Priority::Normal => 1,
+            Priority::Batch => 2,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Realtime => "realtime",
+            Priority::Normal => "normal",
+            Priority::Batch => "batch",
+        }
+    }
+}
+
+/// The weighted wheel: 8 realtime turns, 4 normal, 1 batch.
+const WHEEL: [usize; 13] = [0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 2];
+
+struct SchedState {
+    queues: Vec<BoundedQueue<Frame>>,
+    busy: Vec<bool>,
+    slot: usize,
+    rr: [usize; 3],
+}
+
+struct Inner {
+    pipelines: Vec<Arc<Pipeline>>,
+    state: Mutex<SchedState>,
+    work: Condvar,
+    spaces: Vec<Arc<Notify>>,
+    stopping: AtomicBool,
+}
+
+/// Shared handle to the queues and workers.
+#[derive(Clone)]
+pub struct Scheduler {
+    inner: Arc<Inner>,
+}
+
+/// Picks the next pipeline to serve, by the wheel, among those with queued
+/// frames that are not held by another worker. Pure over its inputs.
+fn pick(
+    tiers: &[usize],
+    runnable: &[bool],
+    slot: &mut usize,
+    rr: &mut [usize; 3],
+) -> Option<usize> {
+    let n = tiers.len();
+    for step in 0..WHEEL.len() {
+        let pos = (*slot + step) % WHEEL.len();
+        let tier = WHEEL[pos];
+        for k in 0..n {
+            let i = (rr[tier] + k) % n;
+            if tiers[i] == tier && runnable[i] {
+                *slot = pos + 1;
+                rr[tier] = i + 1;
+                return Some(i);
+            }
+        }
+    }
+    None
+}
+
+impl Scheduler {
+    pub fn new(pipelines: Vec<Arc<Pipeline>>) -> Scheduler {
+        let queues = pipelines
+            .iter()
+            .map(|p| BoundedQueue::new(p.cfg.queue, p.cfg.when_full))
+            .collect();
+        let n = pipelines.len();
+        Scheduler {
+            inner: Arc::new(Inner {
+                spaces: (0..n).map(|_| Arc::new(Notify::new())).collect(),
+                pipelines,
+                state: Mutex::new(SchedState {
+                    queues,
+                    busy: vec![false; n],
+                    slot: 0,
+                    rr: [0; 3],
+                }),
+                work: Condvar::new(),
+                stopping: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SchedState> {
+        // A worker that panicked while holding the lock left consistent queues (no invariant spans the panic).
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn pipelines(&self) -> &[Arc<Pipeline>] {
+        &self.inner.pipelines
+    }
+
+    /// Queues a frame. `Err(frame)` only for `when_full = "block"` with a full
+    /// queue: wait on [`Scheduler::space`] and try again.
+    pub fn submit(&self, idx: usize, frame: Frame) -> Result<(), Frame> {
+        let Some(p) = self.inner.pipelines.get(idx) else {
+            return Ok(());
+        };
+        let offer = self.lock().queues[idx].offer(frame);
+        match offer {
+            Offer::Queued => {}
+            Offer::QueuedDroppedOldest(old) => {
+                p.count_drop("queue_full_drop_oldest", &format!("stream {}", old.stream));
+            }
+            Offer::Dropped(new) => {
+                p.count_drop("queue_full_drop_newest", &format!("stream {}", new.stream));
+                p.stats.frames_in.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            Offer::Full(f) => return Err(f),
+        }
+        p.stats.frames_in.fetch_add(1, Ordering::Relaxed);
+        self.inner.work.notify_one();
+        Ok(())
+    }
+
+    /// Notified when a queue has room again.
+    pub fn space(&self, idx: usize) -> Arc<Notify> {
+        self.inner
+            .spaces
+            .get(idx)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(Notify::new()))
+    }
+
+    /// Counts (and logs, rate-limited) a frame dropped before it reached a queue.
+    pub fn count_drop(&self, idx: usize, reason: &'static str, detail: &str) {
+        if let Some(p) = self.inner.pipelines.get(idx) {
+            p.stats.frames_in.fetch_add(1, Ordering::Relaxed);
+            p.count_drop(reason, detail);
+        }
+    }
+
+    pub fn queue_depth(&self, idx: usize) -> usize {
+        self.lock().queues.get(idx).map(|q| q.len()).unwrap_or(0)
+    }
+
+    /// Starts `n` worker threads.
+    pub fn start_workers(&self, n: usize) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+        (0..n.max(1))
+            .map(|w| {
+                let s = self.clone();
+                std::thread::Builder::new()
+                    .name(format!("infer-{w}"))
+                    .spawn(move || s.worker(w))
+            })
+            .collect()
+    }
+
+    /// Workers finish what is queued, then exit.
+    pub fn stop(&self) {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+        self.inner.work.notify_all();
+    }
+
+    fn worker(&self, id: usize) {
+        loop {
+            let mut st = self.lock();
+            let idx = loop {
+                let tiers: Vec<usize> = self
+                    .inner
+                    .pipelines
+                    .iter()
+                    .map(|p| p.cfg.priority.tier())
+                    .collect();
+                let runnable: Vec<bool> = st
+                    .queues
+                    .iter()
+                    .zip(&st.busy)
+                    .map(|(q, b)| !q.is_empty() && !b)
+                    .collect();
+                let SchedState { slot, rr, .. } = &mut *st;
+                if let Some(i) = pick(&tiers, &runnable, slot, rr) {
+                    break i;
+                }
+                if self.inner.stopping.load(Ordering::SeqCst)
+                    && st.queues.iter().all(|q| q.is_empty())
+                    && !st.busy.iter().any(|b| *b)
+                {
+                    return;
+                }
+                st = self
+                    .inner
+                    .work
+                    .wait_timeout(st, Duration::from_millis(100))
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
+            };
+            let p = self.inner.pipelines[idx].clone();
+            let max = p.take_limit();
+            let mut frames = st.queues[idx].take(max);
+            // Micro-batching: wait up to max_delay for the batch to fill.
+            if p.batchable() && frames.len() < max && !p.cfg.max_delay.is_zero() {
+                let deadline = Instant::now() + p.cfg.max_delay;
+                while frames.len() < max && !self.inner.stopping.load(Ordering::SeqCst) {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        break;
+                    }
+                    st = self
+                        .inner
+                        .work
+                        .wait_timeout(st, deadline - now)
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|p| p.into_inner().0);
+                    let more = st.queues[idx].take(max - frames.len());
+                    frames.extend(more);
+                }
+            }
+            if p.serial() {
+                st.busy[idx] = true;
+            }
+            drop(st);
+            self.inner.spaces[idx].notify_waiters();
+            p.process(frames, id);
+            if p.serial() {
+                self.lock().busy[idx] = false;
+                self.inner.work.notify_all();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(tiers: &[usize], runnable: &[bool], picks: usize) -> Vec<usize> {
+        let (mut slot, mut rr) = (0, [0; 3]);
+        (0..picks)
+            .filter_map(|_| pick(tiers, runnable, &mut slot, &mut rr))
+            .collect()
+    }
+
+    #[test]
+    fn weights_share_the_wheel() {
+        // Pipelines: 0 realtime, 1 normal, 2 batch, all with work.
+        let picks = run(&[0, 1, 2], &[true, true, true], 13 * 10);
+        let count = |i| picks.iter().filter(|p| **p == i).count();
+        assert_eq!((count(0), count(1), count(2)), (80, 40, 10));
+    }
+
+    #[test]
+    fn idle_tiers_give_their_turns_away() {
+        let picks = run(&[0, 1, 2], &[false, false, true], 20);
+        assert!(picks.iter().all(|p| *p == 2) && picks.len() == 20);
+        assert_eq!(run(&[0, 2], &[false, false], 5), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn round_robin_within_a_tier() {
+        let picks = run(&[1, 1, 1], &[true, true, true], 6);
+        assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
+    }
+}

@@ -1,0 +1,359 @@
+//! One pipeline at run time: decode -> infer -> postprocess -> record -> sink.
+//!
+//! A bad frame (undecodable, wrong size, failing inference) is counted under
+//! its reason, logged at a limited rate, answered with the error when
+//! someone waits for it, and skipped; the pipeline keeps running.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::record::{ResultRecord, rfc3339};
+use super::{IdGen, PipelineConfig, PipelineStats, RateLimitedLog, RecordSink};
+use crate::backend::{Dim, Tensor, is_batch_name};
+use crate::model::registry::LoadedModel;
+use crate::model::state::StreamStates;
+use crate::postprocess::{PostprocessConfig, Postprocessor};
+use crate::preprocess::{Item, ItemMeta, PreprocessConfig, Preprocessor};
+use crate::source::Frame;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error("pipeline `{pipeline}`: {detail}")]
+    Setup { pipeline: String, detail: String },
+}
+
+/// A pipeline ready to run.
+pub struct Pipeline {
+    pub cfg: PipelineConfig,
+    pub model: Arc<LoadedModel>,
+    pub stats: PipelineStats,
+    main_input: String,
+    constants: Vec<(String, Tensor)>,
+    /// One pre/postprocessor per worker for stateless pipelines; serial
+    /// pipelines use the first only (their per-stream state lives there).
+    pre: Vec<Mutex<Box<dyn Preprocessor>>>,
+    post: Vec<Mutex<Box<dyn Postprocessor>>>,
+    states: Mutex<StreamStates>,
+    serial: bool,
+    batchable: bool,
+    sink: Arc<dyn RecordSink>,
+    ids: Arc<IdGen>,
+    log: RateLimitedLog,
+}
+
+fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // State behind these locks stays consistent if a holder panicked mid-frame.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Pipeline {
+    /// Builds a pipeline from its config and its loaded model. `workers` is
+    /// the size of the worker pool (stateless pipelines get a pre/post
+    /// processor per worker so decoding runs in parallel).
+    pub fn new(
+        cfg: PipelineConfig,
+        model: Arc<LoadedModel>,
+        model_dir: &Path,
+        workers: usize,
+        sink: Arc<dyn RecordSink>,
+        ids: Arc<IdGen>,
+    ) -> Result<Pipeline, PipelineError> {
+        let setup = |detail: String| PipelineError::Setup {
+            pipeline: cfg.name.clone(),
+            detail,
+        };
+        let m = &model.manifest;
+        let pre_cfg: PreprocessConfig = cfg
+            .preprocess
+            .clone()
+            .or_else(|| m.preprocess.clone())
+            .ok_or_else(|| {
+                setup(format!(
+                    "model `{}` declares no preprocessing: set [pipelines.preprocess]",
+                    m.name
+                ))
+            })?;
+        let post_cfg: PostprocessConfig = cfg
+            .postprocess
+            .clone()
+            .or_else(|| m.postprocess.clone())
+            .unwrap_or_default();
+        let mut problems = pre_cfg.validate();
+        problems.extend(post_cfg.validate());
+        if let Some(out) = post_cfg.output()
+            && !m.outputs.iter().any(|o| o.name == out)
+        {
+            problems.push(format!(
+                "postprocessing reads output `{out}`, which model `{}` does not have",
+                m.name
+            ));
+        }
+        let main_input = match &cfg.input {
+            Some(i) => {
+                if !m.inputs.iter().any(|x| &x.name == i) {
+                    problems.push(format!("input `{i}` is not an input of model `{}`", m.name));
+                }
+                i.clone()
+            }
+            None => m
+                .inputs
+                .iter()
+                .find(|i| i.fill.is_none() && !m.is_state_input(&i.name))
+                .map(|i| i.name.clone())
+                .unwrap_or_default(),
+        };
+        if main_input.is_empty() {
+            problems.push(format!(
+                "model `{}` has no input a frame could feed",
+                m.name
+            ));
+        }
+        if !problems.is_empty() {
+            return Err(setup(problems.join("; ")));
+        }
+        let constants: Vec<(String, Tensor)> = m
+            .inputs
+            .iter()
+            .filter(|i| i.name != main_input && !m.is_state_input(&i.name))
+            .map(|i| {
+                (
+                    i.name.clone(),
+                    Tensor::filled(i.dtype, &i.spec().concrete_shape(1), i.fill.unwrap_or(0.0)),
+                )
+            })
+            .collect();
+        let serial = !m.state.is_empty()
+            || matches!(pre_cfg, PreprocessConfig::Audio { .. })
+            || matches!(post_cfg, PostprocessConfig::Threshold { .. });
+        let has_batch_axis = m
+            .inputs
+            .iter()
+            .find(|i| i.name == main_input)
+            .and_then(|i| i.shape.first())
+            .is_some_and(|d| matches!(d, Dim::Symbolic(s) if is_batch_name(s)));
+        let batchable = !serial && cfg.max_batch > 1 && has_batch_axis && constants.is_empty();
+        let copies = if serial { 1 } else { workers.max(1) };
+        let base = model.path.parent().unwrap_or(model_dir).to_path_buf();
+        let mut pre = Vec::with_capacity(copies);
+        let mut post = Vec::with_capacity(copies);
+        for _ in 0..copies {
+            pre.push(Mutex::new(pre_cfg.build()));
+            post.push(Mutex::new(
+                post_cfg.build(&base).map_err(|e| setup(e.to_string()))?,
+            ));
+        }
+        Ok(Pipeline {
+            cfg,
+            model,
+            stats: PipelineStats::default(),
+            main_input,
+            constants,
+            pre,
+            post,
+            states: Mutex::new(StreamStates::new()),
+            serial,
+            batchable,
+            sink,
+            ids,
+            log: RateLimitedLog::new(Duration::from_secs(5)),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.cfg.name
+    }
+
+    /// Run by one worker at a time (stateful somewhere along the way).
+    pub fn serial(&self) -> bool {
+        self.serial
+    }
+
+    pub fn batchable(&self) -> bool {
+        self.batchable
+    }
+
+    /// How many frames a worker takes at once.
+    pub fn take_limit(&self) -> usize {
+        if self.batchable {
+            self.cfg.max_batch
+        } else {
+            1
+        }
+    }
+
+    /// Counts a dropped frame and logs it, at most once per 5 s per reason.
+    pub fn count_drop(&self, reason: &'static str, detail: &str) {
+        self.stats.add_drop(reason);
+        if let Some(suppressed) = self.log.allow(reason) {
+            tracing::warn!(pipeline = %self.cfg.name, reason, suppressed, "frame dropped: {detail}");
+        }
+    }
+
+    /// Processes frames taken together from the queue.
+    pub fn process(&self, frames: Vec<Frame>, worker: usize) {
+        let slot = if self.serial {
+            0
+        } else {
+            worker % self.pre.len()
+        };
+        let mut answers: Vec<Result<Vec<ResultRecord>, String>> =
+            frames.iter().map(|_| Ok(Vec::new())).collect();
+        // Decode.
+        let mut work: Vec<(usize, Item)> = Vec::with_capacity(frames.len());
+        {
+            let mut pre = lock(&self.pre[slot]);
+            for (i, f) in frames.iter().enumerate() {
+                match pre.process(&f.stream, &f.payload) {
+                    Ok(items) => work.extend(items.into_iter().map(|it| (i, it))),
+                    Err(e) => {
+                        self.count_drop(e.reason(), &format!("stream {}: {e}", f.stream));
+                        answers[i] = Err(e.to_string());
+                    }
+                }
+            }
+        }
+        self.stats
+            .items
+            .fetch_add(work.len() as u64, Ordering::Relaxed);
+        // Infer.
+        let mut results: Vec<(usize, ItemMeta, Vec<(String, Tensor)>, u64)> =
+            Vec::with_capacity(work.len());
+        if self.batchable && work.len() > 1 {
+            for chunk in work.chunks(self.cfg.max_batch.max(1)) {
+                self.infer_batch(chunk, &frames, &mut results, &mut answers);
+            }
+        } else {
+            for (i, item) in &work {
+                let f = &frames[*i];
+                let t0 = Instant::now();
+                let inputs: Vec<(&str, &Tensor)> =
+                    std::iter::once((self.main_input.as_str(), &item.tensor))
+                        .chain(self.constants.iter().map(|(n, t)| (n.as_str(), t)))
+                        .collect();
+                let out = if self.model.manifest.state.is_empty() {
+                    self.model.run(&inputs)
+                } else {
+                    lock(&self.states).run(&self.model, &f.stream, &inputs)
+                };
+                let us = t0.elapsed().as_micros() as u64;
+                self.stats
+                    .inference_us_total
+                    .fetch_add(us, Ordering::Relaxed);
+                self.stats.batches.fetch_add(1, Ordering::Relaxed);
+                self.stats.batch_items.fetch_add(1, Ordering::Relaxed);
+                match out {
+                    Ok(o) => results.push((*i, item.meta.clone(), o, us)),
+                    Err(e) => {
+                        self.count_drop("inference_error", &format!("stream {}: {e}", f.stream));
+                        answers[*i] = Err(e.to_string());
+                    }
+                }
+            }
+        }
+        // Postprocess, record, store.
+        {
+            let mut post = lock(&self.post[slot]);
+            for (i, meta, outputs, us) in results {
+                let f = &frames[i];
+                let value = match post.process(&f.stream, &meta, &outputs) {
+                    Ok(Some(v)) => v,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        self.count_drop("postprocess_error", &format!("stream {}: {e}", f.stream));
+                        answers[i] = Err(e.to_string());
+                        continue;
+                    }
+                };
+                let (id, seq) = self.ids.next();
+                let rec = ResultRecord {
+                    id,
+                    device: self.ids.device.clone(),
+                    pipeline: self.cfg.name.clone(),
+                    stream: f.stream.to_string(),
+                    seq,
+                    ts: rfc3339(SystemTime::now()),
+                    model: self.model.id(),
+                    ep: self.model.provider.as_str().to_string(),
+                    latency_us: us,
+                    outputs: value,
+                };
+                match self.sink.store(&rec) {
+                    Ok(()) => {
+                        self.stats.records.fetch_add(1, Ordering::Relaxed);
+                        if let Ok(v) = &mut answers[i] {
+                            v.push(rec);
+                        }
+                    }
+                    Err(e) => {
+                        self.count_drop("store_error", &format!("stream {}: {e}", f.stream));
+                        answers[i] = Err(e);
+                    }
+                }
+            }
+        }
+        for (f, a) in frames.into_iter().zip(answers) {
+            self.stats.frames_done.fetch_add(1, Ordering::Relaxed);
+            if let Some(tx) = f.reply {
+                let _ = tx.send(a);
+            }
+        }
+    }
+
+    fn infer_batch(
+        &self,
+        chunk: &[(usize, Item)],
+        frames: &[Frame],
+        results: &mut Vec<(usize, ItemMeta, Vec<(String, Tensor)>, u64)>,
+        answers: &mut [Result<Vec<ResultRecord>, String>],
+    ) {
+        let parts: Vec<&Tensor> = chunk.iter().map(|(_, it)| &it.tensor).collect();
+        let fail =
+            |answers: &mut [Result<Vec<ResultRecord>, String>], reason: &'static str, e: String| {
+                for (i, _) in chunk {
+                    self.count_drop(reason, &format!("stream {}: {e}", frames[*i].stream));
+                    answers[*i] = Err(e.clone());
+                }
+            };
+        let batch = match Tensor::concat0(&parts) {
+            Ok(b) => b,
+            // Items of different shapes (e.g. images of other sizes without resize) cannot share a batch.
+            Err(e) => return fail(answers, "batch_error", e),
+        };
+        let t0 = Instant::now();
+        let out = self.model.run(&[(self.main_input.as_str(), &batch)]);
+        let us = t0.elapsed().as_micros() as u64;
+        self.stats
+            .inference_us_total
+            .fetch_add(us, Ordering::Relaxed);
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .batch_items
+            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        let outputs = match out {
+            Ok(o) => o,
+            Err(e) => return fail(answers, "inference_error", e.to_string()),
+        };
+        let n = chunk.len();
+        let mut per_item: Vec<Vec<(String, Tensor)>> = vec![Vec::new(); n];
+        for (name, t) in outputs {
+            match t.split0(n) {
+                Some(pieces) if t.shape().first() == Some(&n) => {
+                    for (k, piece) in pieces.into_iter().enumerate() {
+                        per_item[k].push((name.clone(), piece));
+                    }
+                }
+                // An output without the batch axis is the same for every item.
+                _ => {
+                    for item in per_item.iter_mut() {
+                        item.push((name.clone(), t.clone()));
+                    }
+                }
+            }
+        }
+        for ((i, item), outs) in chunk.iter().zip(per_item) {
+            results.push((*i, item.meta.clone(), outs, us));
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! MQTT: subscribe to topics on the site's broker. When the config names no
+//! site broker, the daemon runs an embedded one (rumqttd) on the configured
+//! address, so sensors can publish to the gateway itself; this source then
+//! connects to that.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rumqttc::{AsyncClient, Event, MqttOptions, NetworkOptions, Packet, QoS};
+use serde::{Deserialize, Serialize};
+
+use super::{Frame, Source, SourceCtx, SourceError, StreamName};
+
+/// The broker MQTT sources connect to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerAddr {
+    pub host: String,
+    pub port: u16,
+    pub client_prefix: String,
+}
+
+pub struct MqttSource {
+    pub topics: Vec<String>,
+    pub qos: u8,
+    pub stream: StreamName,
+}
+
+/// Names a message's stream from its topic.
+pub fn stream_of(topic: &str, how: &StreamName) -> String {
+    match how {
+        StreamName::Topic => topic.to_string(),
+        StreamName::TopicSegment(i) => topic.split('/').nth(*i).unwrap_or(topic).to_string(),
+    }
+}
+
+impl Source for MqttSource {
+    fn spawn(self: Box<Self>, ctx: SourceCtx) -> Result<tokio::task::JoinHandle<()>, SourceError> {
+        let Some(broker) = ctx.mqtt.clone() else {
+            return Err(SourceError::Setup {
+                pipeline: ctx.pipeline.clone(),
+                kind: "mqtt",
+                detail: "no broker: set [site_broker] or [embedded_broker]".into(),
+            });
+        };
+        let mut opts = MqttOptions::new(
+            format!("{}-{}", broker.client_prefix, ctx.pipeline),
+            broker.host.clone(),
+            broker.port,
+        );
+        opts.set_keep_alive(Duration::from_secs(15));
+        opts.set_clean_session(true);
+        opts.set_max_packet_size(16 * 1024 * 1024, 16 * 1024 * 1024);
+        let qos = if self.qos == 1 {
+            QoS::AtLeastOnce
+        } else {
+            QoS::AtMostOnce
+        };
+        let (client, mut eventloop) = AsyncClient::new(opts, 64);
+        let mut net = NetworkOptions::new();
+        // Frames are small and latency matters more than packet count.
+        net.set_tcp_nodelay(true);
+        eventloop.set_network_options(net);
+        tracing::info!(pipeline = %ctx.pipeline, broker = %format!("{}:{}", broker.host, broker.port), topics = ?self.topics, "mqtt source");
+        Ok(tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                let ev = tokio::select! {
+                    ev = eventloop.poll() => ev,
+                    _ = ctx.stopped() => {
+                        let _ = client.disconnect().await;
+                        return;
+                    }
+                };
+                match ev {
+                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                        backoff = Duration::from_millis(100);
+                        for t in &self.topics {
+                            // The request is queued to the event loop; it cannot fail while the loop runs.
+                            let _ = client.subscribe(t.clone(), qos).await;
+                        }
+                        tracing::info!(pipeline = %ctx.pipeline, "mqtt source connected and subscribed");
+                    }
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        let frame = Frame::new(stream_of(&p.topic, &self.stream), p.payload);
+                        if !ctx.submit(frame).await {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(pipeline = %ctx.pipeline, error = %e, retry_in = ?backoff, "mqtt source connection failed");
+                        tokio::select! {
+                            _ = tokio::time::sleep(backoff) => {}
+                            _ = ctx.stopped() => return,
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        }))
+    }
+}
+
+/// The embedded broker (rumqttd), for sites without one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddedBrokerConfig {
+    /// Where sensors connect (MQTT 3.1.1).
+    #[serde(default = "default_embedded_listen")]
+    pub listen: SocketAddr,
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    #[serde(default = "default_max_payload")]
+    pub max_payload_bytes: usize,
+}
+
+fn default_embedded_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 1883))
+}
+fn default_max_connections() -> usize {
+    256
+}
+fn default_max_payload() -> usize {
+    4 * 1024 * 1024
+}
+
+impl Default for EmbeddedBrokerConfig {
+    fn default() -> Self {
+        EmbeddedBrokerConfig {
+            listen: default_embedded_listen(),
+            max_connections: default_max_connections(),
+            max_payload_bytes: default_max_payload(),
+        }
+    }
+}
+
+/// The site's own broker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SiteBrokerConfig {
+    pub host: String,
+    #[serde(default = "default_port")]
+    pub port: u16,
+}
+
+fn default_port() -> u16 {
+    1883
+}
+
+/// Starts rumqttd on its own threads (it runs its own runtime). Fails when
+/// the address cannot be bound.
+pub fn start_embedded_broker(cfg: &EmbeddedBrokerConfig) -> Result<(), String> {
+    // Probe the address first: rumqttd reports a bind failure only in its own thread.
+    std::net::TcpListener::bind(cfg.listen)
+        .map_err(|e| format!("embedded broker cannot listen on {}: {e}", cfg.listen))?;
+    let server = rumqttd::ServerSettings {
+        name: "v4-site".into(),
+        listen: cfg.listen,
+        tls: None,
+        next_connection_delay_ms: 1,
+        connections: rumqttd::ConnectionSettings {
+            connection_timeout_ms: 5000,
+            max_payload_size: cfg.max_payload_bytes,
+            max_inflight_count: 500,
+            auth: None,
+            external_auth: None,
+            dynamic_filters: true,
+        },
+    };
+    let config = rumqttd::Config {
+        id: 0,
+        router: rumqttd::RouterConfig {
+            max_connections: cfg.max_connections,
+            max_outgoing_packet_count: 2000,
+            max_segment_size: 64 * 1024 * 1024,
+            max_segment_count: 4,
+            custom_segment: None,
+            initialized_filters: None,
+            shared_subscriptions_strategy: Default::default(),
+        },
+        v4: Some([("v4-site".to_string(), server)].into_iter().collect()),
+        v5: None,
+        ws: None,
+        cluster: None,
+        console: None,
+        bridge: None,
+        prometheus: None,
+        metrics: None,
+    };
+    let mut broker = rumqttd::Broker::new(config);
+    std::thread::Builder::new()
+        .name("embedded-broker".into())
+        .spawn(move || {
+            if let Err(e) = broker.start() {
+                tracing::error!(error = %e, "embedded MQTT broker stopped");
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    tracing::info!(listen = %cfg.listen, "embedded MQTT broker started");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_from_topics() {
+        assert_eq!(
+            stream_of("site/mic-1/audio", &StreamName::Topic),
+            "site/mic-1/audio"
+        );
+        assert_eq!(
+            stream_of("site/mic-1/audio", &StreamName::TopicSegment(1)),
+            "mic-1"
+        );
+        assert_eq!(stream_of("a", &StreamName::TopicSegment(4)), "a");
+    }
+}

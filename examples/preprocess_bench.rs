@@ -50,6 +50,16 @@ channel_order = "rgb"
         times_us.push(t.elapsed().as_secs_f64() * 1e6);
         std::hint::black_box(items);
     }
+    // The decode alone (same decoder, no resize or normalize), to show where
+    // the time goes.
+    let mut decode_us = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let img = image::load_from_memory(&payload)?.into_rgb8();
+        decode_us.push(t.elapsed().as_secs_f64() * 1e6);
+        std::hint::black_box(img);
+    }
+    decode_us.sort_by(f64::total_cmp);
     times_us.sort_by(f64::total_cmp);
     let pct = |q: f64| {
         times_us
@@ -67,6 +77,7 @@ channel_order = "rgb"
             "min_us": pct(0.0),
             "max_us": pct(1.0),
             "shape": shape,
+            "decode_p50_us": decode_us.get(decode_us.len() / 2),
         })
     );
     Ok(())

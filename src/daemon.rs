@@ -22,6 +22,7 @@ use crate::pipeline::{IdGen, Pipeline, RecordSink, ResultRecord, Scheduler};
 use crate::source::http::HttpIngress;
 use crate::source::mqtt::{BrokerAddr, start_embedded_broker};
 use crate::source::{SourceConfig, SourceCtx};
+use crate::telemetry::metrics::{self, DaemonCollector};
 
 /// Options of `outpost run` beyond the config.
 #[derive(Debug, Clone, Default)]
@@ -189,12 +190,18 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     }
 
     let ready = Arc::new(AtomicBool::new(false));
+    let registry = Arc::new(metrics::registry(DaemonCollector {
+        scheduler: scheduler.clone(),
+        outbox: outbox.clone(),
+        extra: Vec::new(),
+    }));
     let state = ApiState {
         ready: ready.clone(),
         scheduler: scheduler.clone(),
         outbox: outbox.clone(),
         device: device.clone(),
         boot: outbox.boot(),
+        metrics: registry,
     };
     let listener = tokio::net::TcpListener::bind(cfg.api.listen)
         .await

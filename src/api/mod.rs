@@ -1,6 +1,6 @@
 //! The local HTTP API (axum), bound to loopback by default:
 //! `/healthz` (the process answers), `/readyz` (models warmed, outbox open,
-//! sources started), `/v1/status` (pipelines, models, outbox) and the http
+//! sources started), `/metrics` (OpenMetrics), `/v1/status` (pipelines, models, outbox) and the http
 //! source's `POST /v1/pipelines/{name}/infer`.
 
 use std::sync::Arc;
@@ -24,6 +24,7 @@ pub struct ApiState {
     pub outbox: Outbox,
     pub device: String,
     pub boot: u64,
+    pub metrics: Arc<prometheus_client::registry::Registry>,
 }
 
 async fn healthz() -> &'static str {
@@ -62,6 +63,8 @@ pub fn status_json(s: &ApiState) -> serde_json::Value {
                 "batches": PipelineStats::get(&st.batches),
                 "batch_items": PipelineStats::get(&st.batch_items),
                 "drops": st.drops(),
+                "e2e_latency": st.e2e_us.summary(),
+                "inference_latency": st.inference_us.summary(),
             })
         })
         .collect();
@@ -83,6 +86,16 @@ pub fn status_json(s: &ApiState) -> serde_json::Value {
     })
 }
 
+async fn metrics(State(s): State<ApiState>) -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        crate::telemetry::metrics::render(&s.metrics),
+    )
+}
+
 async fn status(State(s): State<ApiState>) -> impl IntoResponse {
     axum::Json(status_json(&s))
 }
@@ -95,6 +108,7 @@ pub fn router(state: ApiState, ingress: HttpIngress) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/v1/status", get(status))
+        .route("/metrics", get(metrics))
         .with_state(state)
         .merge(infer_routes)
 }

@@ -45,17 +45,11 @@ pub struct Config {
 }
 
 /// The inference worker pool.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SchedulerConfig {
     /// Inference threads; 0 = one per CPU core.
     pub workers: usize,
-}
-
-impl Default for SchedulerConfig {
-    fn default() -> Self {
-        SchedulerConfig { workers: 0 }
-    }
 }
 
 impl SchedulerConfig {

@@ -120,6 +120,82 @@ pub struct PipelineStats {
     pub batch_items: AtomicU64,
     pub inference_us_total: AtomicU64,
     drops: Mutex<BTreeMap<&'static str, u64>>,
+    /// Frame arrival -> record produced (or the frame finished without one), µs.
+    pub e2e_us: LatencyHistogram,
+    /// Inference alone (a batch counts once), µs.
+    pub inference_us: LatencyHistogram,
+    /// Items per inference run.
+    pub batch_sizes: LatencyHistogram,
+}
+
+/// Latency percentiles (HDR histogram, 1 µs .. 60 s, 3 significant digits).
+pub struct LatencyHistogram(Mutex<Option<hdrhistogram::Histogram<u64>>>);
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        LatencyHistogram(Mutex::new(
+            hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).ok(),
+        ))
+    }
+}
+
+impl LatencyHistogram {
+    pub fn record(&self, us: u64) {
+        if let Some(h) = self.0.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            h.saturating_record(us.max(1));
+        }
+    }
+
+    /// {count, p50_us, p90_us, p99_us, max_us}
+    pub fn summary(&self) -> serde_json::Value {
+        match self.0.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            Some(h) if !h.is_empty() => serde_json::json!({
+                "count": h.len(),
+                "p50_us": h.value_at_quantile(0.50),
+                "p90_us": h.value_at_quantile(0.90),
+                "p99_us": h.value_at_quantile(0.99),
+                "max_us": h.max(),
+            }),
+            _ => serde_json::json!({"count": 0}),
+        }
+    }
+
+    /// (sum, count, per-bucket counts) with values scaled by `scale` (1e-6:
+    /// µs to seconds), for a Prometheus histogram. Bucket counts are per
+    /// bucket, not cumulative (the encoder accumulates them); the last bucket
+    /// is +Inf, so they add up to the count.
+    pub fn buckets(&self, bounds: &[f64], scale: f64) -> (f64, u64, Vec<(f64, u64)>) {
+        let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(h) = g.as_ref() else {
+            return (
+                0.0,
+                0,
+                bounds
+                    .iter()
+                    .map(|b| (*b, 0))
+                    .chain([(f64::INFINITY, 0)])
+                    .collect(),
+            );
+        };
+        let count = h.len();
+        let sum = h.mean() * count as f64 * scale;
+        let mut out = Vec::with_capacity(bounds.len() + 1);
+        let mut below = 0u64;
+        for b in bounds {
+            let raw = (b / scale).floor().max(0.0) as u64;
+            let cum = if raw == 0 { 0 } else { h.count_between(0, raw) };
+            out.push((*b, cum.saturating_sub(below)));
+            below = below.max(cum);
+        }
+        out.push((f64::INFINITY, count.saturating_sub(below)));
+        (sum, count, out)
+    }
+
+    pub fn reset(&self) {
+        if let Some(h) = self.0.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            h.reset();
+        }
+    }
 }
 
 impl PipelineStats {

@@ -24,6 +24,9 @@ pub enum PipelineError {
     Setup { pipeline: String, detail: String },
 }
 
+/// One item's outputs: (frame index, item meta, outputs, inference µs).
+type Inferred = (usize, ItemMeta, Vec<(String, Tensor)>, u64);
+
 /// A pipeline ready to run.
 pub struct Pipeline {
     pub cfg: PipelineConfig,
@@ -218,8 +221,7 @@ impl Pipeline {
             .items
             .fetch_add(work.len() as u64, Ordering::Relaxed);
         // Infer.
-        let mut results: Vec<(usize, ItemMeta, Vec<(String, Tensor)>, u64)> =
-            Vec::with_capacity(work.len());
+        let mut results: Vec<Inferred> = Vec::with_capacity(work.len());
         if self.batchable && work.len() > 1 {
             for chunk in work.chunks(self.cfg.max_batch.max(1)) {
                 self.infer_batch(chunk, &frames, &mut results, &mut answers);
@@ -241,8 +243,10 @@ impl Pipeline {
                 self.stats
                     .inference_us_total
                     .fetch_add(us, Ordering::Relaxed);
+                self.stats.inference_us.record(us);
                 self.stats.batches.fetch_add(1, Ordering::Relaxed);
                 self.stats.batch_items.fetch_add(1, Ordering::Relaxed);
+                self.stats.batch_sizes.record(1);
                 match out {
                     Ok(o) => results.push((*i, item.meta.clone(), o, us)),
                     Err(e) => {
@@ -295,6 +299,9 @@ impl Pipeline {
         }
         for (f, a) in frames.into_iter().zip(answers) {
             self.stats.frames_done.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .e2e_us
+                .record(f.received.elapsed().as_micros() as u64);
             if let Some(tx) = f.reply {
                 let _ = tx.send(a);
             }
@@ -305,7 +312,7 @@ impl Pipeline {
         &self,
         chunk: &[(usize, Item)],
         frames: &[Frame],
-        results: &mut Vec<(usize, ItemMeta, Vec<(String, Tensor)>, u64)>,
+        results: &mut Vec<Inferred>,
         answers: &mut [Result<Vec<ResultRecord>, String>],
     ) {
         let parts: Vec<&Tensor> = chunk.iter().map(|(_, it)| &it.tensor).collect();
@@ -327,10 +334,12 @@ impl Pipeline {
         self.stats
             .inference_us_total
             .fetch_add(us, Ordering::Relaxed);
+        self.stats.inference_us.record(us);
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.stats
             .batch_items
             .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        self.stats.batch_sizes.record(chunk.len() as u64);
         let outputs = match out {
             Ok(o) => o,
             Err(e) => return fail(answers, "inference_error", e.to_string()),

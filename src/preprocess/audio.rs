@@ -89,7 +89,7 @@ impl Preprocessor for AudioPreprocessor {
                 message: "audio sample_rate, window, hop and input_rate must be positive".into(),
             });
         }
-        if payload.len() % 2 != 0 {
+        if !payload.len().is_multiple_of(2) {
             return Err(DecodeError::BadSize {
                 expected: "an even number (16-bit samples)".into(),
                 got: payload.len(),

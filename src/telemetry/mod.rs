@@ -1,3 +1,5 @@
-//! Logging setup (and, later, metrics and device sensors).
+//! Logging setup, metrics, and process and device sensors.
 
+pub mod device;
 pub mod logging;
+pub mod metrics;

@@ -286,8 +286,7 @@ impl Daemon {
     /// Stops it (SIGTERM) and hands back its folder, to start again on the same data.
     pub fn stop_keep_dir(mut self) -> tempfile::TempDir {
         self.terminate();
-        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
-        dir
+        std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap())
     }
 }
 

@@ -9,5 +9,6 @@ mod providers;
 mod reference;
 mod registry;
 mod runtime;
+mod service;
 mod state;
 mod streams;

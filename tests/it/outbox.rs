@@ -2,7 +2,6 @@
 //! quarantine, a real SIGKILL, and the `outpost outbox` commands.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
@@ -436,16 +435,21 @@ fn sigkill_keeps_every_synced_record() {
         child.wait().unwrap();
 
         let mut durable = Vec::new();
-        for line in BufReader::new(std::fs::File::open(&log).unwrap()).lines() {
-            let line = line.unwrap();
-            let f: Vec<&str> = line.split(' ').collect();
-            // A line cut by the kill has fewer fields; it proves nothing.
-            if f.len() == 4 && f[0] == "durable" {
-                durable.push((
-                    Key(f[1].parse().unwrap(), f[2].parse().unwrap()),
-                    f[3].parse().unwrap(),
-                ));
-            }
+        let out = std::fs::read_to_string(&log).unwrap();
+        // Only whole lines: the text after the last newline may be cut by
+        // the kill ("durable 1 5 5" of "durable 1 5 57"). The first line
+        // follows libtest's "test ... " on the same line.
+        let whole = &out[..out.rfind('\n').map_or(0, |n| n + 1)];
+        for line in whole.lines() {
+            let Some(at) = line.find("durable ") else {
+                continue;
+            };
+            let f: Vec<&str> = line[at..].split(' ').collect();
+            assert_eq!(f.len(), 4, "bad line {line:?}");
+            durable.push((
+                Key(f[1].parse().unwrap(), f[2].parse().unwrap()),
+                f[3].parse::<u64>().unwrap(),
+            ));
         }
         assert!(!durable.is_empty());
 

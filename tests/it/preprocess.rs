@@ -77,12 +77,12 @@ fn png_and_jpeg_files_decode_to_normalized_nchw() {
             (200, 200, [0.0, 0.0, 255.0]),
             (154, 112, [0.0, 255.0, 0.0]),
         ] {
-            for c in 0..3 {
+            for (c, v) in rgb.into_iter().enumerate() {
                 let got = at(t, c, x, y);
                 assert!(
-                    (got - norm(rgb[c], c)).abs() < tol,
+                    (got - norm(v, c)).abs() < tol,
                     "({x},{y}) c{c}: {got} vs {}",
-                    norm(rgb[c], c)
+                    norm(v, c)
                 );
             }
         }

@@ -23,6 +23,7 @@ use crate::source::http::HttpIngress;
 use crate::source::mqtt::{BrokerAddr, start_embedded_broker};
 use crate::source::{SourceConfig, SourceCtx};
 use crate::telemetry::metrics::{self, DaemonCollector};
+use crate::uplink;
 
 /// Options of `outpost run` beyond the config.
 #[derive(Debug, Clone, Default)]
@@ -190,10 +191,20 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     }
 
     let ready = Arc::new(AtomicBool::new(false));
+    // The uplink drains the outbox; it starts after the outbox, independent of the pipelines.
+    let mut extra: Vec<Arc<dyn metrics::MetricSource>> = Vec::new();
+    let uplink = match &cfg.uplink {
+        Some(u) => {
+            let up = uplink::start(u, outbox.clone(), &device, stop_rx.clone())?;
+            extra.push(up.stats.clone());
+            Some(up)
+        }
+        None => None,
+    };
     let registry = Arc::new(metrics::registry(DaemonCollector {
         scheduler: scheduler.clone(),
         outbox: outbox.clone(),
-        extra: Vec::new(),
+        extra,
     }));
     let state = ApiState {
         ready: ready.clone(),
@@ -245,6 +256,9 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     })
     .await?;
     let _ = api_task.await;
+    if let Some(up) = uplink {
+        let _ = up.task.await;
+    }
     tokio::task::spawn_blocking(move || outbox.close())
         .await?
         .context("closing the outbox")?;

@@ -12,6 +12,7 @@ use crate::outbox::OutboxConfig;
 use crate::pipeline::PipelineConfig;
 use crate::source::SourceConfig;
 use crate::source::mqtt::{EmbeddedBrokerConfig, SiteBrokerConfig};
+use crate::uplink::UplinkConfig;
 
 /// Top level of `outpost.toml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -42,6 +43,10 @@ pub struct Config {
     pub embedded_broker: EmbeddedBrokerConfig,
     #[serde(default)]
     pub pipelines: Vec<PipelineConfig>,
+    /// Where results go: the fleet's MQTT broker or HTTP ingestion endpoint.
+    /// Without one, results stay in the outbox (export them with `outpost outbox export`).
+    #[serde(default)]
+    pub uplink: Option<UplinkConfig>,
 }
 
 /// The inference worker pool.
@@ -127,6 +132,7 @@ impl Default for Config {
             site_broker: None,
             embedded_broker: EmbeddedBrokerConfig::default(),
             pipelines: Vec::new(),
+            uplink: None,
         }
     }
 }

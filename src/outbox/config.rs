@@ -32,7 +32,7 @@ pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(10);
 pub const DEFAULT_FLUSH_RECORDS: usize = 1000;
 /// Default budget: 1 GiB.
 pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
-/// Default sled cache: 16 MiB.
+/// Default sled cache.
 /// 8 MiB: keeps a 1,000,000-record backlog under 100 MB resident (sled caches
 /// pages on top of this; 16 MiB measured 107-117 MB).
 pub const DEFAULT_CACHE_CAPACITY: u64 = 8 << 20;
@@ -104,7 +104,7 @@ mod tests {
         assert_eq!(c.flush_records, 1000);
         assert_eq!(c.max_bytes, 1 << 30);
         assert_eq!(c.when_full, WhenFull::DropOldest);
-        assert_eq!(c.cache_capacity, 16 << 20);
+        assert_eq!(c.cache_capacity, 8 << 20);
     }
 
     #[test]

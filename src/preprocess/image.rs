@@ -8,7 +8,7 @@ use std::io::Cursor;
 
 use fast_image_resize as fir;
 use half::f16;
-use image::{DynamicImage, ImageDecoder};
+use image::{ColorType, DynamicImage, ImageDecoder};
 use ndarray::{ArrayD, IxDyn};
 use serde::{Deserialize, Serialize};
 
@@ -160,6 +160,8 @@ pub struct ImagePreprocessor {
     /// `lut[c][v]`: normalized value of pixel value `v` in output channel `c`.
     lut: [[f32; 256]; 3],
     resizer: fir::Resizer,
+    /// Decoded pixels of the previous payload, reused for the next.
+    buf: Vec<u8>,
     /// Set when the config was not an image config (build() without validate()).
     misconfigured: Option<String>,
 }
@@ -207,6 +209,7 @@ impl ImagePreprocessor {
             max_pixels: *max_pixels,
             lut,
             resizer: fir::Resizer::new(),
+            buf: Vec::new(),
             misconfigured: (!problems.is_empty()).then(|| problems.join("; ")),
         }
     }
@@ -226,12 +229,13 @@ impl ImagePreprocessor {
             max_pixels: 0,
             lut: [[0.0; 256]; 3],
             resizer: fir::Resizer::new(),
+            buf: Vec::new(),
             misconfigured: Some(message),
         }
     }
 
     /// Decodes the payload to packed 8-bit pixels in `order`.
-    fn decode(&self, payload: &[u8]) -> Result<Decoded, DecodeError> {
+    fn decode(&mut self, payload: &[u8]) -> Result<Decoded, DecodeError> {
         if payload.is_empty() {
             return Err(DecodeError::Empty);
         }
@@ -247,15 +251,29 @@ impl ImagePreprocessor {
                 got: payload.len(),
             });
         }
+        let mut pixels = self.take_buffer(expected);
+        pixels.extend_from_slice(payload);
         Ok(Decoded {
-            pixels: payload.to_vec(),
+            pixels,
             width: w,
             height: h,
             order,
         })
     }
 
-    fn decode_compressed(&self, payload: &[u8]) -> Result<Decoded, DecodeError> {
+    /// The pixel buffer of the previous payload, emptied, so a stream of
+    /// same-sized frames allocates (and page-faults) 6 MB once, not per frame.
+    fn take_buffer(&mut self, need: usize) -> Vec<u8> {
+        let mut buf = std::mem::take(&mut self.buf);
+        // One huge image must not pin its buffer for the life of the stream.
+        if buf.capacity() > need.saturating_mul(2) {
+            buf = Vec::new();
+        }
+        buf.clear();
+        buf
+    }
+
+    fn decode_compressed(&mut self, payload: &[u8]) -> Result<Decoded, DecodeError> {
         let undecodable = |source| DecodeError::UndecodableImage { source };
         let img = if payload.starts_with(&[0xFF, 0xD8, 0xFF]) {
             // The JPEG decoder is lenient: it fills a cut-off scan with grey
@@ -266,7 +284,21 @@ impl ImagePreprocessor {
             }
             let d =
                 image::codecs::jpeg::JpegDecoder::new(Cursor::new(payload)).map_err(undecodable)?;
-            self.check_size(d.dimensions())?;
+            let (width, height) = d.dimensions();
+            self.check_size((width, height))?;
+            if d.color_type() == ColorType::Rgb8 {
+                // The common case: decode straight into the reused buffer.
+                let n = d.total_bytes() as usize;
+                let mut pixels = self.take_buffer(n);
+                pixels.resize(n, 0);
+                d.read_image(&mut pixels).map_err(undecodable)?;
+                return Ok(Decoded {
+                    pixels,
+                    width,
+                    height,
+                    order: ChannelOrder::Rgb,
+                });
+            }
             DynamicImage::from_decoder(d).map_err(undecodable)?
         } else if payload.starts_with(b"\x89PNG\r\n\x1a\n") {
             let d =
@@ -277,7 +309,7 @@ impl ImagePreprocessor {
             return Err(DecodeError::UnknownImageFormat);
         };
         // Grey, alpha and 16-bit images become 8-bit RGB (alpha dropped);
-        // the common 8-bit RGB JPEG is moved, not copied.
+        // 8-bit RGB is moved, not copied.
         let rgb = img.into_rgb8();
         let (width, height) = rgb.dimensions();
         Ok(Decoded {
@@ -489,7 +521,9 @@ impl Preprocessor for ImagePreprocessor {
             });
         }
         let decoded = self.decode(payload)?;
-        let (canvas, mut transform) = self.fit(&decoded)?;
+        let fitted = self.fit(&decoded);
+        self.buf = decoded.pixels;
+        let (canvas, mut transform) = fitted?;
         let (tw, th) = (self.width as usize, self.height as usize);
         let [cw, ch] = self
             .crop

@@ -1,21 +1,38 @@
-//! The daemon: builds everything a config describes, runs it, stops it.
+//! The daemon: builds everything a config describes, runs it, reloads it,
+//! stops it.
 //!
 //! Start order: ONNX Runtime -> models (loaded and warmed) -> outbox ->
-//! pipelines and workers -> broker -> sources -> API; ready only then.
-//! Stop order (SIGTERM, SIGINT): sources stop taking frames, workers finish
-//! every queued frame, the outbox is flushed and fsynced, then exit.
+//! uplink -> pipelines and workers -> broker -> sources -> API; then READY
+//! to systemd, and `/readyz` answers 200.
+//!
+//! Reload (SIGHUP or `POST /v1/reload`): the new config is loaded and
+//! checked, its models loaded (unchanged ones are reused) and its pipelines
+//! built while the old ones keep serving; only then the old sources stop,
+//! the old workers finish every frame they took in, and the new generation
+//! starts. The outbox and the uplink are not touched, so nothing stored or
+//! in flight is lost. A config that fails to load leaves the old one running.
+//!
+//! Stop (SIGTERM, SIGINT): sources stop taking frames, workers finish every
+//! queued frame, the uplink stops, the outbox is flushed and fsynced.
+//!
+//! Watchdog: when systemd sets WATCHDOG_USEC, the daemon pings at a third of
+//! it, but only while no worker has spent more than half of it on one batch:
+//! a pipeline stuck in inference stops the pings and systemd restarts it.
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use anyhow::Context;
+use sd_notify::NotifyState;
 
-use crate::api::{self, ApiState};
+use crate::api::{self, ApiState, Control};
 use crate::backend::ort::{Runtime, SessionOptions};
 use crate::config::Config;
+use crate::model::manifest::Manifest;
 use crate::model::registry::{LoadedModel, open_model_arg};
 use crate::outbox::Outbox;
 use crate::pipeline::{IdGen, Pipeline, RecordSink, ResultRecord, Scheduler};
@@ -30,6 +47,10 @@ use crate::uplink;
 pub struct RunOptions {
     /// Print every stored record as one JSON line on stdout.
     pub print_records: bool,
+    /// The config file, re-read on reload.
+    pub config_path: Option<PathBuf>,
+    /// Model directory given on the command line (kept across reloads).
+    pub model_dir_override: Option<PathBuf>,
 }
 
 /// Records go to the outbox first; printing is for demos.
@@ -54,6 +75,13 @@ impl RecordSink for OutboxSink {
     }
 }
 
+fn notify(states: &[NotifyState]) {
+    // Outside systemd NOTIFY_SOCKET is unset and this does nothing.
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::debug!(error = %e, "sd_notify failed");
+    }
+}
+
 /// Runs the daemon until SIGTERM or SIGINT.
 pub fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -65,43 +93,266 @@ pub fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     rt.block_on(run_async(cfg, opts))
 }
 
-async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
-    let device = cfg.device_name();
-    let runtime = Runtime::load(cfg.runtime.onnxruntime.as_deref())?;
-    let session_opts = SessionOptions {
+/// Everything that lives as long as the process.
+struct Core {
+    device: String,
+    runtime: Arc<Runtime>,
+    outbox: Outbox,
+    ids: Arc<IdGen>,
+    sink: Arc<dyn RecordSink>,
+    /// Loaded models by name, with the sha256 their manifest had.
+    models: HashMap<String, (String, Arc<LoadedModel>)>,
+    broker_started: Option<std::net::SocketAddr>,
+}
+
+/// One config's pipelines, workers and sources.
+struct Generation {
+    scheduler: Scheduler,
+    workers: Vec<std::thread::JoinHandle<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    stop: tokio::sync::watch::Sender<bool>,
+    ingress: HashMap<String, SourceCtx>,
+}
+
+fn session_options(cfg: &Config) -> SessionOptions {
+    SessionOptions {
         providers: cfg.runtime.providers.clone(),
         intra_threads: cfg.runtime.intra_threads,
         tensorrt: cfg.runtime.tensorrt.clone(),
         cuda_device_id: cfg.runtime.cuda_device_id,
         cache_dir: cfg.tensorrt_cache_dir(),
-    };
-    std::fs::create_dir_all(&cfg.data_dir)
-        .with_context(|| format!("data_dir {}", cfg.data_dir.display()))?;
+    }
+}
 
-    // Models: each one used by a pipeline, loaded once and shared.
-    let mut models: HashMap<String, Arc<LoadedModel>> = HashMap::new();
-    let mut refused = Vec::new();
-    for p in &cfg.pipelines {
-        if models.contains_key(&p.model) {
-            continue;
+/// The sha256 a model's manifest declares now (to tell whether a loaded model is still current).
+fn manifest_sha(model_dir: &Path, name: &str) -> Option<String> {
+    Manifest::load(&model_dir.join(name).join("manifest.toml"))
+        .ok()
+        .map(|m| m.sha256)
+}
+
+impl Core {
+    /// Loads the models a config's pipelines use, reusing loaded ones whose
+    /// manifest checksum is unchanged. Returns the models and the errors.
+    async fn models_for(
+        &self,
+        cfg: &Config,
+    ) -> (HashMap<String, (String, Arc<LoadedModel>)>, Vec<String>) {
+        let so = session_options(cfg);
+        let mut out = HashMap::new();
+        let mut refused = Vec::new();
+        for p in &cfg.pipelines {
+            if out.contains_key(&p.model) {
+                continue;
+            }
+            let current = manifest_sha(&cfg.model_dir, &p.model).unwrap_or_default();
+            if let Some((sha, m)) = self.models.get(&p.model)
+                && *sha == current
+            {
+                out.insert(p.model.clone(), (sha.clone(), m.clone()));
+                continue;
+            }
+            let (rt, name, dir, so) = (
+                self.runtime.clone(),
+                p.model.clone(),
+                cfg.model_dir.clone(),
+                so.clone(),
+            );
+            match tokio::task::spawn_blocking(move || open_model_arg(&rt, &name, &dir, &so)).await {
+                Ok(Ok(m)) => {
+                    out.insert(p.model.clone(), (current, Arc::new(m)));
+                }
+                Ok(Err(e)) => {
+                    tracing::error!(model = %p.model, error = %e, "model refused; its pipelines will not run");
+                    refused.push(e.to_string());
+                }
+                Err(e) => refused.push(format!("model {}: {e}", p.model)),
+            }
         }
-        let (rt2, name, dir, so) = (
-            runtime.clone(),
-            p.model.clone(),
-            cfg.model_dir.clone(),
-            session_opts.clone(),
-        );
-        match tokio::task::spawn_blocking(move || open_model_arg(&rt2, &name, &dir, &so)).await? {
-            Ok(m) => {
-                models.insert(p.model.clone(), Arc::new(m));
+        (out, refused)
+    }
+
+    /// Loads models and builds a config's pipelines (the part that can fail
+    /// on a bad model or config), without starting anything.
+    async fn prepare(&mut self, cfg: &Config) -> anyhow::Result<(Prepared, Vec<String>)> {
+        let (models, mut refused) = self.models_for(cfg).await;
+        let workers = cfg.scheduler.worker_count();
+        let mut pipelines = Vec::new();
+        let mut sources = Vec::new();
+        for p in &cfg.pipelines {
+            let Some((_, model)) = models.get(&p.model) else {
+                continue;
+            };
+            match Pipeline::new(
+                p.clone(),
+                model.clone(),
+                &cfg.model_dir,
+                workers,
+                self.sink.clone(),
+                self.ids.clone(),
+            ) {
+                Ok(pl) => {
+                    sources.push(p.source.clone());
+                    pipelines.push(Arc::new(pl));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "pipeline not started");
+                    refused.push(e.to_string());
+                }
             }
-            Err(e) => {
-                tracing::error!(model = %p.model, error = %e, "model refused; its pipelines will not run");
-                refused.push(e.to_string());
+        }
+        if pipelines.is_empty() && !cfg.pipelines.is_empty() {
+            anyhow::bail!("no pipeline could start:\n  {}", refused.join("\n  "));
+        }
+        self.models = models;
+
+        let mqtt = if sources
+            .iter()
+            .any(|s| matches!(s, SourceConfig::Mqtt { .. }))
+        {
+            let prefix = format!("outpost-{}", self.device);
+            match &cfg.site_broker {
+                Some(b) => Some(BrokerAddr {
+                    host: b.host.clone(),
+                    port: b.port,
+                    client_prefix: prefix,
+                }),
+                None => {
+                    let l = cfg.embedded_broker.listen;
+                    if self.broker_started.is_none() {
+                        start_embedded_broker(&cfg.embedded_broker)
+                            .map_err(|e| anyhow::anyhow!(e))?;
+                        self.broker_started = Some(l);
+                    } else if self.broker_started != Some(l) {
+                        tracing::warn!(
+                            "embedded_broker.listen changed: it takes effect at the next restart"
+                        );
+                    }
+                    let l = self.broker_started.unwrap_or(l);
+                    Some(BrokerAddr {
+                        host: l.ip().to_string(),
+                        port: l.port(),
+                        client_prefix: prefix,
+                    })
+                }
             }
+        } else {
+            None
+        };
+        Ok((
+            Prepared {
+                scheduler: Scheduler::new(pipelines),
+                sources,
+                mqtt,
+                workers,
+                data_dir: cfg.data_dir.clone(),
+            },
+            refused,
+        ))
+    }
+
+    /// Starts a prepared generation's workers and sources.
+    async fn launch(&self, p: Prepared) -> anyhow::Result<Generation> {
+        let Prepared {
+            scheduler,
+            sources,
+            mqtt,
+            workers,
+            data_dir,
+        } = p;
+        let worker_handles = scheduler
+            .start_workers(workers)
+            .context("starting inference workers")?;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut ingress = HashMap::new();
+        let mut tasks = Vec::new();
+        for (i, src) in sources.iter().enumerate() {
+            let ctx = SourceCtx {
+                pipeline: scheduler.pipelines()[i].name().to_string(),
+                index: i,
+                scheduler: scheduler.clone(),
+                shutdown: stop_rx.clone(),
+                mqtt: mqtt.clone(),
+                outbox: Some(self.outbox.clone()),
+                data_dir: data_dir.clone(),
+            };
+            if matches!(src, SourceConfig::Http {}) {
+                ingress.insert(ctx.pipeline.clone(), ctx.clone());
+            }
+            match src.build().spawn(ctx) {
+                Ok(t) => tasks.push(t),
+                Err(e) => {
+                    // A source that cannot start (address in use) fails the generation.
+                    let g = Generation {
+                        scheduler,
+                        workers: worker_handles,
+                        tasks,
+                        stop: stop_tx,
+                        ingress,
+                    };
+                    g.stop().await;
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(Generation {
+            scheduler,
+            workers: worker_handles,
+            tasks,
+            stop: stop_tx,
+            ingress,
+        })
+    }
+}
+
+/// A generation built but not started.
+struct Prepared {
+    scheduler: Scheduler,
+    sources: Vec<SourceConfig>,
+    mqtt: Option<BrokerAddr>,
+    workers: usize,
+    data_dir: PathBuf,
+}
+
+async fn join_workers(workers: Vec<std::thread::JoinHandle<()>>) {
+    let _ = tokio::task::spawn_blocking(move || {
+        for h in workers {
+            let _ = h.join();
+        }
+    })
+    .await;
+}
+
+impl Generation {
+    /// A generation with nothing in it (between stopping one and starting the next).
+    fn empty() -> Generation {
+        let (stop, _) = tokio::sync::watch::channel(true);
+        Generation {
+            scheduler: Scheduler::new(Vec::new()),
+            workers: Vec::new(),
+            tasks: Vec::new(),
+            stop,
+            ingress: HashMap::new(),
         }
     }
 
+    /// Stops the sources, then lets the workers finish every queued frame.
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        self.scheduler.stop();
+        join_workers(self.workers).await;
+    }
+}
+
+async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
+    let device = cfg.device_name();
+    let runtime = Runtime::load(cfg.runtime.onnxruntime.as_deref())?;
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("data_dir {}", cfg.data_dir.display()))?;
+    notify(&[NotifyState::Status("opening the outbox")]);
     let outbox_dir = cfg.data_dir.join("outbox");
     let (od, oc) = (outbox_dir.clone(), cfg.outbox.clone());
     let outbox = tokio::task::spawn_blocking(move || Outbox::open(&od, oc))
@@ -112,107 +363,50 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
         outbox: outbox.clone(),
         print: opts.print_records,
     });
-    let workers = cfg.scheduler.worker_count();
-
-    let mut pipelines = Vec::new();
-    let mut sources = Vec::new();
-    for p in &cfg.pipelines {
-        let Some(model) = models.get(&p.model) else {
-            continue;
-        };
-        match Pipeline::new(
-            p.clone(),
-            model.clone(),
-            &cfg.model_dir,
-            workers,
-            sink.clone(),
-            ids.clone(),
-        ) {
-            Ok(pl) => {
-                sources.push(p.source.clone());
-                pipelines.push(Arc::new(pl));
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "pipeline not started");
-                refused.push(e.to_string());
-            }
-        }
-    }
-    if pipelines.is_empty() && !cfg.pipelines.is_empty() {
-        anyhow::bail!("no pipeline could start:\n  {}", refused.join("\n  "));
-    }
-    let scheduler = Scheduler::new(pipelines);
-    let worker_handles = scheduler
-        .start_workers(workers)
-        .context("starting inference workers")?;
-
-    // The broker mqtt sources connect to.
-    let mqtt = if sources
-        .iter()
-        .any(|s| matches!(s, SourceConfig::Mqtt { .. }))
-    {
-        match &cfg.site_broker {
-            Some(b) => Some(BrokerAddr {
-                host: b.host.clone(),
-                port: b.port,
-                client_prefix: format!("outpost-{device}"),
-            }),
-            None => {
-                start_embedded_broker(&cfg.embedded_broker).map_err(|e| anyhow::anyhow!(e))?;
-                let l = cfg.embedded_broker.listen;
-                Some(BrokerAddr {
-                    host: l.ip().to_string(),
-                    port: l.port(),
-                    client_prefix: format!("outpost-{device}"),
-                })
-            }
-        }
-    } else {
-        None
+    let mut core = Core {
+        device: device.clone(),
+        runtime,
+        outbox: outbox.clone(),
+        ids,
+        sink,
+        models: HashMap::new(),
+        broker_started: None,
     };
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut ingress = HashMap::new();
-    let mut tasks = Vec::new();
-    for (i, src) in sources.iter().enumerate() {
-        let ctx = SourceCtx {
-            pipeline: scheduler.pipelines()[i].name().to_string(),
-            index: i,
-            scheduler: scheduler.clone(),
-            shutdown: stop_rx.clone(),
-            mqtt: mqtt.clone(),
-            outbox: Some(outbox.clone()),
-            data_dir: cfg.data_dir.clone(),
-        };
-        if matches!(src, SourceConfig::Http {}) {
-            ingress.insert(ctx.pipeline.clone(), ctx.clone());
-        }
-        tasks.push(src.build().spawn(ctx)?);
-    }
+    notify(&[NotifyState::Status("loading and warming models")]);
+    let (prepared, _refused) = core.prepare(&cfg).await?;
+    let mut generation = core.launch(prepared).await?;
 
-    let ready = Arc::new(AtomicBool::new(false));
-    // The uplink drains the outbox; it starts after the outbox, independent of the pipelines.
+    // Process-wide: the uplink and the API outlive generations.
+    let (global_stop_tx, global_stop_rx) = tokio::sync::watch::channel(false);
     let mut extra: Vec<Arc<dyn metrics::MetricSource>> = Vec::new();
     let uplink = match &cfg.uplink {
         Some(u) => {
-            let up = uplink::start(u, outbox.clone(), &device, stop_rx.clone())?;
+            let up = uplink::start(u, outbox.clone(), &device, global_stop_rx.clone())?;
             extra.push(up.stats.clone());
             Some(up)
         }
         None => None,
     };
+    let current = Arc::new(RwLock::new(generation.scheduler.clone()));
+    let ingress = Arc::new(RwLock::new(generation.ingress.clone()));
     let registry = Arc::new(metrics::registry(DaemonCollector {
-        scheduler: scheduler.clone(),
+        scheduler: current.clone(),
         outbox: outbox.clone(),
         extra,
     }));
+    let ready = Arc::new(AtomicBool::new(false));
+    let (reload_tx, mut reload_rx) =
+        tokio::sync::mpsc::channel::<tokio::sync::oneshot::Sender<Result<(), String>>>(4);
+    let control = Control::from_config(&cfg.api, reload_tx.clone())?;
     let state = ApiState {
         ready: ready.clone(),
-        scheduler: scheduler.clone(),
+        scheduler: current.clone(),
         outbox: outbox.clone(),
         device: device.clone(),
         boot: outbox.boot(),
         metrics: registry,
+        control,
     };
     let listener = tokio::net::TcpListener::bind(cfg.api.listen)
         .await
@@ -220,10 +414,10 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     let app = api::router(
         state,
         HttpIngress {
-            pipelines: Arc::new(ingress),
+            pipelines: ingress.clone(),
         },
     );
-    let mut api_stop = stop_rx.clone();
+    let mut api_stop = global_stop_rx.clone();
     let api_task = tokio::spawn(async move {
         let _ = axum::serve(listener, app)
             .with_graceful_shutdown(async move {
@@ -231,30 +425,115 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
             })
             .await;
     });
+
     ready.store(true, Ordering::SeqCst);
+    let status_line = |s: &Scheduler| {
+        format!(
+            "serving {} pipeline(s); outbox {} record(s)",
+            s.pipelines().len(),
+            outbox.stats().records
+        )
+    };
+    notify(&[
+        NotifyState::Ready,
+        NotifyState::Status(&status_line(&generation.scheduler)),
+    ]);
     tracing::info!(
         device = %device,
         boot = outbox.boot(),
-        pipelines = scheduler.pipelines().len(),
-        workers,
+        pipelines = generation.scheduler.pipelines().len(),
+        workers = cfg.scheduler.worker_count(),
         api = %cfg.api.listen,
         "outpost ready"
     );
 
-    wait_for_signal().await;
-    tracing::info!("stopping: sources first, then the queued frames, then the outbox");
-    ready.store(false, Ordering::SeqCst);
-    let _ = stop_tx.send(true);
-    for t in tasks {
-        let _ = t.await;
-    }
-    scheduler.stop();
-    tokio::task::spawn_blocking(move || {
-        for h in worker_handles {
-            let _ = h.join();
+    let watchdog = sd_notify::watchdog_enabled();
+    let ping_every = watchdog.map(|w| w / 3).unwrap_or(Duration::from_secs(10));
+    let mut tick = tokio::time::interval(ping_every);
+    let mut status_tick = tokio::time::interval(Duration::from_secs(10));
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+    let mut cfg = cfg;
+    loop {
+        let reply = tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => None,
+            r = reload_rx.recv() => match r { Some(tx) => Some(tx), None => continue },
+            _ = tick.tick() => {
+                if let Some(w) = watchdog {
+                    let busy = generation.scheduler.longest_busy();
+                    if busy < w / 2 {
+                        notify(&[NotifyState::Watchdog]);
+                    } else {
+                        tracing::error!(busy_s = busy.as_secs_f64(), "a pipeline is stuck in inference; withholding the watchdog ping");
+                    }
+                }
+                continue;
+            }
+            _ = status_tick.tick() => {
+                notify(&[NotifyState::Status(&status_line(&generation.scheduler))]);
+                continue;
+            }
+        };
+        // Reload.
+        notify(&[NotifyState::Reloading, NotifyState::Status("reloading")]);
+        let answer = match reload(&mut core, &opts, &cfg).await {
+            Ok((new_cfg, prepared)) => {
+                // The new pipelines are built and their models warm; now the old
+                // sources stop, the old workers finish what they hold, and the
+                // new generation takes over the addresses.
+                let old = std::mem::replace(&mut generation, Generation::empty());
+                old.stop().await;
+                match core.launch(prepared).await {
+                    Ok(g) => {
+                        generation = g;
+                        cfg = new_cfg;
+                        tracing::info!(
+                            pipelines = generation.scheduler.pipelines().len(),
+                            "reloaded"
+                        );
+                        Ok(())
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %format!("{e:#}"), "new config failed to start; restoring the previous one");
+                        let restored = match core.prepare(&cfg).await {
+                            Ok((p, _)) => core.launch(p).await,
+                            Err(e) => Err(e),
+                        };
+                        match restored {
+                            Ok(g) => generation = g,
+                            Err(e2) => {
+                                tracing::error!(error = %format!("{e2:#}"), "previous config failed to restart")
+                            }
+                        }
+                        Err(format!("{e:#}"))
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "reload failed; the previous config keeps running");
+                Err(format!("{e:#}"))
+            }
+        };
+        *current.write().unwrap_or_else(|p| p.into_inner()) = generation.scheduler.clone();
+        *ingress.write().unwrap_or_else(|p| p.into_inner()) = generation.ingress.clone();
+        notify(&[
+            NotifyState::Ready,
+            NotifyState::Status(&status_line(&generation.scheduler)),
+        ]);
+        if let Some(tx) = reply {
+            let _ = tx.send(answer);
         }
-    })
-    .await?;
+    }
+
+    tracing::info!("stopping: sources first, then the queued frames, then the outbox");
+    notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+    ready.store(false, Ordering::SeqCst);
+    generation.stop().await;
+    let _ = global_stop_tx.send(true);
     let _ = api_task.await;
     if let Some(up) = uplink {
         let _ = up.task.await;
@@ -266,25 +545,44 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
+/// Loads the config again and prepares its generation (the old one still runs).
+async fn reload(
+    core: &mut Core,
+    opts: &RunOptions,
+    old: &Config,
+) -> anyhow::Result<(Config, Prepared)> {
+    let Some(path) = &opts.config_path else {
+        anyhow::bail!("no config file to reload");
+    };
+    let mut cfg = Config::load(path)?;
+    if let Some(d) = &opts.model_dir_override {
+        cfg.model_dir = d.clone();
+    }
+    // What lives as long as the process keeps its first value.
+    for (what, changed) in [
+        ("data_dir", cfg.data_dir != old.data_dir),
+        ("device", cfg.device != old.device),
+        ("outbox", cfg.outbox != old.outbox),
+        ("uplink", cfg.uplink != old.uplink),
+        ("api", cfg.api != old.api),
+        (
+            "runtime.onnxruntime",
+            cfg.runtime.onnxruntime != old.runtime.onnxruntime,
+        ),
+    ] {
+        if changed {
+            tracing::warn!(
+                setting = what,
+                "changed in the config: takes effect at the next restart"
+            );
         }
     }
-}
-
-/// Exists so `check` can tell whether a config's pipelines could start here.
-pub fn model_exists(model_dir: &Path, name: &str) -> bool {
-    model_dir.join(name).join("manifest.toml").is_file() || Path::new(name).is_file()
+    cfg.data_dir = old.data_dir.clone();
+    cfg.device = old.device.clone();
+    cfg.outbox = old.outbox.clone();
+    cfg.uplink = old.uplink.clone();
+    cfg.api = old.api.clone();
+    cfg.runtime.onnxruntime = old.runtime.onnxruntime.clone();
+    let (prepared, _refused) = core.prepare(&cfg).await?;
+    Ok((cfg, prepared))
 }

@@ -17,7 +17,12 @@ const EXIT_INPUT: u8 = 5;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    outpost::telemetry::logging::init(cli.log_format, cli.verbose);
+    // The daemon logs at info by default; one-shot commands only warn.
+    if matches!(cli.command, cli::Command::Run(_)) && cli.verbose == 0 {
+        outpost::telemetry::logging::init_with_default(cli.log_format, "info,ort=warn");
+    } else {
+        outpost::telemetry::logging::init(cli.log_format, cli.verbose);
+    }
     match cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -3,8 +3,8 @@
 //! sources started), `/metrics` (OpenMetrics), `/v1/status` (pipelines, models, outbox) and the http
 //! source's `POST /v1/pipelines/{name}/infer`.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 
 use axum::Router;
 use axum::extract::State;
@@ -20,11 +20,161 @@ use crate::source::http::{HttpIngress, infer};
 #[derive(Clone)]
 pub struct ApiState {
     pub ready: Arc<AtomicBool>,
-    pub scheduler: Scheduler,
+    /// The current generation's scheduler (replaced on reload).
+    pub scheduler: Arc<RwLock<Scheduler>>,
     pub outbox: Outbox,
     pub device: String,
     pub boot: u64,
     pub metrics: Arc<prometheus_client::registry::Registry>,
+    pub control: Control,
+}
+
+impl ApiState {
+    fn scheduler(&self) -> Scheduler {
+        self.scheduler
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// Requests that change the daemon's state: a bearer token guards them.
+#[derive(Clone)]
+pub struct Control {
+    /// None: no token file configured, so every state change is refused.
+    token: Option<Arc<String>>,
+    reload: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<Result<(), String>>>,
+}
+
+impl Control {
+    pub fn from_config(
+        cfg: &crate::config::ApiConfig,
+        reload: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<Result<(), String>>>,
+    ) -> anyhow::Result<Control> {
+        let token = match &cfg.token_file {
+            Some(p) => {
+                let t = std::fs::read_to_string(p)
+                    .map_err(|e| anyhow::anyhow!("api.token_file {}: {e}", p.display()))?;
+                let t = t.trim().to_string();
+                if t.len() < 16 {
+                    anyhow::bail!(
+                        "api.token_file {}: the token must be at least 16 characters",
+                        p.display()
+                    );
+                }
+                Some(Arc::new(t))
+            }
+            None => None,
+        };
+        Ok(Control { token, reload })
+    }
+
+    /// Checks `Authorization: Bearer <token>` in constant time.
+    fn authorize(
+        &self,
+        headers: &axum::http::HeaderMap,
+    ) -> Result<(), (StatusCode, axum::Json<serde_json::Value>)> {
+        let Some(want) = &self.token else {
+            return Err((
+                StatusCode::FORBIDDEN,
+                axum::Json(
+                    serde_json::json!({"error": "state changes are disabled: set api.token_file"}),
+                ),
+            ));
+        };
+        let given = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        let (a, b) = (given.as_bytes(), want.as_bytes());
+        let mut diff = a.len() ^ b.len();
+        for i in 0..a.len().max(b.len()) {
+            diff |= (a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0)) as usize;
+        }
+        if diff == 0 {
+            Ok(())
+        } else {
+            Err((
+                StatusCode::UNAUTHORIZED,
+                axum::Json(serde_json::json!({"error": "missing or wrong bearer token"})),
+            ))
+        }
+    }
+}
+
+async fn reload(
+    State(s): State<ApiState>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    if let Err(e) = s.control.authorize(&headers) {
+        return e.into_response();
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    if s.control.reload.send(tx).await.is_err() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({"error": "stopping"})),
+        )
+            .into_response();
+    }
+    match rx.await {
+        Ok(Ok(())) => (
+            StatusCode::OK,
+            axum::Json(serde_json::json!({"reloaded": true})),
+        )
+            .into_response(),
+        Ok(Err(e)) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            axum::Json(serde_json::json!({"reloaded": false, "error": e})),
+        )
+            .into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({"error": "stopping"})),
+        )
+            .into_response(),
+    }
+}
+
+async fn pause(
+    state: State<ApiState>,
+    name: axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    pause_resume(state, name, headers, true)
+}
+
+async fn resume(
+    state: State<ApiState>,
+    name: axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    pause_resume(state, name, headers, false)
+}
+
+fn pause_resume(
+    State(s): State<ApiState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+    paused: bool,
+) -> axum::response::Response {
+    if let Err(e) = s.control.authorize(&headers) {
+        return e.into_response();
+    }
+    if s.scheduler().set_paused(&name, paused) {
+        (
+            StatusCode::OK,
+            axum::Json(serde_json::json!({"pipeline": name, "paused": paused})),
+        )
+            .into_response()
+    } else {
+        (
+            StatusCode::NOT_FOUND,
+            axum::Json(serde_json::json!({"error": format!("no pipeline `{name}`")})),
+        )
+            .into_response()
+    }
 }
 
 async fn healthz() -> &'static str {
@@ -41,8 +191,8 @@ async fn readyz(State(s): State<ApiState>) -> impl IntoResponse {
 
 /// The daemon's state as JSON.
 pub fn status_json(s: &ApiState) -> serde_json::Value {
-    let pipelines: Vec<serde_json::Value> = s
-        .scheduler
+    let sched = s.scheduler();
+    let pipelines: Vec<serde_json::Value> = sched
         .pipelines()
         .iter()
         .enumerate()
@@ -54,7 +204,8 @@ pub fn status_json(s: &ApiState) -> serde_json::Value {
                 "priority": p.cfg.priority.as_str(),
                 "model": p.model.id(),
                 "provider": p.model.provider,
-                "queue_depth": s.scheduler.queue_depth(i),
+                "queue_depth": sched.queue_depth(i),
+                "paused": sched.is_paused(i),
                 "queue_capacity": p.cfg.queue,
                 "frames_in": PipelineStats::get(&st.frames_in),
                 "frames_done": PipelineStats::get(&st.frames_done),
@@ -109,6 +260,9 @@ pub fn router(state: ApiState, ingress: HttpIngress) -> Router {
         .route("/readyz", get(readyz))
         .route("/v1/status", get(status))
         .route("/metrics", get(metrics))
+        .route("/v1/reload", post(reload))
+        .route("/v1/pipelines/{name}/pause", post(pause))
+        .route("/v1/pipelines/{name}/resume", post(resume))
         .with_state(state)
         .merge(infer_routes)
 }

@@ -26,10 +26,13 @@ pub fn run(cli: &super::Cli, a: &RunArgs) -> anyhow::Result<()> {
     if let Some(lib) = &cli.onnxruntime {
         cfg.runtime.onnxruntime = Some(lib.clone());
     }
+    let model_dir_override = a.models.clone().or(cli.model_dir.clone());
     daemon::run(
         cfg,
         RunOptions {
             print_records: a.print_records,
+            config_path: Some(path.clone()),
+            model_dir_override,
         },
     )
 }

@@ -75,12 +75,16 @@ impl SchedulerConfig {
 pub struct ApiConfig {
     /// Loopback by default: the API is for the device and its operator's tunnel.
     pub listen: SocketAddr,
+    /// A file holding the bearer token for state changes (reload, pause,
+    /// resume, OTA). Without one, state changes are refused.
+    pub token_file: Option<PathBuf>,
 }
 
 impl Default for ApiConfig {
     fn default() -> Self {
         ApiConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8780)),
+            token_file: None,
         }
     }
 }

@@ -66,6 +66,10 @@ struct Inner {
     work: Condvar,
     spaces: Vec<Arc<Notify>>,
     stopping: AtomicBool,
+    /// When each worker started its current batch (None: idle), for the watchdog.
+    busy_since: Mutex<Vec<Option<Instant>>>,
+    /// Pipelines paused through the API: their frames wait (or drop by policy).
+    paused: Vec<AtomicBool>,
 }
 
 /// Shared handle to the queues and workers.
@@ -117,6 +121,8 @@ impl Scheduler {
                 }),
                 work: Condvar::new(),
                 stopping: AtomicBool::new(false),
+                busy_since: Mutex::new(Vec::new()),
+                paused: (0..n).map(|_| AtomicBool::new(false)).collect(),
             }),
         }
     }
@@ -177,6 +183,11 @@ impl Scheduler {
 
     /// Starts `n` worker threads.
     pub fn start_workers(&self, n: usize) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+        *self
+            .inner
+            .busy_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = vec![None; n.max(1)];
         (0..n.max(1))
             .map(|w| {
                 let s = self.clone();
@@ -187,10 +198,59 @@ impl Scheduler {
             .collect()
     }
 
+    /// The longest time any worker has spent on its current batch: a
+    /// pipeline stuck in inference shows here, and the systemd watchdog
+    /// stops being fed.
+    pub fn longest_busy(&self) -> Duration {
+        let now = Instant::now();
+        self.inner
+            .busy_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .flatten()
+            .map(|t| now.duration_since(*t))
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Pauses or resumes a pipeline by name; false when there is none.
+    pub fn set_paused(&self, name: &str, paused: bool) -> bool {
+        let Some(i) = self.inner.pipelines.iter().position(|p| p.name() == name) else {
+            return false;
+        };
+        self.inner.paused[i].store(paused, Ordering::SeqCst);
+        self.inner.work.notify_all();
+        true
+    }
+
+    pub fn is_paused(&self, idx: usize) -> bool {
+        self.inner
+            .paused
+            .get(idx)
+            .is_some_and(|p| p.load(Ordering::SeqCst))
+    }
+
     /// Workers finish what is queued, then exit.
     pub fn stop(&self) {
+        // Paused pipelines still finish what they hold: nothing queued is lost on stop.
+        for p in &self.inner.paused {
+            p.store(false, Ordering::SeqCst);
+        }
         self.inner.stopping.store(true, Ordering::SeqCst);
         self.inner.work.notify_all();
+    }
+
+    fn set_busy(&self, worker: usize, since: Option<Instant>) {
+        if let Some(slot) = self
+            .inner
+            .busy_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(worker)
+        {
+            *slot = since;
+        }
     }
 
     fn worker(&self, id: usize) {
@@ -207,7 +267,10 @@ impl Scheduler {
                     .queues
                     .iter()
                     .zip(&st.busy)
-                    .map(|(q, b)| !q.is_empty() && !b)
+                    .enumerate()
+                    .map(|(i, (q, b))| {
+                        !q.is_empty() && !b && !self.inner.paused[i].load(Ordering::Relaxed)
+                    })
                     .collect();
                 let SchedState { slot, rr, .. } = &mut *st;
                 if let Some(i) = pick(&tiers, &runnable, slot, rr) {
@@ -252,7 +315,9 @@ impl Scheduler {
             }
             drop(st);
             self.inner.spaces[idx].notify_waiters();
+            self.set_busy(id, Some(Instant::now()));
             p.process(frames, id);
+            self.set_busy(id, None);
             if p.serial() {
                 self.lock().busy[idx] = false;
                 self.inner.work.notify_all();

@@ -25,7 +25,8 @@ impl Source for HttpSource {
 /// Pipelines that accept frames over HTTP, by name.
 #[derive(Clone, Default)]
 pub struct HttpIngress {
-    pub pipelines: Arc<HashMap<String, SourceCtx>>,
+    /// Replaced on reload.
+    pub pipelines: Arc<std::sync::RwLock<HashMap<String, SourceCtx>>>,
 }
 
 /// How long a request waits for its result before answering 504.
@@ -37,7 +38,13 @@ pub async fn infer(
     Query(q): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> Response {
-    let Some(ctx) = ingress.pipelines.get(&name) else {
+    let ctx = ingress
+        .pipelines
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&name)
+        .cloned();
+    let Some(ctx) = ctx else {
         return (
             StatusCode::NOT_FOUND,
             axum::Json(

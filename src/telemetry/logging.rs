@@ -1,9 +1,46 @@
-//! tracing to stderr: plain text for terminals, journald-friendly lines under
-//! systemd (no timestamps, journald adds its own), or JSON for collectors.
+//! tracing to stderr: plain text for terminals; under systemd (JOURNAL_STREAM
+//! set) no timestamps (journald adds its own) and a `<N>` syslog priority
+//! prefix on each line, so `journalctl -p warning` works; JSON for collectors.
 
+use std::fmt;
+
+use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
 
 use crate::cli::LogFormat;
+
+/// The syslog priority journald reads from a `<N>` line prefix.
+pub fn syslog_priority(level: &Level) -> u8 {
+    match *level {
+        Level::ERROR => 3,
+        Level::WARN => 4,
+        Level::INFO => 6,
+        _ => 7,
+    }
+}
+
+/// Prefixes each event with its journald priority, then formats it as `inner` does.
+struct Journald<F>(F);
+
+impl<S, N, F> FormatEvent<S, N> for Journald<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        write!(writer, "<{}>", syslog_priority(event.metadata().level()))?;
+        self.0.format_event(ctx, writer, event)
+    }
+}
 
 /// Installs the global subscriber. `RUST_LOG` overrides the verbosity.
 pub fn init(format: LogFormat, verbose: u8) {
@@ -12,6 +49,11 @@ pub fn init(format: LogFormat, verbose: u8) {
         1 => "info,ort=warn",
         _ => "debug,ort=info",
     };
+    init_with_default(format, default);
+}
+
+/// As [`init`], with the default filter given (the daemon logs at info).
+pub fn init_with_default(format: LogFormat, default: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let under_journald = std::env::var_os("JOURNAL_STREAM").is_some();
     let builder = tracing_subscriber::fmt()
@@ -19,9 +61,29 @@ pub fn init(format: LogFormat, verbose: u8) {
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text if under_journald => builder.without_time().with_ansi(false).try_init(),
+        LogFormat::Text if under_journald => builder
+            .event_format(Journald(
+                tracing_subscriber::fmt::format()
+                    .without_time()
+                    .with_level(false)
+                    .with_ansi(false),
+            ))
+            .try_init(),
         LogFormat::Text => builder
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .try_init(),
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn priorities_follow_syslog() {
+        assert_eq!(syslog_priority(&Level::ERROR), 3);
+        assert_eq!(syslog_priority(&Level::WARN), 4);
+        assert_eq!(syslog_priority(&Level::INFO), 6);
+        assert_eq!(syslog_priority(&Level::DEBUG), 7);
+    }
 }

@@ -35,7 +35,8 @@ const BATCH_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 type Labels = Vec<(&'static str, String)>;
 
 pub struct DaemonCollector {
-    pub scheduler: Scheduler,
+    /// The current generation's scheduler (replaced on reload).
+    pub scheduler: Arc<std::sync::RwLock<Scheduler>>,
     pub outbox: Outbox,
     pub extra: Vec<Arc<dyn MetricSource>>,
 }
@@ -98,7 +99,12 @@ fn histogram(
 
 impl Collector for DaemonCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let pipes = self.scheduler.pipelines();
+        let sched = self
+            .scheduler
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let pipes = sched.pipelines();
         let pl =
             |p: &crate::pipeline::Pipeline| -> Labels { vec![("pipeline", p.name().to_string())] };
         let plm = |p: &crate::pipeline::Pipeline| -> Labels {
@@ -161,7 +167,7 @@ impl Collector for DaemonCollector {
             &pipes
                 .iter()
                 .enumerate()
-                .map(|(i, p)| (pl(p), self.scheduler.queue_depth(i) as f64))
+                .map(|(i, p)| (pl(p), sched.queue_depth(i) as f64))
                 .collect::<Vec<_>>(),
         )?;
         gauge(

@@ -171,6 +171,16 @@ impl Daemon {
     }
 
     pub fn start_in(config: &str, dir: tempfile::TempDir) -> Daemon {
+        Self::start_full(config, dir, &[], true)
+    }
+
+    /// With extra environment; `wait` = wait for /readyz.
+    pub fn start_full(
+        config: &str,
+        dir: tempfile::TempDir,
+        envs: &[(&str, String)],
+        wait: bool,
+    ) -> Daemon {
         let api = format!("127.0.0.1:{}", free_port());
         let data = dir.path().join("data");
         let text = config
@@ -184,6 +194,7 @@ impl Daemon {
             .arg(&cfg)
             .args(["run", "--print-records"])
             .env("RUST_LOG", "info,ort=warn")
+            .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(std::process::Stdio::piped())
             .stderr(std::fs::File::create(dir.path().join("daemon.log")).unwrap())
             .spawn()
@@ -213,7 +224,7 @@ impl Daemon {
         std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
     }
 
-    fn wait_ready(&mut self) {
+    pub fn wait_ready(&mut self) {
         let t0 = std::time::Instant::now();
         loop {
             if let Ok(Some(st)) = self.child.try_wait() {

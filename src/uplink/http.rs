@@ -1,0 +1,427 @@
+//! The HTTP uplink: batched NDJSON POSTs (gzip), one request in flight.
+//!
+//! A batch is the oldest `batch_records` records. 2xx acknowledges it all;
+//! timeouts, connection errors, 408, 429 and 5xx retry the same batch (same
+//! `Idempotency-Key`) after a backoff or the server's `Retry-After`; any
+//! other 4xx splits the batch in halves until the refused records stand
+//! alone, and those go to the dead letters: a bad record costs about
+//! 2·log2(batch) requests and never blocks the ones behind it.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+use super::pace::{Backoff, TokenBucket};
+use super::stats::UplinkStats;
+use super::{HttpConfig, UplinkError, sleep_or_stop, stopped, tls};
+use crate::outbox::{Entry, Key, Outbox};
+
+/// The longest `Retry-After` honoured; a longer one is cut to this.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+/// How long an idle uplink waits for an append before it looks again anyway.
+const IDLE_POLL: Duration = Duration::from_secs(5);
+
+/// What to do with a batch after a response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Delivered: delete the records.
+    Ack,
+    /// Send the same batch again, after `after` when the server said so.
+    Retry {
+        after: Option<Duration>,
+        reason: String,
+    },
+    /// The server refused it for good: bisect, dead-letter single records.
+    Reject { reason: String },
+}
+
+/// Classifies a response: status, its `Retry-After` header, a body excerpt.
+pub fn classify(status: u16, retry_after: Option<&str>, now: SystemTime, body: &str) -> Verdict {
+    let excerpt: String = body.chars().take(300).collect();
+    let reason = if excerpt.is_empty() {
+        format!("HTTP {status}")
+    } else {
+        format!("HTTP {status}: {excerpt}")
+    };
+    match status {
+        200..=299 => Verdict::Ack,
+        408 | 429 | 500..=599 => Verdict::Retry {
+            after: retry_after.and_then(|v| parse_retry_after(v, now)),
+            reason,
+        },
+        400..=499 => Verdict::Reject { reason },
+        // 1xx/3xx left over after reqwest's redirects: the endpoint is
+        // misconfigured, not the records; keep them and retry.
+        _ => Verdict::Retry {
+            after: None,
+            reason,
+        },
+    }
+}
+
+/// `Retry-After`: delta-seconds or an HTTP-date (RFC 9110 §10.2.3), at most
+/// an hour; a date in the past is zero.
+pub fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
+    let v = v.trim();
+    let d = match v.parse::<u64>() {
+        Ok(s) => Duration::from_secs(s),
+        Err(_) => {
+            let at = httpdate::parse_http_date(v).ok()?;
+            at.duration_since(now).unwrap_or(Duration::ZERO)
+        }
+    };
+    Some(d.min(MAX_RETRY_AFTER))
+}
+
+/// Stable for the same batch (also after a restart: outbox keys do not
+/// change), different for any other set of records of any device.
+pub fn idempotency_key(device: &str, keys: &[Key]) -> String {
+    let mut h = Sha256::new();
+    h.update((device.len() as u64).to_be_bytes());
+    h.update(device.as_bytes());
+    for k in keys {
+        h.update(k.to_bytes());
+    }
+    hex::encode(h.finalize())
+}
+
+/// The request body: one record per line, gzip.
+pub fn ndjson_gzip<'a>(records: impl IntoIterator<Item = &'a [u8]>) -> std::io::Result<Vec<u8>> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    for r in records {
+        gz.write_all(r)?;
+        gz.write_all(b"\n")?;
+    }
+    gz.finish()
+}
+
+struct Ctx {
+    cfg: HttpConfig,
+    device: String,
+    outbox: Outbox,
+    stats: Arc<UplinkStats>,
+    client: reqwest::Client,
+    headers: reqwest::header::HeaderMap,
+}
+
+pub(super) fn spawn(
+    cfg: HttpConfig,
+    outbox: Outbox,
+    device: &str,
+    stats: Arc<UplinkStats>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, UplinkError> {
+    let mut b = reqwest::Client::builder()
+        .timeout(cfg.timeout)
+        .connect_timeout(cfg.timeout)
+        .no_proxy();
+    if cfg.url.starts_with("https:") {
+        let tc = tls::client_config(cfg.ca.as_deref(), cfg.cert.as_deref(), cfg.key.as_deref())?;
+        b = b.tls_backend_preconfigured(tc);
+    }
+    let client = b
+        .build()
+        .map_err(|e| UplinkError::Setup(format!("HTTP client: {e}")))?;
+    let mut headers = reqwest::header::HeaderMap::new();
+    for (k, v) in &cfg.headers {
+        let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+            .map_err(|e| UplinkError::Setup(format!("header `{k}`: {e}")))?;
+        let mut value = reqwest::header::HeaderValue::from_str(v)
+            .map_err(|e| UplinkError::Setup(format!("header `{k}`: {e}")))?;
+        value.set_sensitive(true);
+        headers.insert(name, value);
+    }
+    let ctx = Ctx {
+        cfg,
+        device: device.to_string(),
+        outbox,
+        stats,
+        client,
+        headers,
+    };
+    Ok(tokio::spawn(run(ctx, shutdown)))
+}
+
+/// A response, reduced to what [`classify`] needs.
+struct Answer {
+    status: u16,
+    retry_after: Option<String>,
+    body: String,
+}
+
+impl Ctx {
+    async fn post(&self, body: Vec<u8>, key: &str) -> Result<Answer, String> {
+        use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
+        let resp = self
+            .client
+            .post(&self.cfg.url)
+            .headers(self.headers.clone())
+            .header(CONTENT_TYPE, "application/x-ndjson")
+            .header(CONTENT_ENCODING, "gzip")
+            .header("Idempotency-Key", key)
+            .body(body)
+            .send()
+            .await
+            .map_err(error_chain)?;
+        let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        // Read the body also on success, so the connection can be reused.
+        let bytes = resp.bytes().await.map_err(error_chain)?;
+        let body = if (200..300).contains(&status) {
+            String::new()
+        } else {
+            String::from_utf8_lossy(&bytes[..bytes.len().min(1024)]).into_owned()
+        };
+        Ok(Answer {
+            status,
+            retry_after,
+            body,
+        })
+    }
+}
+
+/// reqwest's Display hides the cause ("error sending request"): add it.
+fn error_chain(e: reqwest::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(&e);
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    if e.is_timeout() {
+        s.push_str(" (timeout)");
+    }
+    s
+}
+
+async fn run(ctx: Ctx, mut shutdown: watch::Receiver<bool>) {
+    let mut backoff = Backoff::new(ctx.cfg.backoff_min, ctx.cfg.backoff_max);
+    let mut bucket = TokenBucket::new(ctx.cfg.max_bytes_per_s, Instant::now());
+    let notify = ctx.outbox.notified();
+    let url = ctx.cfg.url.clone();
+    'outer: loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        // Always from the oldest: acked and dead-lettered records are gone,
+        // so this is the next batch, and a failed ack heals itself here.
+        let page = match ctx.outbox.pending(None, ctx.cfg.batch_records) {
+            Ok(p) => p,
+            Err(e) => {
+                ctx.stats.error(format!("outbox read: {e}"));
+                tracing::error!(error = %e, "uplink: cannot read the outbox");
+                if sleep_or_stop(backoff.next_delay(), &mut shutdown).await {
+                    break;
+                }
+                continue;
+            }
+        };
+        if page.is_empty() {
+            tokio::select! {
+                _ = notify.notified() => {}
+                _ = tokio::time::sleep(IDLE_POLL) => {}
+                _ = stopped(&mut shutdown) => break,
+            }
+            continue;
+        }
+        let mut work: VecDeque<Vec<Entry>> = VecDeque::from([page]);
+        while let Some(batch) = work.pop_front() {
+            let wait = bucket.ready_in(Instant::now());
+            if !wait.is_zero() && sleep_or_stop(wait, &mut shutdown).await {
+                break 'outer;
+            }
+            let keys: Vec<Key> = batch.iter().map(|e| e.key).collect();
+            let body = match ndjson_gzip(batch.iter().map(|e| e.record.as_slice())) {
+                Ok(b) => b,
+                Err(e) => {
+                    // Writing to memory does not fail; if it ever does, retry.
+                    ctx.stats.error(format!("gzip: {e}"));
+                    if sleep_or_stop(backoff.next_delay(), &mut shutdown).await {
+                        break 'outer;
+                    }
+                    work.push_front(batch);
+                    continue;
+                }
+            };
+            let idem = idempotency_key(&ctx.device, &keys);
+            let n = keys.len() as u64;
+            bucket.take(body.len(), Instant::now());
+            UplinkStats::add(&ctx.stats.sent_total, n);
+            UplinkStats::add(&ctx.stats.bytes_total, body.len() as u64);
+            let answer = tokio::select! {
+                a = ctx.post(body, &idem) => a,
+                // The batch stays in the outbox and goes again next start.
+                _ = stopped(&mut shutdown) => break 'outer,
+            };
+            let verdict = match &answer {
+                Ok(a) => {
+                    if !ctx.stats.is_connected() {
+                        tracing::info!(%url, status = a.status, "uplink: the fleet endpoint answers");
+                    }
+                    ctx.stats.set_connected(true);
+                    classify(
+                        a.status,
+                        a.retry_after.as_deref(),
+                        SystemTime::now(),
+                        &a.body,
+                    )
+                }
+                Err(e) => {
+                    if ctx.stats.is_connected() {
+                        tracing::warn!(%url, error = %e, "uplink: the fleet endpoint is unreachable");
+                        UplinkStats::add(&ctx.stats.disconnects_total, 1);
+                    }
+                    ctx.stats.set_connected(false);
+                    Verdict::Retry {
+                        after: None,
+                        reason: e.clone(),
+                    }
+                }
+            };
+            match verdict {
+                Verdict::Ack => {
+                    if let Err(e) = ctx.outbox.ack(&keys) {
+                        ctx.stats.error(format!("outbox ack: {e}"));
+                        tracing::error!(error = %e, "uplink: outbox ack failed; the batch goes again");
+                        if sleep_or_stop(backoff.next_delay(), &mut shutdown).await {
+                            break 'outer;
+                        }
+                        continue 'outer;
+                    }
+                    UplinkStats::add(&ctx.stats.acked_total, n);
+                    backoff.reset();
+                }
+                Verdict::Retry { after, reason } => {
+                    UplinkStats::add(&ctx.stats.retries_total, n);
+                    ctx.stats.error(reason.clone());
+                    let delay = match after {
+                        Some(a) => a.max(ctx.cfg.backoff_min),
+                        None => backoff.next_delay(),
+                    };
+                    tracing::warn!(%url, %reason, records = n, retry_in = ?delay, "uplink: batch not delivered; retrying");
+                    if sleep_or_stop(delay, &mut shutdown).await {
+                        break 'outer;
+                    }
+                    work.push_front(batch);
+                }
+                Verdict::Reject { reason } => {
+                    ctx.stats.error(reason.clone());
+                    if let [one] = batch.as_slice() {
+                        tracing::warn!(key = %one.key, %reason, "uplink: record refused by the fleet; moved to the dead letters");
+                        if let Err(e) = ctx.outbox.dead_letter(one.key, &reason) {
+                            ctx.stats.error(format!("outbox dead letter: {e}"));
+                            tracing::error!(error = %e, "uplink: dead letter failed");
+                            if sleep_or_stop(backoff.next_delay(), &mut shutdown).await {
+                                break 'outer;
+                            }
+                            continue 'outer;
+                        }
+                        UplinkStats::add(&ctx.stats.dead_letters_total, 1);
+                    } else {
+                        // Bisect: the halves go first, oldest half first.
+                        let mut left = batch;
+                        let right = left.split_off(left.len() / 2);
+                        tracing::debug!(%reason, records = n, "uplink: batch refused; splitting it");
+                        work.push_front(right);
+                        work.push_front(left);
+                    }
+                }
+            }
+        }
+    }
+    ctx.stats.set_connected(false);
+    tracing::info!("uplink: stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn retry_classification() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        assert_eq!(classify(200, None, now, ""), Verdict::Ack);
+        assert_eq!(classify(204, Some("5"), now, ""), Verdict::Ack);
+        for s in [408, 429, 500, 502, 503, 504] {
+            assert!(
+                matches!(
+                    classify(s, None, now, ""),
+                    Verdict::Retry { after: None, .. }
+                ),
+                "{s}"
+            );
+        }
+        assert_eq!(
+            classify(429, Some("1"), now, "slow down"),
+            Verdict::Retry {
+                after: Some(Duration::from_secs(1)),
+                reason: "HTTP 429: slow down".into()
+            }
+        );
+        for s in [400, 401, 403, 404, 409, 413, 422] {
+            assert!(
+                matches!(classify(s, None, now, "bad"), Verdict::Reject { .. }),
+                "{s}"
+            );
+        }
+        // A body is cut in the reason.
+        let Verdict::Reject { reason } = classify(400, None, now, &"x".repeat(5000)) else {
+            panic!()
+        };
+        assert!(reason.len() < 320);
+        assert!(matches!(
+            classify(302, None, now, ""),
+            Verdict::Retry { .. }
+        ));
+    }
+
+    #[test]
+    fn retry_after_seconds_and_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        assert_eq!(parse_retry_after(" 7 ", now), Some(Duration::from_secs(7)));
+        assert_eq!(parse_retry_after("999999", now), Some(MAX_RETRY_AFTER));
+        let at = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(parse_retry_after(&at, now), Some(Duration::from_secs(30)));
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        assert_eq!(parse_retry_after(&past, now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-1", now), None);
+    }
+
+    #[test]
+    fn idempotency_key_is_stable_per_batch() {
+        let a = [Key(1, 0), Key(1, 1)];
+        let k = idempotency_key("gw1", &a);
+        assert_eq!(k.len(), 64);
+        assert_eq!(k, idempotency_key("gw1", &a));
+        assert_ne!(k, idempotency_key("gw1", &a[..1]));
+        assert_ne!(k, idempotency_key("gw2", &a));
+        assert_ne!(k, idempotency_key("gw1", &[Key(1, 1), Key(1, 0)]));
+        // The device name's length is hashed: no ambiguity at the seam.
+        assert_ne!(
+            idempotency_key("a", &[Key(0, 0)]),
+            idempotency_key("a\0\0\0\0\0\0\0\0", &[])
+        );
+    }
+
+    #[test]
+    fn body_is_gzipped_ndjson() {
+        let recs: [&[u8]; 2] = [br#"{"id":"a"}"#, br#"{"id":"b"}"#];
+        let gz = ndjson_gzip(recs).unwrap();
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_string(&mut text)
+            .unwrap();
+        assert_eq!(text, "{\"id\":\"a\"}\n{\"id\":\"b\"}\n");
+    }
+}

@@ -1,0 +1,400 @@
+//! The MQTT uplink: QoS 1 publishes to the fleet broker, one outbox ack per
+//! PUBACK.
+//!
+//! One connection = one fresh rumqttc event loop, polled by its own task
+//! that forwards events over a channel (so no `poll()` future is ever
+//! cancelled halfway), and one [`InFlight`] table. When the connection
+//! drops, the event loop, the table and the prepared messages are thrown
+//! away and the next connection reads the outbox again from its oldest
+//! record: whatever was in flight goes again (the fleet drops duplicates by
+//! `id`), nothing is skipped. The session stays persistent on the broker
+//! (clean_session = false, stable client id) as the fleet expects; for a
+//! publisher that holds no broker state worth resuming at QoS 1.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rumqttc::{
+    AsyncClient, ConnectionError, Event, LastWill, MqttOptions, NetworkOptions, Outgoing, Packet,
+    QoS, TlsConfiguration, Transport,
+};
+use tokio::sync::{mpsc, watch};
+
+use super::inflight::InFlight;
+use super::message::{Batcher, Message, Template};
+use super::pace::{Backoff, TokenBucket};
+use super::stats::UplinkStats;
+use super::{MqttConfig, STATUS_VARS, TOPIC_VARS, UplinkError, sleep_or_stop, stopped, tls};
+use crate::outbox::{Key, Outbox};
+
+/// How long a stop waits for the PUBACKs of what is in flight and of the
+/// "offline" status before it disconnects.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+struct Ctx {
+    cfg: MqttConfig,
+    outbox: Outbox,
+    stats: Arc<UplinkStats>,
+    batcher: Batcher,
+    status_topic: String,
+    client_id: String,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    /// Records read from the outbox at a time.
+    page: usize,
+}
+
+pub(super) fn spawn(
+    cfg: MqttConfig,
+    outbox: Outbox,
+    device: &str,
+    stats: Arc<UplinkStats>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, UplinkError> {
+    let tls = if cfg.tls {
+        Some(Arc::new(tls::client_config(
+            cfg.ca.as_deref(),
+            cfg.cert.as_deref(),
+            cfg.key.as_deref(),
+        )?))
+    } else {
+        None
+    };
+    let topic = Template::parse(&cfg.topic, TOPIC_VARS).map_err(UplinkError::Setup)?;
+    let status_topic = Template::parse(&cfg.status_topic, STATUS_VARS)
+        .map_err(UplinkError::Setup)?
+        .render(device, "", "");
+    let batcher = Batcher {
+        topic,
+        device: device.to_string(),
+        batch: cfg.batch,
+        format: cfg.payload,
+        max_payload: cfg.max_packet_bytes,
+    };
+    let ctx = Ctx {
+        client_id: cfg
+            .client_id
+            .clone()
+            .unwrap_or_else(|| format!("outpost-{device}")),
+        page: (cfg.batch * 8).clamp(512, 8192),
+        cfg,
+        outbox,
+        stats,
+        batcher,
+        status_topic,
+        tls,
+    };
+    Ok(tokio::spawn(run(ctx, shutdown)))
+}
+
+/// How a connection ended.
+enum End {
+    Stopped,
+    Lost { connected: bool, reason: String },
+}
+
+async fn run(ctx: Ctx, mut shutdown: watch::Receiver<bool>) {
+    let mut backoff = Backoff::new(ctx.cfg.backoff_min, ctx.cfg.backoff_max);
+    let mut bucket = TokenBucket::new(ctx.cfg.max_bytes_per_s, Instant::now());
+    let broker = format!("{}:{}", ctx.cfg.host, ctx.port());
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        match connection(&ctx, &mut bucket, &mut shutdown).await {
+            End::Stopped => break,
+            End::Lost { connected, reason } => {
+                ctx.stats.set_connected(false);
+                UplinkStats::add(&ctx.stats.disconnects_total, 1);
+                ctx.stats.error(reason.clone());
+                if connected {
+                    backoff.reset();
+                }
+                let delay = backoff.next_delay();
+                if connected {
+                    tracing::warn!(%broker, %reason, retry_in = ?delay, "uplink: disconnected from the fleet broker");
+                } else {
+                    tracing::warn!(%broker, %reason, attempt = backoff.attempts(), retry_in = ?delay, "uplink: cannot connect to the fleet broker");
+                }
+                if sleep_or_stop(delay, &mut shutdown).await {
+                    break;
+                }
+            }
+        }
+    }
+    ctx.stats.set_connected(false);
+    ctx.stats
+        .inflight
+        .store(0, std::sync::atomic::Ordering::Relaxed);
+    tracing::info!("uplink: stopped");
+}
+
+impl Ctx {
+    fn port(&self) -> u16 {
+        self.cfg
+            .port
+            .unwrap_or(if self.cfg.tls { 8883 } else { 1883 })
+    }
+
+    fn options(&self) -> MqttOptions {
+        let c = &self.cfg;
+        let mut o = MqttOptions::new(self.client_id.clone(), c.host.clone(), self.port());
+        o.set_clean_session(false)
+            .set_keep_alive(c.keep_alive)
+            .set_inflight(c.max_inflight.max(1))
+            // Room for the topic and the fixed header on top of the payload.
+            .set_max_packet_size(64 * 1024, c.max_packet_bytes + 64 * 1024)
+            .set_last_will(LastWill::new(
+                self.status_topic.clone(),
+                "offline",
+                QoS::AtLeastOnce,
+                true,
+            ));
+        if let Some(u) = &c.username {
+            o.set_credentials(u.clone(), c.password.clone().unwrap_or_default());
+        }
+        if let Some(t) = &self.tls {
+            o.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(
+                t.clone(),
+            )));
+        }
+        o
+    }
+}
+
+/// Aborts the poller when the connection is done with it.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+type Events = mpsc::Receiver<Result<Event, ConnectionError>>;
+
+/// One connection, from CONNECT to its loss or a stop.
+async fn connection(
+    ctx: &Ctx,
+    bucket: &mut TokenBucket,
+    shutdown: &mut watch::Receiver<bool>,
+) -> End {
+    // Room for every message in flight plus the two status messages, so
+    // `try_publish` never finds the channel full.
+    let (client, mut el) = AsyncClient::new(ctx.options(), ctx.cfg.max_inflight as usize + 4);
+    let mut net = NetworkOptions::new();
+    net.set_tcp_nodelay(true);
+    net.set_connection_timeout(ctx.cfg.connect_timeout.as_secs().max(1));
+    el.set_network_options(net);
+    let (tx, mut rx) = mpsc::channel(1024);
+    let _poller = AbortOnDrop(tokio::spawn(async move {
+        loop {
+            let ev = el.poll().await;
+            let end = ev.is_err();
+            if tx.send(ev).await.is_err() || end {
+                break;
+            }
+        }
+    }));
+    let mut c = Conn::default();
+    let notify = ctx.outbox.notified();
+    loop {
+        let mut rate_wait = None;
+        if c.connected {
+            match c.fill(ctx, &client, bucket) {
+                Ok(w) => rate_wait = w,
+                Err(reason) => return c.lost(ctx, reason),
+            }
+        }
+        let idle = c.connected && c.caught_up && c.buf.is_empty();
+        tokio::select! {
+            ev = rx.recv() => {
+                let r = match ev {
+                    None => Err("the MQTT event loop ended".to_string()),
+                    Some(Err(e)) => Err(e.to_string()),
+                    Some(Ok(ev)) => c.on_event(ctx, &client, ev),
+                };
+                if let Err(reason) = r {
+                    return c.lost(ctx, reason);
+                }
+            }
+            _ = notify.notified(), if idle => c.caught_up = false,
+            _ = tokio::time::sleep(rate_wait.unwrap_or_default()), if rate_wait.is_some() => {}
+            _ = stopped(shutdown) => return c.close(ctx, &client, &mut rx).await,
+        }
+    }
+}
+
+/// The state of one connection.
+#[derive(Default)]
+struct Conn {
+    connected: bool,
+    flight: InFlight,
+    /// Messages built from the outbox, not yet published.
+    buf: VecDeque<Message>,
+    /// The last key read from the outbox by this connection.
+    cursor: Option<Key>,
+    /// The last read found nothing newer: wait for an append.
+    caught_up: bool,
+}
+
+impl Conn {
+    fn lost(&self, ctx: &Ctx, reason: String) -> End {
+        // What was in flight goes again on the next connection.
+        UplinkStats::add(&ctx.stats.retries_total, self.flight.records() as u64);
+        End::Lost {
+            connected: self.connected,
+            reason,
+        }
+    }
+
+    fn set_inflight_gauge(&self, ctx: &Ctx) {
+        ctx.stats.inflight.store(
+            self.flight.records() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Publishes until the in-flight window is full, the outbox is drained
+    /// or the rate cap says wait (returns how long).
+    fn fill(
+        &mut self,
+        ctx: &Ctx,
+        client: &AsyncClient,
+        bucket: &mut TokenBucket,
+    ) -> Result<Option<Duration>, String> {
+        let max = ctx.cfg.max_inflight as usize;
+        while self.flight.messages() < max {
+            let Some(m) = self.buf.front() else {
+                if self.caught_up || !self.read(ctx)? {
+                    break;
+                }
+                continue;
+            };
+            let now = Instant::now();
+            let wait = bucket.ready_in(now);
+            if !wait.is_zero() {
+                return Ok(Some(wait));
+            }
+            bucket.take(m.payload.len(), now);
+            let Some(m) = self.buf.pop_front() else {
+                break;
+            };
+            let (n, bytes) = (m.keys.len() as u64, m.payload.len() as u64);
+            client
+                .try_publish(m.topic, QoS::AtLeastOnce, false, m.payload)
+                .map_err(|e| format!("publish request refused: {e}"))?;
+            self.flight.requested(m.keys);
+            UplinkStats::add(&ctx.stats.sent_total, n);
+            UplinkStats::add(&ctx.stats.bytes_total, bytes);
+        }
+        self.set_inflight_gauge(ctx);
+        Ok(None)
+    }
+
+    /// Reads the next page of the outbox into `buf`; false when there is none.
+    fn read(&mut self, ctx: &Ctx) -> Result<bool, String> {
+        let page = ctx
+            .outbox
+            .pending(self.cursor, ctx.page)
+            .map_err(|e| format!("outbox read: {e}"))?;
+        let Some(last) = page.last() else {
+            self.caught_up = true;
+            return Ok(false);
+        };
+        self.cursor = Some(last.key);
+        let built = ctx.batcher.build(page);
+        for (key, reason) in built.rejected {
+            tracing::warn!(%key, %reason, "uplink: record can never be sent; moved to the dead letters");
+            ctx.outbox
+                .dead_letter(key, &reason)
+                .map_err(|e| format!("outbox dead letter: {e}"))?;
+            UplinkStats::add(&ctx.stats.dead_letters_total, 1);
+        }
+        self.buf.extend(built.messages);
+        Ok(true)
+    }
+
+    fn on_event(&mut self, ctx: &Ctx, client: &AsyncClient, ev: Event) -> Result<(), String> {
+        match ev {
+            Event::Incoming(Packet::ConnAck(ack)) => {
+                self.connected = true;
+                ctx.stats.set_connected(true);
+                UplinkStats::add(&ctx.stats.connects_total, 1);
+                tracing::info!(
+                    broker = %format!("{}:{}", ctx.cfg.host, ctx.port()),
+                    client_id = %ctx.client_id,
+                    session_present = ack.session_present,
+                    pending = ctx.outbox.stats().records,
+                    "uplink: connected to the fleet broker"
+                );
+                client
+                    .try_publish(ctx.status_topic.clone(), QoS::AtLeastOnce, true, "online")
+                    .map_err(|e| format!("publish request refused: {e}"))?;
+                self.flight.requested(Vec::new());
+            }
+            Event::Outgoing(Outgoing::Publish(pkid)) => {
+                self.flight.sent(pkid).map_err(|e| e.to_string())?;
+            }
+            Event::Incoming(Packet::PubAck(ack)) => {
+                if let Some(keys) = self.flight.acked(ack.pkid)
+                    && !keys.is_empty()
+                {
+                    // An ack that fails leaves the records in the outbox; the
+                    // next connection sends them again.
+                    ctx.outbox
+                        .ack(&keys)
+                        .map_err(|e| format!("outbox ack: {e}"))?;
+                    UplinkStats::add(&ctx.stats.acked_total, keys.len() as u64);
+                }
+                self.set_inflight_gauge(ctx);
+            }
+            Event::Incoming(Packet::Disconnect) => {
+                return Err("the broker sent DISCONNECT".into());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A stop: wait (bounded) for the PUBACKs in flight, say "offline"
+    /// (retained), disconnect cleanly so the broker does not fire the will.
+    async fn close(mut self, ctx: &Ctx, client: &AsyncClient, rx: &mut Events) -> End {
+        if !self.connected {
+            return End::Stopped;
+        }
+        if client
+            .try_publish(ctx.status_topic.clone(), QoS::AtLeastOnce, true, "offline")
+            .is_ok()
+        {
+            self.flight.requested(Vec::new());
+        }
+        let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
+        while self.flight.messages() > 0 {
+            tokio::select! {
+                ev = rx.recv() => match ev {
+                    Some(Ok(ev)) => {
+                        if self.on_event(ctx, client, ev).is_err() {
+                            break;
+                        }
+                    }
+                    _ => break,
+                },
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        let _ = client.try_disconnect();
+        // Let the poller write the DISCONNECT (it ends with an error after).
+        while let Ok(Some(Ok(ev))) = tokio::time::timeout_at(deadline, rx.recv()).await {
+            if matches!(ev, Event::Outgoing(Outgoing::Disconnect)) {
+                break;
+            }
+        }
+        ctx.stats.set_connected(false);
+        tracing::info!(
+            unacknowledged = self.flight.records(),
+            "uplink: disconnected from the fleet broker (stop)"
+        );
+        End::Stopped
+    }
+}

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod model;
+pub mod ota;
 pub mod outbox;
 pub mod pipeline;
 pub mod postprocess;

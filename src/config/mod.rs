@@ -47,6 +47,9 @@ pub struct Config {
     /// Without one, results stay in the outbox (export them with `outpost outbox export`).
     #[serde(default)]
     pub uplink: Option<UplinkConfig>,
+    /// Signed over-the-air updates of models and of the daemon.
+    #[serde(default)]
+    pub ota: Option<crate::ota::OtaConfig>,
 }
 
 /// The inference worker pool.
@@ -137,6 +140,7 @@ impl Default for Config {
             embedded_broker: EmbeddedBrokerConfig::default(),
             pipelines: Vec::new(),
             uplink: None,
+            ota: None,
         }
     }
 }

@@ -30,7 +30,9 @@ type Inferred = (usize, ItemMeta, Vec<(String, Tensor)>, u64);
 /// A pipeline ready to run.
 pub struct Pipeline {
     pub cfg: PipelineConfig,
-    pub model: Arc<LoadedModel>,
+    /// Swapped atomically by OTA updates: each batch takes the model once, so
+    /// frames in flight finish on the version they started with.
+    model: std::sync::RwLock<Arc<LoadedModel>>,
     pub stats: PipelineStats,
     main_input: String,
     constants: Vec<(String, Tensor)>,
@@ -149,7 +151,7 @@ impl Pipeline {
         }
         Ok(Pipeline {
             cfg,
-            model,
+            model: std::sync::RwLock::new(model),
             stats: PipelineStats::default(),
             main_input,
             constants,
@@ -162,6 +164,43 @@ impl Pipeline {
             ids,
             log: RateLimitedLog::new(Duration::from_secs(5)),
         })
+    }
+
+    /// The model serving this pipeline now.
+    pub fn model(&self) -> Arc<LoadedModel> {
+        self.model.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the model (OTA). The new one must take the same inputs and
+    /// give the same outputs; stream state is reset (a new version's state
+    /// is not the old one's). Returns the previous model.
+    pub fn swap_model(&self, new: Arc<LoadedModel>) -> Result<Arc<LoadedModel>, String> {
+        let old = self.model();
+        let sig = |m: &LoadedModel| {
+            let io = |v: &[crate::model::manifest::ManifestIo]| {
+                v.iter()
+                    .map(|i| (i.name.clone(), i.dtype, i.shape.clone()))
+                    .collect::<Vec<_>>()
+            };
+            (
+                io(&m.manifest.inputs),
+                io(&m.manifest.outputs),
+                m.manifest.state.clone(),
+            )
+        };
+        if sig(&old) != sig(&new) {
+            return Err(format!(
+                "{} cannot replace {} in pipeline `{}`: inputs, outputs or state differ",
+                new.id(),
+                old.id(),
+                self.cfg.name
+            ));
+        }
+        let mut slot = self.model.write().unwrap_or_else(|p| p.into_inner());
+        *lock(&self.states) = StreamStates::new();
+        self.stats.inference_us.reset();
+        *slot = new;
+        Ok(old)
     }
 
     pub fn name(&self) -> &str {
@@ -196,6 +235,7 @@ impl Pipeline {
 
     /// Processes frames taken together from the queue.
     pub fn process(&self, frames: Vec<Frame>, worker: usize) {
+        let model = self.model();
         let slot = if self.serial {
             0
         } else {
@@ -224,7 +264,7 @@ impl Pipeline {
         let mut results: Vec<Inferred> = Vec::with_capacity(work.len());
         if self.batchable && work.len() > 1 {
             for chunk in work.chunks(self.cfg.max_batch.max(1)) {
-                self.infer_batch(chunk, &frames, &mut results, &mut answers);
+                self.infer_batch(&model, chunk, &frames, &mut results, &mut answers);
             }
         } else {
             for (i, item) in &work {
@@ -234,10 +274,10 @@ impl Pipeline {
                     std::iter::once((self.main_input.as_str(), &item.tensor))
                         .chain(self.constants.iter().map(|(n, t)| (n.as_str(), t)))
                         .collect();
-                let out = if self.model.manifest.state.is_empty() {
-                    self.model.run(&inputs)
+                let out = if model.manifest.state.is_empty() {
+                    model.run(&inputs)
                 } else {
-                    lock(&self.states).run(&self.model, &f.stream, &inputs)
+                    lock(&self.states).run(&model, &f.stream, &inputs)
                 };
                 let us = t0.elapsed().as_micros() as u64;
                 self.stats
@@ -278,8 +318,8 @@ impl Pipeline {
                     stream: f.stream.to_string(),
                     seq,
                     ts: rfc3339(SystemTime::now()),
-                    model: self.model.id(),
-                    ep: self.model.provider.as_str().to_string(),
+                    model: model.id(),
+                    ep: model.provider.as_str().to_string(),
                     latency_us: us,
                     outputs: value,
                 };
@@ -310,6 +350,7 @@ impl Pipeline {
 
     fn infer_batch(
         &self,
+        model: &LoadedModel,
         chunk: &[(usize, Item)],
         frames: &[Frame],
         results: &mut Vec<Inferred>,
@@ -329,7 +370,7 @@ impl Pipeline {
             Err(e) => return fail(answers, "batch_error", e),
         };
         let t0 = Instant::now();
-        let out = self.model.run(&[(self.main_input.as_str(), &batch)]);
+        let out = model.run(&[(self.main_input.as_str(), &batch)]);
         let us = t0.elapsed().as_micros() as u64;
         self.stats
             .inference_us_total

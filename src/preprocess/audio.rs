@@ -1,10 +1,14 @@
 //! PCM16 mono little-endian audio to per-stream sliding windows.
 //!
 //! Invariant: per stream, window `k` holds model-rate samples
-//! `[k * hop, k * hop + window)` of that stream, whatever the frame sizes
-//! were; `start_s`/`end_s` are those bounds in seconds. With silero VAD's
-//! `window = 576, hop = 512` every window is 64 samples of context followed
-//! by 512 new ones, the model's streaming contract.
+//! `[k * hop - lead, k * hop - lead + window)` of that stream, with
+//! `lead = window - hop` and samples before the stream's start read as
+//! zeros, whatever the frame sizes were. So every window is `lead` samples of
+//! context followed by `hop` new ones, and a frame of `hop` samples yields
+//! its window at once (no waiting for the next frame). `start_s`/`end_s`
+//! bound the new samples, in seconds. With silero VAD's `window = 576,
+//! hop = 512` this is the model's streaming contract: 64 samples of context
+//! (zeros at first, as silero's own wrapper starts) and 512 new ones.
 
 use std::collections::HashMap;
 
@@ -96,12 +100,14 @@ impl Preprocessor for AudioPreprocessor {
             });
         }
         let (in_rate, out_rate) = (self.input_rate, self.sample_rate);
+        let lead = self.window.saturating_sub(self.hop);
         let st = self
             .streams
             .entry(stream.to_string())
             .or_insert_with(|| StreamState {
                 resampler: (in_rate != out_rate).then(|| Resampler::new(in_rate, out_rate)),
-                pending: Vec::new(),
+                // The context before the first sample is silence.
+                pending: vec![0.0; lead],
                 pending_start: 0,
                 next_window: 0,
                 scratch: Vec::new(),
@@ -139,8 +145,9 @@ impl Preprocessor for AudioPreprocessor {
             items.push(Item {
                 tensor: Tensor::F32(array),
                 meta: ItemMeta {
+                    // Buffer position p is stream sample p - lead; the new part starts at p + lead.
                     start_s: Some(st.next_window as f64 / rate),
-                    end_s: Some((st.next_window + self.window as u64) as f64 / rate),
+                    end_s: Some((st.next_window + (self.window - lead) as u64) as f64 / rate),
                     image: None,
                 },
             });
@@ -176,15 +183,24 @@ mod tests {
         for frame in all.chunks(333) {
             items.extend(a.process("mic", &pcm(frame.iter().copied())).unwrap());
         }
-        // Windows start at 0, 512, 1024, 1536, 2048 (2048 + 576 <= 3000).
+        // New parts start at 0, 512, 1024, 1536, 2048 (2048 + 512 <= 3000).
         assert_eq!(items.len(), 5);
         for (k, it) in items.iter().enumerate() {
             assert_eq!(it.tensor.shape(), &[1, 576]);
             let v = it.tensor.to_f64_vec();
-            assert_eq!((v[0] * 32768.0).round() as usize, k * 512);
-            assert_eq!((v[575] * 32768.0).round() as usize, k * 512 + 575);
+            // 64 samples of context, then the 512 new ones.
+            assert_eq!((v[64] * 32768.0).round() as usize, k * 512);
+            assert_eq!((v[575] * 32768.0).round() as usize, k * 512 + 511);
+            if k == 0 {
+                assert!(
+                    v[..64].iter().all(|x| *x == 0.0),
+                    "silence before the stream"
+                );
+            } else {
+                assert_eq!((v[0] * 32768.0).round() as usize, k * 512 - 64);
+            }
             assert_eq!(it.meta.start_s, Some(k as f64 * 0.032));
-            assert_eq!(it.meta.end_s, Some((k * 512 + 576) as f64 / 16000.0));
+            assert_eq!(it.meta.end_s, Some((k * 512 + 512) as f64 / 16000.0));
         }
         // The next window's first 64 samples are this one's last 64.
         let w0 = items[0].tensor.to_f64_vec();
@@ -194,12 +210,13 @@ mod tests {
 
     #[test]
     fn streams_are_independent_and_reset_forgets() {
+        // window 4, hop 2: 2 samples of lead-in, a window per 2 new samples.
         let mut a = AudioPreprocessor::new(16000, 4, 2, 16000);
-        assert!(a.process("a", &pcm([1, 2, 3])).unwrap().is_empty());
-        assert_eq!(a.process("b", &pcm([1, 2, 3, 4])).unwrap().len(), 1);
-        assert_eq!(a.process("a", &pcm([4])).unwrap().len(), 1);
+        assert!(a.process("a", &pcm([1])).unwrap().is_empty());
+        assert_eq!(a.process("b", &pcm([1, 2, 3, 4])).unwrap().len(), 2);
+        assert_eq!(a.process("a", &pcm([2])).unwrap().len(), 1);
         a.reset("a");
-        assert!(a.process("a", &pcm([1, 2, 3])).unwrap().is_empty());
+        assert!(a.process("a", &pcm([1])).unwrap().is_empty());
     }
 
     #[test]

@@ -110,8 +110,8 @@ impl Collector for DaemonCollector {
         let plm = |p: &crate::pipeline::Pipeline| -> Labels {
             vec![
                 ("pipeline", p.name().to_string()),
-                ("model", p.model.id()),
-                ("provider", p.model.provider.as_str().to_string()),
+                ("model", p.model().id()),
+                ("provider", p.model().provider.as_str().to_string()),
             ]
         };
         let get = PipelineStats::get;
@@ -217,12 +217,12 @@ impl Collector for DaemonCollector {
         let mut seen = std::collections::BTreeSet::new();
         let mut info = Vec::new();
         for p in pipes {
-            if seen.insert(p.model.id()) {
+            if seen.insert(p.model().id()) {
                 info.push((
                     vec![
-                        ("model", p.model.manifest.name.clone()),
-                        ("version", p.model.manifest.version.clone()),
-                        ("provider", p.model.provider.as_str().to_string()),
+                        ("model", p.model().manifest.name.clone()),
+                        ("version", p.model().manifest.version.clone()),
+                        ("provider", p.model().provider.as_str().to_string()),
                     ],
                     1.0,
                 ));

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod check;
+pub mod config;
 pub mod infer;
 pub mod models;
 pub mod outbox;
@@ -54,6 +55,9 @@ pub enum Command {
     Run(run::RunArgs),
     /// Validate a config file and list every problem.
     Check(check::CheckArgs),
+    /// Config helpers (`config example`).
+    #[command(subcommand)]
+    Config(config::ConfigCommand),
     /// Inspect and list models.
     #[command(subcommand)]
     Models(models::ModelsCommand),
@@ -137,6 +141,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
         Command::Run(a) => run::run(&cli, a),
         Command::Check(a) => check::run(&cli, a),
+        Command::Config(c) => config::run(c),
         Command::Models(m) => models::run(&cli, m),
         Command::Infer(a) => infer::run(&cli, a),
         Command::Bench(a) => bench::run(&cli, a),

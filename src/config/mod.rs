@@ -165,6 +165,11 @@ pub fn interpolate(
     let mut out = String::with_capacity(text.len());
     let mut problems = Vec::new();
     for (lineno, line) in text.split_inclusive('\n').enumerate() {
+        // Comment lines are documentation: `${VAR}` there is not a reference.
+        if line.trim_start().starts_with('#') {
+            out.push_str(line);
+            continue;
+        }
         let mut rest = line;
         while let Some(i) = rest.find('$') {
             out.push_str(&rest[..i]);

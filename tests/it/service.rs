@@ -504,3 +504,23 @@ fn systemd_unit_verifies_and_rates_ok_or_better() {
         .unwrap_or("");
     assert!(matches!(rating, "OK" | "SAFE"), "rated {rating}: {line}");
 }
+
+#[test]
+fn config_example_covers_every_kind_and_passes_check() {
+    let tmp = tempfile::tempdir().unwrap();
+    for uplink in ["mqtt", "http"] {
+        let out = run(outpost().args(["config", "example", "--uplink", uplink]));
+        assert!(out.status.success());
+        let text = stdout(&out);
+        for kind in ["mqtt", "udp", "unix", "http", "watch", "replay"] {
+            assert!(
+                text.contains(&format!("type = \"{kind}\"")),
+                "source {kind} missing"
+            );
+        }
+        let p = tmp.path().join(format!("{uplink}.toml"));
+        std::fs::write(&p, &text).unwrap();
+        let o = run(outpost().env("FLEET_TOKEN", "t0k3n").arg("check").arg(&p));
+        assert!(o.status.success(), "{uplink}: {}", stderr(&o));
+    }
+}

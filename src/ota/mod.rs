@@ -1,19 +1,159 @@
-//! Fleet OTA: signed model and daemon updates.
+//! Fleet OTA: signed model updates, staged, checked, swapped in under
+//! probation and rolled back on trouble. Daemon bundles are built, signed
+//! and verified, not installed (see docs/ota.md).
+//!
+//! Flow of one model update (`machine.rs` decides, `agent.rs` acts):
+//! poll `manifest_url` -> download (resumable, capped) -> verify size,
+//! sha256 and ed25519 signature against `trusted_keys` -> read the signed
+//! manifest.json (kind, version, downgrade, minimum daemon version) -> only
+//! then unpack into staging and move the complete folder into
+//! `<data_dir>/ota/models/` -> load and warm up -> run the bundle's check
+//! data -> swap into every pipeline of that model -> probation (error rate,
+//! p99) -> commit: `<model_dir>/<name>` switched to the new version.
+//!
+//! Invariants:
+//! - Nothing of a bundle is unpacked before its size, sha256 and signature
+//!   hold; a file in it that is not listed with its sha256 fails it.
+//! - A version lower than the serving one is refused unless the signed
+//!   bundle says `rollback`.
+//! - `<model_dir>/<name>` always names one complete version: it changes by
+//!   one rename(2) (or renameat2 exchange), only at commit, after probation.
+//!   The previous version's folder is kept.
+//! - state.json is replaced atomically (temp, fsync, rename, fsync dir).
+//! - Every step is a status event in the outbox (stream `ota`).
+//!
+//! Crash behaviour (SIGKILL or power loss at any point): the restart loads
+//! what `<model_dir>/<name>` names, the old version or, once committed, the
+//! new one. Recovery then reads the journal in state.json: interrupted
+//! before the new model served -> tried again (the download resumes);
+//! interrupted while it served from memory (probation) -> refused, since it
+//! may be what brought the process down; link already switched -> recorded
+//! as installed.
 
+pub mod agent;
+pub mod bundle;
+pub mod check;
+pub mod fetch;
 pub mod host;
+pub mod install;
+pub mod machine;
+pub mod sign;
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 /// `[ota]` in the config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct OtaConfig {}
+pub struct OtaConfig {
+    /// The fleet's manifest document (JSON: `{"bundles": [{kind, name,
+    /// version, url, sha256, size, signature, rollback?}]}`), http or https.
+    #[serde(default)]
+    pub manifest_url: Option<String>,
+    /// Public keys trusted to sign bundles (several, for rotation): base64
+    /// or hex of the 32-byte ed25519 key, or the path of a `.pub` file.
+    #[serde(default)]
+    pub trusted_keys: Vec<String>,
+    /// How often the manifest is polled.
+    #[serde(default = "default_poll_interval", with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// Up to this much is added to each wait, at random, so a fleet does not poll in step.
+    #[serde(default = "default_poll_jitter", with = "humantime_serde")]
+    pub poll_jitter: Duration,
+    /// Download bandwidth cap, bytes per second (none: no cap).
+    #[serde(default)]
+    pub max_bytes_per_s: Option<u64>,
+    /// Connect and read timeout of the HTTP requests.
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// CA certificate (PEM) for an https manifest_url; default: the system's roots.
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+    /// How long a new model serves under watch before it is committed.
+    #[serde(default = "default_probation", with = "humantime_serde")]
+    pub probation: Duration,
+    /// Failed inferences / frames during probation above which it is rolled back.
+    #[serde(default = "default_max_error_rate")]
+    pub max_error_rate: f64,
+    /// p99 inference latency during probation above which it is rolled back.
+    #[serde(default, with = "humantime_serde")]
+    pub max_p99_latency: Option<Duration>,
+    /// Frames needed before the probation thresholds are judged.
+    #[serde(default = "default_min_runs")]
+    pub min_runs: u64,
+    /// Tolerance of the bundle's check outputs: |got - want| <= tol * (1 + |want|).
+    #[serde(default = "default_check_tolerance")]
+    pub check_tolerance: f64,
+}
+
+fn default_poll_interval() -> Duration {
+    Duration::from_secs(300)
+}
+fn default_poll_jitter() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_probation() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_max_error_rate() -> f64 {
+    0.05
+}
+fn default_min_runs() -> u64 {
+    20
+}
+fn default_check_tolerance() -> f64 {
+    1e-4
+}
 
 impl OtaConfig {
+    /// Every problem, each naming its key.
     pub fn validate(&self) -> Vec<String> {
-        Vec::new()
+        let mut p = Vec::new();
+        match &self.manifest_url {
+            None => p.push(
+                "ota.manifest_url: required (MQTT update commands are not implemented)".into(),
+            ),
+            Some(u) => match reqwest::Url::parse(u) {
+                Ok(url) if matches!(url.scheme(), "http" | "https") => {}
+                Ok(_) => p.push(format!("ota.manifest_url: `{u}` is not http or https")),
+                Err(e) => p.push(format!("ota.manifest_url: `{u}`: {e}")),
+            },
+        }
+        if self.trusted_keys.is_empty() {
+            p.push("ota.trusted_keys: empty (no bundle could ever be accepted)".into());
+        }
+        for (i, k) in self.trusted_keys.iter().enumerate() {
+            if let Err(e) = sign::parse_public_key(k) {
+                p.push(format!("ota.trusted_keys[{i}]: {e}"));
+            }
+        }
+        if self.poll_interval < Duration::from_millis(100) {
+            p.push("ota.poll_interval: under 100 ms".into());
+        }
+        if !(0.0..=1.0).contains(&self.max_error_rate) {
+            p.push(format!(
+                "ota.max_error_rate: {} is not within 0..=1",
+                self.max_error_rate
+            ));
+        }
+        if !(self.check_tolerance >= 0.0) {
+            p.push("ota.check_tolerance: must be >= 0".into());
+        }
+        if self.max_bytes_per_s == Some(0) {
+            p.push("ota.max_bytes_per_s: 0 would never download".into());
+        }
+        if let Some(ca) = &self.ca
+            && !ca.exists()
+        {
+            p.push(format!("ota.ca: {} does not exist", ca.display()));
+        }
+        p
     }
 }
 
@@ -28,14 +168,64 @@ pub struct OtaAgent {
     pub task: tokio::task::JoinHandle<()>,
 }
 
-/// Starts the OTA agent on the current tokio runtime; it runs until `shutdown` turns true.
+/// Starts the OTA agent on the current tokio runtime; it runs until
+/// `shutdown` turns true. Settles what a crash left before it returns.
 pub fn start(
-    _cfg: &OtaConfig,
-    _host: Arc<dyn host::ModelHost>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    cfg: &OtaConfig,
+    host: Arc<dyn host::ModelHost>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<OtaAgent, OtaError> {
-    let task = tokio::spawn(async move {
-        let _ = shutdown.wait_for(|s| *s).await;
-    });
+    let problems = cfg.validate();
+    if !problems.is_empty() {
+        return Err(OtaError::Setup(problems.join("; ")));
+    }
+    let trusted = cfg
+        .trusted_keys
+        .iter()
+        .map(|k| sign::parse_public_key(k))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| OtaError::Setup(e.to_string()))?;
+    let fetcher = match &cfg.manifest_url {
+        Some(u) => Some(
+            fetch::Fetcher::new(u, cfg.ca.as_deref(), cfg.timeout).map_err(OtaError::Setup)?,
+        ),
+        None => None,
+    };
+    let policy = machine::Policy {
+        probation: cfg.probation,
+        max_error_rate: cfg.max_error_rate,
+        max_p99: cfg.max_p99_latency,
+        min_runs: cfg.min_runs,
+        daemon_version: env!("CARGO_PKG_VERSION").to_string(),
+        target: bundle::this_target(),
+    };
+    let mut agent = agent::Agent::new(cfg.clone(), policy, host, trusted, fetcher, shutdown);
+    agent.recover();
+    let task = tokio::spawn(agent.run());
     Ok(OtaAgent { task })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_defaults_and_validation() {
+        let k = sign::generate().unwrap();
+        let text = format!(
+            "manifest_url = \"http://127.0.0.1:1/m.json\"\ntrusted_keys = [\"{}\"]\nmax_p99_latency = \"20ms\"\n",
+            sign::key_text(&k.verifying_key())
+        );
+        let c: OtaConfig = toml::from_str(&text).unwrap();
+        assert_eq!(c.probation, Duration::from_secs(60));
+        assert_eq!(c.max_p99_latency, Some(Duration::from_millis(20)));
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        let bad: OtaConfig = toml::from_str(
+            "manifest_url = \"ftp://x\"\ntrusted_keys = [\"zz\"]\nmax_error_rate = 2.0\n",
+        )
+        .unwrap();
+        let p = bad.validate();
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert!(toml::from_str::<OtaConfig>("nope = 1").is_err());
+    }
 }

@@ -119,10 +119,15 @@ pub(super) fn spawn(
         .timeout(cfg.timeout)
         .connect_timeout(cfg.timeout)
         .no_proxy();
-    if cfg.url.starts_with("https:") {
-        let tc = tls::client_config(cfg.ca.as_deref(), cfg.cert.as_deref(), cfg.key.as_deref())?;
-        b = b.tls_backend_preconfigured(tc);
-    }
+    // reqwest built without a default crypto provider panics unless it is
+    // handed a TLS config, also for plain http: give it one that trusts
+    // nothing when TLS is not used.
+    let tc = if cfg.url.starts_with("https:") {
+        tls::client_config(cfg.ca.as_deref(), cfg.cert.as_deref(), cfg.key.as_deref())?
+    } else {
+        tls::trust_nothing()?
+    };
+    b = b.tls_backend_preconfigured(tc);
     let client = b
         .build()
         .map_err(|e| UplinkError::Setup(format!("HTTP client: {e}")))?;

@@ -68,3 +68,14 @@ pub fn client_config(
         _ => Ok(builder.with_no_client_auth()),
     }
 }
+
+/// A config that trusts no server: for clients that must have one but do
+/// not speak TLS (reqwest with a plain http URL).
+pub fn trust_nothing() -> Result<ClientConfig, UplinkError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| UplinkError::Setup(format!("TLS: {e}")))?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth())
+}

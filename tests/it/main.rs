@@ -12,3 +12,4 @@ mod runtime;
 mod service;
 mod state;
 mod streams;
+mod uplink;

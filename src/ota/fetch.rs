@@ -1,0 +1,221 @@
+//! HTTP(S): the fleet's manifest document (with ETag / If-None-Match) and
+//! bundle downloads that resume (Range) and keep under a bandwidth cap.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::header::{CONTENT_RANGE, ETAG, IF_NONE_MATCH, RANGE};
+use serde::Deserialize;
+
+use super::machine::Offer;
+
+/// The manifest document served at `manifest_url`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Document {
+    #[serde(default)]
+    pub bundles: Vec<Offer>,
+}
+
+pub struct Fetcher {
+    client: reqwest::Client,
+    url: reqwest::Url,
+    etag: Option<String>,
+    last: Document,
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn tls(ca: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(p) => {
+            let certs = CertificateDer::pem_file_iter(p)
+                .map_err(|e| format!("{}: {e}", p.display()))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("{}: {e}", p.display()))?;
+            roots.add_parsable_certificates(certs);
+        }
+        None => {
+            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+        }
+    }
+    if roots.is_empty() {
+        return Err("TLS: no CA certificate".into());
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+impl Fetcher {
+    pub fn new(url: &str, ca: Option<&Path>, timeout: Duration) -> Result<Fetcher, String> {
+        let url = reqwest::Url::parse(url).map_err(|e| format!("manifest_url: {e}"))?;
+        // The timeout applies per read, not to a whole (possibly capped, long) download.
+        let mut b = reqwest::Client::builder()
+            .connect_timeout(timeout)
+            .read_timeout(timeout)
+            .no_proxy();
+        if url.scheme() == "https" {
+            b = b.tls_backend_preconfigured(tls(ca)?);
+        }
+        let client = b.build().map_err(|e| format!("HTTP client: {}", chain(&e)))?;
+        Ok(Fetcher {
+            client,
+            url,
+            etag: None,
+            last: Document::default(),
+        })
+    }
+
+    /// The offers now (the last document again on 304 Not Modified).
+    pub async fn poll(&mut self) -> Result<Vec<Offer>, String> {
+        let mut req = self.client.get(self.url.clone());
+        if let Some(e) = &self.etag {
+            req = req.header(IF_NONE_MATCH, e);
+        }
+        let resp = req.send().await.map_err(|e| chain(&e))?;
+        let status = resp.status();
+        if status == reqwest::StatusCode::NOT_MODIFIED {
+            return Ok(self.resolved(&self.last));
+        }
+        if !status.is_success() {
+            return Err(format!("manifest: HTTP {status}"));
+        }
+        let etag = resp
+            .headers()
+            .get(ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = resp.bytes().await.map_err(|e| chain(&e))?;
+        let doc: Document =
+            serde_json::from_slice(&body).map_err(|e| format!("manifest document: {e}"))?;
+        self.etag = etag;
+        self.last = doc;
+        Ok(self.resolved(&self.last))
+    }
+
+    /// Offers with their URLs made absolute against the document's.
+    fn resolved(&self, doc: &Document) -> Vec<Offer> {
+        doc.bundles
+            .iter()
+            .filter_map(|o| {
+                let mut o = o.clone();
+                match self.url.join(&o.url) {
+                    Ok(u) => o.url = u.to_string(),
+                    Err(e) => {
+                        tracing::warn!(url = %o.url, error = %e, "OTA: offer with a bad URL skipped");
+                        return None;
+                    }
+                }
+                Some(o)
+            })
+            .collect()
+    }
+
+    /// Downloads `offer` into `part`, resuming what is there. Bounded by
+    /// the offer's size; `cap` in bytes per second.
+    pub async fn download(
+        &self,
+        offer: &Offer,
+        part: &Path,
+        cap: Option<u64>,
+        shutdown: &tokio::sync::watch::Receiver<bool>,
+    ) -> Result<(), String> {
+        if let Some(d) = part.parent() {
+            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        }
+        let mut have = std::fs::metadata(part).map(|m| m.len()).unwrap_or(0);
+        if have > offer.size {
+            have = 0;
+        }
+        if have == offer.size && have > 0 {
+            return Ok(());
+        }
+        let mut req = self.client.get(&offer.url);
+        if have > 0 {
+            req = req.header(RANGE, format!("bytes={have}-"));
+        }
+        let mut resp = req.send().await.map_err(|e| chain(&e))?;
+        let status = resp.status();
+        let resumed = status == reqwest::StatusCode::PARTIAL_CONTENT
+            && resp
+                .headers()
+                .get(CONTENT_RANGE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with(&format!("bytes {have}-")));
+        if !status.is_success() {
+            return Err(format!("{}: HTTP {status}", offer.url));
+        }
+        if !resumed {
+            // The server sends the whole file: start over.
+            have = 0;
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(resumed)
+            .truncate(!resumed)
+            .open(part)
+            .map_err(|e| format!("{}: {e}", part.display()))?;
+        if resumed {
+            tracing::info!(bundle = %offer.id(), from = have, "OTA: resuming download");
+        }
+        let t0 = Instant::now();
+        let start = have;
+        let mut logged = Instant::now();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| chain(&e))? {
+            if *shutdown.borrow() {
+                return Err("stopping".into());
+            }
+            if have + chunk.len() as u64 > offer.size {
+                return Err(format!("{}: more than the {} bytes offered", offer.url, offer.size));
+            }
+            f.write_all(&chunk)
+                .map_err(|e| format!("{}: {e}", part.display()))?;
+            have += chunk.len() as u64;
+            if let Some(cap) = cap.filter(|c| *c > 0) {
+                // Sleep until the average since the start is under the cap.
+                let due = Duration::from_secs_f64((have - start) as f64 / cap as f64);
+                if let Some(wait) = due.checked_sub(t0.elapsed()) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+            if logged.elapsed() >= Duration::from_secs(2) {
+                logged = Instant::now();
+                tracing::info!(
+                    bundle = %offer.id(),
+                    bytes = have,
+                    total = offer.size,
+                    percent = (have * 100) / offer.size.max(1),
+                    "OTA: downloading"
+                );
+            }
+        }
+        f.sync_all().map_err(|e| format!("{}: {e}", part.display()))?;
+        if have != offer.size {
+            return Err(format!(
+                "{}: connection ended at {have} of {} bytes",
+                offer.url, offer.size
+            ));
+        }
+        tracing::info!(bundle = %offer.id(), bytes = have, seconds = t0.elapsed().as_secs_f64(), "OTA: downloaded");
+        Ok(())
+    }
+}

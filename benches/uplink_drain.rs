@@ -28,7 +28,7 @@ fn mosquitto(dir: &std::path::Path) -> (Mosquitto, u16) {
     std::fs::write(
         &conf,
         format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 1000000\nmax_inflight_messages 1000\n"
+            "user root\nlistener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 1000000\nmax_inflight_messages 1000\n"
         ),
     )
     .expect("write mosquitto.conf");

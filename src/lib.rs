@@ -10,6 +10,7 @@ pub mod model;
 pub mod ota;
 pub mod outbox;
 pub mod pipeline;
+pub mod plan;
 pub mod postprocess;
 pub mod preprocess;
 pub mod source;

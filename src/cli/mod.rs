@@ -5,7 +5,9 @@ pub mod check;
 pub mod config;
 pub mod infer;
 pub mod models;
+pub mod ota;
 pub mod outbox;
+pub mod plan;
 pub mod run;
 
 use std::path::{Path, PathBuf};
@@ -65,9 +67,16 @@ pub enum Command {
     Infer(infer::InferArgs),
     /// Measure a model's latency and throughput.
     Bench(bench::BenchArgs),
+    /// Will a model fit on a hardware target? Memory estimate and verdict.
+    Plan(plan::PlanArgs),
     /// Inspect, export or purge a stopped daemon's outbox.
     #[command(subcommand)]
     Outbox(outbox::OutboxCommand),
+    /// Make an ed25519 key pair for signing OTA bundles.
+    Keygen(ota::KeygenArgs),
+    /// Build, sign and verify OTA bundles.
+    #[command(subcommand)]
+    Bundle(ota::BundleCommand),
 }
 
 /// Options shared by the commands that run models.
@@ -145,6 +154,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Models(m) => models::run(&cli, m),
         Command::Infer(a) => infer::run(&cli, a),
         Command::Bench(a) => bench::run(&cli, a),
+        Command::Plan(a) => plan::run(&cli, a),
         Command::Outbox(c) => outbox::run(&cli, c),
+        Command::Keygen(a) => ota::keygen(a),
+        Command::Bundle(c) => ota::run(&cli, c),
     }
 }

@@ -176,7 +176,11 @@ impl Agent {
                         if *self.shutdown.borrow() {
                             return;
                         }
-                        if self.state.refused.contains(&offer.sha256.to_ascii_lowercase()) {
+                        if self
+                            .state
+                            .refused
+                            .contains(&offer.sha256.to_ascii_lowercase())
+                        {
                             continue;
                         }
                         self.update(offer).await;
@@ -196,7 +200,10 @@ impl Agent {
     /// One update from offer to idle.
     async fn update(&mut self, offer: Offer) {
         let serving = match offer.kind {
-            BundleKind::Model => self.host.current(&offer.name).map(|m| m.manifest.version.clone()),
+            BundleKind::Model => self
+                .host
+                .current(&offer.name)
+                .map(|m| m.manifest.version.clone()),
             BundleKind::Daemon => None,
         };
         let mut state = State::Idle;
@@ -289,10 +296,7 @@ impl Agent {
                     )
                     .map_err(|e| e.to_string())?;
                     if m.name != o.name || m.version != o.version {
-                        return Err(format!(
-                            "its manifest.toml says {}@{}",
-                            m.name, m.version
-                        ));
+                        return Err(format!("its manifest.toml says {}@{}", m.name, m.version));
                     }
                     Ok(())
                 })

@@ -80,16 +80,17 @@ pub fn this_target() -> String {
     } else {
         "gnu"
     };
-    format!("{}-unknown-{}-{env}", std::env::consts::ARCH, std::env::consts::OS)
+    format!(
+        "{}-unknown-{}-{env}",
+        std::env::consts::ARCH,
+        std::env::consts::OS
+    )
 }
 
 /// A relative path of plain components only (no `..`, no root).
 fn safe_rel(p: &str) -> bool {
     let path = Path::new(p);
-    !p.is_empty()
-        && path
-            .components()
-            .all(|c| matches!(c, Component::Normal(_)))
+    !p.is_empty() && path.components().all(|c| matches!(c, Component::Normal(_)))
 }
 
 fn sha256_of(path: &Path) -> Result<String, BundleError> {

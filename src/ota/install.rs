@@ -178,8 +178,8 @@ impl Layout {
     pub fn switch(&self, name: &str, version: &str) -> Result<Option<String>, String> {
         let previous = self.keep_current(name)?;
         let target = self.model_path(name, version);
-        let target = std::fs::canonicalize(&target)
-            .map_err(|e| format!("{}: {e}", target.display()))?;
+        let target =
+            std::fs::canonicalize(&target).map_err(|e| format!("{}: {e}", target.display()))?;
         let link = self.link(name);
         let tmp = self.model_dir.join(format!(".{name}.ota-link"));
         let _ = std::fs::remove_file(&tmp);
@@ -224,7 +224,11 @@ impl Layout {
     /// temporary link of an interrupted switch.
     pub fn clean_leftovers(&self) {
         let _ = std::fs::remove_dir_all(self.root.join("staging"));
-        for e in std::fs::read_dir(&self.model_dir).into_iter().flatten().flatten() {
+        for e in std::fs::read_dir(&self.model_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let f = e.file_name().to_string_lossy().into_owned();
             if f.starts_with('.') && f.ends_with(".ota-link") {
                 let p = e.path();
@@ -256,21 +260,11 @@ mod tests {
 
     fn model(dir: &Path, version: &str) {
         std::fs::create_dir_all(dir).unwrap();
-        let src = crate::model::manifest::Manifest {
-            name: "m".into(),
-            version: version.into(),
-            file: "m.onnx".into(),
-            sha256: "0".repeat(64),
-            source: String::new(),
-            license: String::new(),
-            description: String::new(),
-            inputs: vec![],
-            outputs: vec![],
-            state: vec![],
-            preprocess: None,
-            postprocess: None,
-        };
-        std::fs::write(dir.join("manifest.toml"), toml::to_string(&src).unwrap()).unwrap();
+        let text = format!(
+            "name = \"m\"\nversion = \"{version}\"\nfile = \"m.onnx\"\nsha256 = \"{}\"\nsource = \"\"\nlicense = \"\"\n[[inputs]]\nname = \"x\"\ndtype = \"f32\"\nshape = [1]\n[[outputs]]\nname = \"y\"\ndtype = \"f32\"\nshape = [1]\n",
+            "0".repeat(64)
+        );
+        std::fs::write(dir.join("manifest.toml"), text).unwrap();
         std::fs::write(dir.join("m.onnx"), b"x").unwrap();
     }
 

@@ -270,9 +270,7 @@ fn bundle_problem(m: &BundleManifest, job: &Job, p: &Policy) -> Option<String> {
         && cmp_versions(&m.version, cur) == Some(std::cmp::Ordering::Less)
         && !m.rollback
     {
-        return Some(format!(
-            "downgrade from {cur} without a signed rollback"
-        ));
+        return Some(format!("downgrade from {cur} without a signed rollback"));
     }
     None
 }
@@ -348,7 +346,10 @@ pub fn step(state: State, event: Event, p: &Policy) -> (State, Vec<Action>) {
         }
         (S::Downloading(job), E::DownloadFailed(why)) => {
             // The partial file stays: the next poll resumes it.
-            (S::Idle, vec![Action::Emit(status("download_failed", &job, Some(why)))])
+            (
+                S::Idle,
+                vec![Action::Emit(status("download_failed", &job, Some(why)))],
+            )
         }
         (S::Verifying(job), E::Corrupt(why)) => (
             S::Idle,
@@ -435,10 +436,13 @@ pub fn step(state: State, event: Event, p: &Policy) -> (State, Vec<Action>) {
             let reason = format!("commit failed: {why}");
             (S::RollingBack { job, reason }, a)
         }
-        (S::RollingBack { job, reason }, E::RolledBack) => refuse("rolled_back", &job, reason, true),
+        (S::RollingBack { job, reason }, E::RolledBack) => {
+            refuse("rolled_back", &job, reason, true)
+        }
         (S::RollingBack { job, reason }, E::RollbackFailed(why)) => {
             // The disk still holds the old version: a restart serves it.
-            let detail = format!("{reason}; rollback failed: {why} (a restart serves the previous version)");
+            let detail =
+                format!("{reason}; rollback failed: {why} (a restart serves the previous version)");
             refuse("rollback_failed", &job, detail, false)
         }
         // Anything else is late or out of order: ignored.
@@ -556,7 +560,10 @@ mod tests {
             &policy(),
         );
         assert_eq!(s, State::Downloading(job("1.1.0")));
-        assert!(has(&a, |a| matches!(a, Action::Download(o) if o.version == "1.1.0")));
+        assert!(has(
+            &a,
+            |a| matches!(a, Action::Download(o) if o.version == "1.1.0")
+        ));
         assert_eq!(steps(&a), ["downloading"]);
     }
 
@@ -732,9 +739,15 @@ mod tests {
     fn verified_bundle_needing_a_newer_daemon_is_refused() {
         let mut m = signed("1.1.0");
         m.min_daemon_version = "9.0.0".into();
-        let (s, a) = step(State::Verifying(job("1.1.0")), Event::Verified(m), &policy());
+        let (s, a) = step(
+            State::Verifying(job("1.1.0")),
+            Event::Verified(m),
+            &policy(),
+        );
         assert_eq!(s, State::Idle);
-        assert!(matches!(&a[0], Action::Emit(st) if st.detail.as_deref().unwrap_or("").contains("9.0.0")));
+        assert!(
+            matches!(&a[0], Action::Emit(st) if st.detail.as_deref().unwrap_or("").contains("9.0.0"))
+        );
     }
 
     #[test]
@@ -745,13 +758,21 @@ mod tests {
         let mut m = signed("0.3.0");
         m.kind = BundleKind::Daemon;
         m.target = Some("aarch64-unknown-linux-gnu".into());
-        let (s, a) = step(State::Verifying(j.clone()), Event::Verified(m.clone()), &policy());
+        let (s, a) = step(
+            State::Verifying(j.clone()),
+            Event::Verified(m.clone()),
+            &policy(),
+        );
         assert_eq!(s, State::Idle);
-        assert!(matches!(&a[0], Action::Emit(st) if st.detail.as_deref().unwrap_or("").contains("aarch64")));
+        assert!(
+            matches!(&a[0], Action::Emit(st) if st.detail.as_deref().unwrap_or("").contains("aarch64"))
+        );
         // The right target is verified, then refused: this build does not install daemons.
         m.target = Some(policy().target);
         let (_, a) = step(State::Verifying(j), Event::Verified(m), &policy());
-        assert!(matches!(&a[0], Action::Emit(st) if st.detail.as_deref().unwrap_or("").contains("not installed")));
+        assert!(
+            matches!(&a[0], Action::Emit(st) if st.detail.as_deref().unwrap_or("").contains("not installed"))
+        );
     }
 
     #[test]

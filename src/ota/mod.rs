@@ -186,9 +186,9 @@ pub fn start(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| OtaError::Setup(e.to_string()))?;
     let fetcher = match &cfg.manifest_url {
-        Some(u) => Some(
-            fetch::Fetcher::new(u, cfg.ca.as_deref(), cfg.timeout).map_err(OtaError::Setup)?,
-        ),
+        Some(u) => {
+            Some(fetch::Fetcher::new(u, cfg.ca.as_deref(), cfg.timeout).map_err(OtaError::Setup)?)
+        }
         None => None,
     };
     let policy = machine::Policy {

@@ -100,7 +100,9 @@ pub fn read_signing_key(path: &Path) -> Result<SigningKey, SignError> {
 
 /// A public key given inline (base64 or hex) or as a file holding one.
 pub fn parse_public_key(s: &str) -> Result<VerifyingKey, SignError> {
-    let bad = || SignError::BadKey { what: s.to_string() };
+    let bad = || SignError::BadKey {
+        what: s.to_string(),
+    };
     let bytes = match decode32(s) {
         Some(b) => b,
         None => {

@@ -170,7 +170,18 @@ impl Outbox {
         // this is what keeps the next boot number above the old ones.
         let sidecar = open::read_boot_file(dir);
         let mut quarantined_total = 0;
-        let loaded = match open::load(dir, &cfg) {
+        // sled's background threads of a database closed a moment ago (in
+        // this process or one that just exited) can hold its file lock for a
+        // few milliseconds more: wait briefly before calling it in use.
+        let mut attempt = open::load(dir, &cfg);
+        for _ in 0..40 {
+            if !matches!(attempt, Err(open::Failure::InUse(_))) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+            attempt = open::load(dir, &cfg);
+        }
+        let loaded = match attempt {
             Ok(l) => l,
             Err(open::Failure::Damaged(reason)) if !inspect => {
                 let to = open::quarantine(dir)?;

@@ -63,7 +63,7 @@ mod tests {
     fn rfc3339_known_instants() {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000000Z");
         // 2026-11-30T02:30:41.5Z
-        let t = UNIX_EPOCH + Duration::from_micros(1_795_919_441_500_000);
+        let t = UNIX_EPOCH + Duration::from_micros(1_796_005_841_500_000);
         assert_eq!(rfc3339(t), "2026-11-30T02:30:41.500000Z");
         // A leap day.
         let t = UNIX_EPOCH + Duration::from_secs(951_782_400);

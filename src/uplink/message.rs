@@ -489,9 +489,7 @@ mod tests {
     fn cbor_array_heads_decode() {
         for n in [0usize, 1, 23, 24, 255, 256, 65535, 65536] {
             let mut bytes = cbor_array_head(n);
-            for _ in 0..n {
-                bytes.push(0xf6); // null
-            }
+            bytes.extend(std::iter::repeat_n(0xf6, n)); // n nulls
             let v: Vec<Option<u8>> = ciborium::from_reader(&bytes[..]).unwrap();
             assert_eq!(v.len(), n);
         }

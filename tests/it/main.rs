@@ -3,7 +3,9 @@
 
 mod common;
 mod errors;
+mod ota;
 mod outbox;
+mod plan;
 mod preprocess;
 mod providers;
 mod reference;

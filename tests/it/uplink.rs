@@ -47,13 +47,16 @@ impl Mosquitto {
     }
 
     /// Starts it (again) on the same port and persistence folder.
+    /// `user root`: started as root, mosquitto would otherwise switch to the
+    /// `mosquitto` user, which cannot write the persistence file into the
+    /// test's private tempdir nor read the test's keys (ignored when not root).
     fn restart(&mut self) {
         assert!(self.child.is_none());
         let conf = self.dir.join("mosquitto.conf");
         std::fs::write(
             &conf,
             format!(
-                "listener {} 127.0.0.1\nallow_anonymous true\n\
+                "user root\nlistener {} 127.0.0.1\nallow_anonymous true\n\
                  persistence true\npersistence_location {}/\n\
                  max_queued_messages 1000000\nmax_queued_bytes 0\nmax_inflight_messages 1000\n",
                 self.port,
@@ -124,7 +127,12 @@ impl Fleet {
         let got = Arc::new(Mutex::new(Vec::new()));
         let subscribed = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
-        let (g, s, st, id) = (got.clone(), subscribed.clone(), stop.clone(), id.to_string());
+        let (g, s, st, id) = (
+            got.clone(),
+            subscribed.clone(),
+            stop.clone(),
+            id.to_string(),
+        );
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -142,14 +150,16 @@ impl Fleet {
                             Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_))) => {
                                 // Again on every connect: harmless when the
                                 // broker kept the session.
-                                let _ = client
-                                    .try_subscribe("outpost/#", rumqttc::QoS::AtLeastOnce);
+                                let _ =
+                                    client.try_subscribe("outpost/#", rumqttc::QoS::AtLeastOnce);
                             }
                             Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_))) => {
                                 s.store(true, Ordering::SeqCst);
                             }
                             Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
-                                g.lock().unwrap().push((p.topic.clone(), p.payload.to_vec()));
+                                g.lock()
+                                    .unwrap()
+                                    .push((p.topic.clone(), p.payload.to_vec()));
                             }
                             Ok(_) => {}
                             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -170,7 +180,10 @@ impl Fleet {
         };
         let t0 = Instant::now();
         while !f.subscribed.load(Ordering::SeqCst) {
-            assert!(t0.elapsed() < Duration::from_secs(10), "fleet subscriber never subscribed");
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "fleet subscriber never subscribed"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         f
@@ -180,19 +193,26 @@ impl Fleet {
         self.got.lock().unwrap().clone()
     }
 
-    /// Result records received so far (status messages left out); every
-    /// payload must parse.
+    /// Result records received so far, batches (JSON arrays) unpacked,
+    /// status messages left out; every payload must parse.
     fn records(&self) -> Vec<(String, Value)> {
-        self.snapshot()
-            .into_iter()
-            .filter(|(t, _)| !t.ends_with("/status"))
-            .map(|(t, p)| {
-                let v: Value = serde_json::from_slice(&p).unwrap_or_else(|e| {
-                    panic!("corrupt payload on {t} ({e}): {}", String::from_utf8_lossy(&p))
-                });
-                (t, v)
-            })
-            .collect()
+        let mut out = Vec::new();
+        for (t, p) in self.snapshot() {
+            if t.ends_with("/status") {
+                continue;
+            }
+            let v: Value = serde_json::from_slice(&p).unwrap_or_else(|e| {
+                panic!(
+                    "corrupt payload on {t} ({e}): {}",
+                    String::from_utf8_lossy(&p)
+                )
+            });
+            match v {
+                Value::Array(items) => out.extend(items.into_iter().map(|i| (t.clone(), i))),
+                v => out.push((t, v)),
+            }
+        }
+        out
     }
 
     fn ids(&self) -> HashSet<String> {
@@ -386,7 +406,11 @@ fn wait_outbox_empty(d: &Daemon, timeout: Duration) {
         if st["outbox"]["records"] == 0 {
             return;
         }
-        assert!(t0.elapsed() < timeout, "outbox not drained: {st}\n{}", d.log());
+        assert!(
+            t0.elapsed() < timeout,
+            "outbox not drained: {st}\n{}",
+            d.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -411,7 +435,10 @@ fn check_delivery(got: &[(String, Value)]) -> usize {
         let stream = v["stream"].as_str().unwrap();
         assert_eq!(
             topic,
-            &format!("outpost/{DEVICE}/{}/{stream}", v["pipeline"].as_str().unwrap())
+            &format!(
+                "outpost/{DEVICE}/{}/{stream}",
+                v["pipeline"].as_str().unwrap()
+            )
         );
         if let Some(prev) = first.get(&id) {
             assert_eq!(*prev, v, "a duplicate of {id} differs");
@@ -447,11 +474,15 @@ fn mqtt_broker_outage_loses_nothing_and_keeps_stream_order() {
     let mut d = Daemon::start_in(&config(&mqtt_uplink(broker.port, "")), dir);
 
     // Stop the broker while the pipeline is producing (and the uplink draining).
-    let n = d.records_until(Duration::from_secs(30), |r| r.len() >= 2_000).len();
+    let n = d
+        .records_until(Duration::from_secs(30), |r| r.len() >= 2_000)
+        .len();
     assert!(n >= 2_000, "{}", d.log());
     broker.stop();
     let down = Instant::now();
-    let n = d.records_until(Duration::from_secs(60), |r| r.len() >= N).len();
+    let n = d
+        .records_until(Duration::from_secs(60), |r| r.len() >= N)
+        .len();
     assert_eq!(n, N, "records produced:\n{}", d.log());
     // Inference went on without the network, and the results wait.
     std::thread::sleep(Duration::from_millis(1500));
@@ -489,7 +520,11 @@ fn mqtt_broker_outage_loses_nothing_and_keeps_stream_order() {
     }
     let status = fleet.status_messages();
     assert!(status.iter().any(|s| s == "online"), "{status:?}");
-    assert_eq!(status.last().map(String::as_str), Some("offline"), "{status:?}");
+    assert_eq!(
+        status.last().map(String::as_str),
+        Some("offline"),
+        "{status:?}"
+    );
     eprintln!("outage: {N} records, {waiting} waited, {dups} duplicates");
 }
 
@@ -527,7 +562,11 @@ fn mqtt_connection_cut_every_few_hundred_ms_during_a_drain_loses_nothing() {
         if want.len() == N && fleet.wait_for(&want, Duration::ZERO).is_empty() {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(60), "drain did not finish:\n{}", d.log());
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "drain did not finish:\n{}",
+            d.log()
+        );
     }
     assert!(cuts >= 5, "only {cuts} cuts landed");
     let got = fleet.records();
@@ -536,14 +575,15 @@ fn mqtt_connection_cut_every_few_hundred_ms_during_a_drain_loses_nothing() {
     assert!(metric(&d, "outpost_uplink_disconnects_total") >= 3.0);
     assert!(metric(&d, "outpost_uplink_retries_total") > 0.0);
     assert_eq!(d.terminate().code(), Some(0), "{}", d.log());
-    eprintln!("cuts: {cuts} cuts, {} messages, {dups} duplicates", got.len());
+    eprintln!(
+        "cuts: {cuts} cuts, {} records received, {dups} duplicates",
+        got.len()
+    );
 }
 
 /// The ids of the records in a stopped daemon's outbox (`outpost outbox export`).
 fn exported_ids(data: &Path) -> Vec<String> {
-    let o = run(outpost()
-        .args(["outbox", "export", "--data-dir"])
-        .arg(data));
+    let o = run(outpost().args(["outbox", "export", "--data-dir"]).arg(data));
     assert!(o.status.success(), "export failed: {}", stderr(&o));
     stdout(&o)
         .lines()
@@ -573,7 +613,11 @@ fn mqtt_sigkill_during_production_and_drain_loses_no_durable_record() {
     let mut dir = tempfile::tempdir().unwrap();
     recording(dir.path(), PER_RUN, 4);
     let data = dir.path().join("data");
-    let cfg = config(&mqtt_uplink(broker.port, "max_bytes_per_s = 600000"));
+    // A byte cap (about 500 records/s) below the production rate, so a
+    // backlog builds up and the kills land during production and drain; the
+    // last start drains uncapped.
+    let cfg = config(&mqtt_uplink(broker.port, "max_bytes_per_s = 150000"));
+    let last_cfg = config(&mqtt_uplink(broker.port, ""));
     let mut durable: HashSet<String> = HashSet::new();
     let mut printed = 0;
     let t0 = Instant::now();
@@ -587,12 +631,16 @@ fn mqtt_sigkill_during_production_and_drain_loses_no_durable_record() {
         dir = std::mem::replace(&mut d.dir, tempfile::tempdir().unwrap());
         drop(d);
         let ids = exported_ids(&data);
-        eprintln!("kill {run}: {} printed, {} in the outbox after the kill", printed, ids.len());
+        eprintln!(
+            "kill {run}: {} printed, {} in the outbox after the kill",
+            printed,
+            ids.len()
+        );
         durable.extend(ids);
         assert!(t0.elapsed() < Duration::from_secs(90), "took too long");
     }
     // The last start: let it produce its run and drain everything.
-    let mut d = Daemon::start_in(&cfg, dir);
+    let mut d = Daemon::start_in(&last_cfg, dir);
     d.records_until(Duration::from_secs(60), |r| r.len() >= PER_RUN);
     wait_outbox_empty(&d, Duration::from_secs(60));
     let mut want = durable.clone();
@@ -611,7 +659,11 @@ fn mqtt_sigkill_during_production_and_drain_loses_no_durable_record() {
         .iter()
         .map(|(_, v)| boot_seq(v["id"].as_str().unwrap()).0)
         .collect();
-    assert!(boots.len() >= 5, "records of only {} boots arrived", boots.len());
+    assert!(
+        boots.len() >= 5,
+        "records of only {} boots arrived",
+        boots.len()
+    );
     eprintln!(
         "sigkill: {} durable across kills, {} received, {dups} duplicates, {} boots",
         durable.len(),
@@ -646,31 +698,56 @@ async fn ingest(
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
     let n = s.requests.fetch_add(1, Ordering::SeqCst);
-    let h = |k: &str| headers.get(k).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let h = |k: &str| {
+        headers
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string()
+    };
     let mut text = String::new();
     if let Err(e) = flate2::read::GzDecoder::new(&body[..]).read_to_string(&mut text) {
         s.problems.lock().unwrap().push(format!("not gzip: {e}"));
         return StatusCode::UNPROCESSABLE_ENTITY.into_response();
     }
-    let recs: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let ids: Vec<String> = recs.iter().map(|r| r["id"].as_str().unwrap().to_string()).collect();
+    let recs: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ids: Vec<String> = recs
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect();
     let key = h("idempotency-key");
     if h("content-encoding") != "gzip"
         || h("content-type") != "application/x-ndjson"
         || key.len() != 64
         || h("authorization") != "Bearer test-token"
     {
-        s.problems.lock().unwrap().push(format!("headers: {headers:?}"));
+        s.problems
+            .lock()
+            .unwrap()
+            .push(format!("headers: {headers:?}"));
     }
     let prev = s.batches.lock().unwrap().insert(key.clone(), ids.clone());
     if let Some(p) = prev
         && p != ids
     {
-        s.problems.lock().unwrap().push(format!("key {key} reused for another batch"));
+        s.problems
+            .lock()
+            .unwrap()
+            .push(format!("key {key} reused for another batch"));
     }
     match n {
         0 => return (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
-        1 => return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response(),
+        1 => {
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [("retry-after", "1")],
+                "slow down",
+            )
+                .into_response();
+        }
         2 => {
             // Stored, but answered after the client's timeout: the retry
             // brings duplicates, which the fleet drops by id.
@@ -711,7 +788,9 @@ fn http_uplink_retries_failures_and_dead_letters_refused_records() {
         let app = axum::Router::new()
             .route("/ingest", axum::routing::post(ingest))
             .with_state(s2);
-        let l = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        let l = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
         axum::serve(l, app).await.unwrap();
     });
     let dir = tempfile::tempdir().unwrap();
@@ -720,7 +799,11 @@ fn http_uplink_retries_failures_and_dead_letters_refused_records() {
         "[uplink]\ntype = \"http\"\nurl = \"http://127.0.0.1:{port}/ingest\"\nbatch_records = 200\ntimeout = \"1s\"\nbackoff_min = \"100ms\"\nbackoff_max = \"1s\"\n[uplink.headers]\nAuthorization = \"Bearer test-token\"\n"
     );
     let mut d = Daemon::start_in(&config(&uplink), dir);
-    assert_eq!(d.records_until(Duration::from_secs(60), |r| r.len() >= N).len(), N);
+    assert_eq!(
+        d.records_until(Duration::from_secs(60), |r| r.len() >= N)
+            .len(),
+        N
+    );
     wait_outbox_empty(&d, Duration::from_secs(60));
     let st = d.status();
     let bad: HashSet<String> = d
@@ -732,12 +815,18 @@ fn http_uplink_retries_failures_and_dead_letters_refused_records() {
     let good: HashSet<String> = printed_ids(&d).difference(&bad).cloned().collect();
     assert!(!bad.is_empty());
     assert_eq!(st["outbox"]["dead_letters"], bad.len(), "{st}");
-    assert_eq!(metric(&d, "outpost_uplink_dead_letters_total"), bad.len() as f64);
+    assert_eq!(
+        metric(&d, "outpost_uplink_dead_letters_total"),
+        bad.len() as f64
+    );
     assert!(metric(&d, "outpost_uplink_retries_total") >= 3.0);
     let accepted = state.accepted.lock().unwrap().clone();
     let ids: HashSet<String> = accepted.keys().cloned().collect();
     assert_eq!(ids, good, "accepted ids differ from the good records");
-    assert!(accepted.values().any(|&n| n > 1), "the timed-out batch was not sent again");
+    assert!(
+        accepted.values().any(|&n| n > 1),
+        "the timed-out batch was not sent again"
+    );
     assert!(state.refused.load(Ordering::SeqCst) >= bad.len());
     let problems = state.problems.lock().unwrap().clone();
     assert!(problems.is_empty(), "{problems:#?}");
@@ -748,12 +837,216 @@ fn http_uplink_retries_failures_and_dead_letters_refused_records() {
         .args(["outbox", "export", "--dead-letters", "--data-dir"])
         .arg(d.dir.path().join("data")));
     assert!(o.status.success(), "{}", stderr(&o));
-    let dead: Vec<Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let dead: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let dead_ids: HashSet<String> = dead
         .iter()
         .map(|v| v["record"]["id"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(dead_ids, bad);
-    assert!(dead.iter().all(|v| v["reason"].as_str().unwrap().contains("HTTP 400")));
+    assert!(
+        dead.iter()
+            .all(|v| v["reason"].as_str().unwrap().contains("HTTP 400"))
+    );
     server.abort();
+}
+
+// ---- TLS -------------------------------------------------------------------------
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let o = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl (Debian package openssl) is needed");
+    assert!(
+        o.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate
+/// (X.509 v3, which webpki requires: hence the extension files).
+fn pki(dir: &Path) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=test-ca",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ],
+    );
+    for (name, ext) in [
+        (
+            "server",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        ),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ] {
+        std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+        let (key, csr, pem, extf) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("{name}.ext"),
+        );
+        let subj = format!("/CN={name}");
+        openssl(
+            dir,
+            &[
+                "req", "-newkey", "rsa:2048", "-nodes", "-subj", &subj, "-keyout", &key, "-out",
+                &csr,
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-out",
+                &pem,
+                "-extfile",
+                &extf,
+            ],
+        );
+    }
+}
+
+#[test]
+fn mqtt_uplink_over_mutual_tls_delivers_and_a_wrong_ca_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pki_dir = tmp.path().join("pki");
+    std::fs::create_dir_all(&pki_dir).unwrap();
+    pki(&pki_dir);
+    let (plain, tls_port) = (free_port(), free_port());
+    let p = |f: &str| pki_dir.join(f).display().to_string();
+    let conf = tmp.path().join("mosquitto.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "user root\nper_listener_settings false\nallow_anonymous true\npersistence false\n\
+             listener {plain} 127.0.0.1\n\
+             listener {tls_port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate true\n",
+            p("ca.pem"), p("server.pem"), p("server.key")
+        ),
+    )
+    .unwrap();
+    let mut broker = Command::new("/usr/sbin/mosquitto")
+        .arg("-c")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("mosquitto");
+    let t0 = Instant::now();
+    while TcpStream::connect(("127.0.0.1", tls_port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "mosquitto did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let fleet = Fleet::start(plain, "fleet-tls");
+
+    let ob = outpost::outbox::Outbox::open(&tmp.path().join("outbox"), Default::default()).unwrap();
+    let mut want = HashSet::new();
+    for i in 0..500u64 {
+        let id = format!("{DEVICE}/1/{i}");
+        let rec = serde_json::json!({"id": id, "device": DEVICE, "pipeline": "p", "stream": "s", "seq": i});
+        ob.append("s", &serde_json::to_vec(&rec).unwrap()).unwrap();
+        want.insert(id);
+    }
+    let cfg = |ca: &str| -> outpost::uplink::UplinkConfig {
+        toml::from_str(&format!(
+            "type = \"mqtt\"\nhost = \"127.0.0.1\"\nport = {tls_port}\ntls = true\nca = \"{ca}\"\ncert = \"{}\"\nkey = \"{}\"\nbackoff_min = \"100ms\"\nbackoff_max = \"500ms\"",
+            p("client.pem"),
+            p("client.key")
+        ))
+        .unwrap()
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+
+    // A CA that did not sign the broker's certificate: no connection, nothing acked.
+    let other = tmp.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    openssl(
+        &other,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=other",
+            "-keyout",
+            "o.key",
+            "-out",
+            "o.pem",
+        ],
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let up = rt
+        .block_on(async {
+            outpost::uplink::start(
+                &cfg(&other.join("o.pem").display().to_string()),
+                ob.clone(),
+                DEVICE,
+                stop_rx,
+            )
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(ob.stats().records, 500);
+    assert!(outpost::uplink::UplinkStats::get(&up.stats.disconnects_total) >= 1);
+    let (_, err) = up.stats.last_error().unwrap();
+    assert!(err.contains("TLS") || err.contains("certificate"), "{err}");
+    stop_tx.send(true).unwrap();
+    rt.block_on(up.task).unwrap();
+
+    // The right CA and the client certificate: everything arrives, the outbox empties.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let up = rt
+        .block_on(async { outpost::uplink::start(&cfg(&p("ca.pem")), ob.clone(), DEVICE, stop_rx) })
+        .unwrap();
+    let missing = fleet.wait_for(&want, Duration::from_secs(20));
+    assert!(missing.is_empty(), "{} missing", missing.len());
+    let t0 = Instant::now();
+    while ob.stats().records > 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "not acked");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    check_delivery(&fleet.records());
+    stop_tx.send(true).unwrap();
+    rt.block_on(up.task).unwrap();
+    let _ = broker.kill();
+    let _ = broker.wait();
 }

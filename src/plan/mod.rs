@@ -1,0 +1,704 @@
+//! `outpost plan`: will a model fit on a hardware target, at a precision?
+//!
+//! Nothing here loads ONNX Runtime: the plan is made from the model file
+//! (parameter count, inputs and outputs) and the target's TOML, so it runs on
+//! a build host for any target.
+//!
+//! The estimate, per memory pool (one pool on CPU-only targets and on Jetson,
+//! where CPU and GPU share LPDDR; a host pool and a device pool on a dGPU):
+//!
+//! - weights = parameters × bytes per parameter at the precision
+//!   (fp32 4, fp16/bf16 2, int8 1);
+//! - activations = 2 × the largest input or output tensor (bytes, at its
+//!   declared element type, batch 1) × batch. Intermediate tensor sizes need
+//!   shape inference, which outpost does not do; this heuristic is low for
+//!   wide convolutional nets (see the comparison with `bench` in
+//!   cross/README.md), which the 80 % "fits" margin absorbs;
+//! - TensorRT workspace (TensorRT provider only) = the TensorRT EP's default
+//!   `trt_max_workspace_size`, 1 GiB, or `--workspace-bytes`: a ceiling for
+//!   tactic selection, counted in full;
+//! - runtime overhead: [`CPU_RUNTIME_BYTES`] for outpost plus libonnxruntime
+//!   on the CPU EP; on a GPU provider also [`CUDA_CONTEXT_BYTES`] on the device
+//!   and [`GPU_HOST_LIBS_BYTES`] on the host of a dGPU, or
+//!   [`JETSON_GPU_RUNTIME_BYTES`] in Jetson's shared pool; GPU providers also
+//!   keep the ONNX initializers (the file's weights at fp32) on the host.
+//!
+//! Verdict per pool: used ≤ 80 % of capacity fits, ≤ 100 % is tight, more
+//! does not fit; the plan's verdict is its worst pool's.
+
+pub mod target;
+
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+use serde::Serialize;
+
+use self::target::{Precision, Target};
+use crate::backend::{DType, Dim, IoSpec, Provider};
+use crate::model::manifest::Manifest;
+use crate::model::registry::{ModelError, manifests_in};
+
+const MIB: u64 = 1 << 20;
+/// outpost + libonnxruntime + CPU EP arenas at rest: `outpost bench` on
+/// sensor_mlp (a 5 KB model) peaks at 35.8 MB RSS on x86_64.
+pub const CPU_RUNTIME_BYTES: u64 = 40 * MIB;
+/// CUDA context plus cuDNN / cuBLAS handles on a dGPU: 300–500 MB measured
+/// on T4 / L4 class cards; the upper end.
+pub const CUDA_CONTEXT_BYTES: u64 = 500 * MIB;
+/// Resident pages of the CUDA, cuDNN, cuBLAS and TensorRT libraries in the
+/// host process of a dGPU server.
+pub const GPU_HOST_LIBS_BYTES: u64 = 512 * MIB;
+/// Jetson: "CUDA + cuDNN + TensorRT libraries alone take roughly 1 GiB of the
+/// shared pool once a session is created" (targets/jetson-orin-nano-8gb.toml).
+pub const JETSON_GPU_RUNTIME_BYTES: u64 = 1024 * MIB;
+/// ONNX Runtime TensorRT EP default `trt_max_workspace_size` (1 GiB).
+pub const TRT_WORKSPACE_DEFAULT_BYTES: u64 = 1024 * MIB;
+/// Share of a pool's capacity up to which a plan "fits".
+pub const FITS_FRACTION: f64 = 0.8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "target `{target}` does not list precision {precision} (it lists {listed}); pick one of those with --precision"
+    )]
+    PrecisionNotListed {
+        target: String,
+        precision: Precision,
+        listed: String,
+    },
+    #[error("target `{target}` does not list provider {provider} (it lists {listed})")]
+    ProviderNotListed {
+        target: String,
+        provider: Provider,
+        listed: String,
+    },
+    #[error("batch must be at least 1")]
+    ZeroBatch,
+}
+
+/// What the plan needs to know about a model.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelFacts {
+    pub name: String,
+    pub path: PathBuf,
+    pub file_bytes: u64,
+    pub parameters: u64,
+    pub inputs: Vec<IoSpec>,
+    pub outputs: Vec<IoSpec>,
+    /// "manifest" or "onnx" (a bare file: the graph's declared inputs/outputs).
+    pub io_from: &'static str,
+}
+
+/// Resolves MODEL as the other commands do (a path to an .onnx file, held to
+/// the manifest beside it when that names it, or a name in `dir`), without
+/// loading ONNX Runtime.
+pub fn model_facts(arg: &str, dir: &Path) -> Result<ModelFacts, ModelError> {
+    let as_path = Path::new(arg);
+    let (path, manifest) = if as_path.is_file() {
+        let beside = as_path
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join("manifest.toml");
+        let m = if beside.is_file() {
+            Manifest::load(&beside)
+                .ok()
+                .filter(|m| Path::new(&m.file).file_name() == as_path.file_name())
+        } else {
+            None
+        };
+        (as_path.to_path_buf(), m)
+    } else {
+        let mpath = dir.join(arg).join("manifest.toml");
+        if !mpath.is_file() {
+            let available: Vec<String> = manifests_in(dir)
+                .iter()
+                .filter_map(|p| {
+                    p.parent()
+                        .and_then(|d| d.file_name())
+                        .map(|n| n.to_string_lossy().into_owned())
+                })
+                .collect();
+            return Err(ModelError::NotFound {
+                name: arg.to_string(),
+                dir: dir.display().to_string(),
+                available: if available.is_empty() {
+                    "none; run models/fetch and models/build".into()
+                } else {
+                    available.join(", ")
+                },
+            });
+        }
+        let m = Manifest::load(&mpath)?;
+        (dir.join(arg).join(&m.file), Some(m))
+    };
+    let shown = path.display().to_string();
+    let bytes = std::fs::read(&path).map_err(|source| ModelError::Io {
+        path: shown.clone(),
+        source,
+    })?;
+    let not_onnx = |detail: String| ModelError::NotOnnx {
+        path: shown.clone(),
+        detail,
+    };
+    let info = crate::model::onnx::inspect_bytes(&bytes).map_err(|e| not_onnx(e.to_string()))?;
+    let (name, inputs, outputs, io_from) = match manifest {
+        Some(m) => (
+            m.name.clone(),
+            m.inputs.iter().map(|i| i.spec()).collect(),
+            m.outputs.iter().map(|o| o.spec()).collect(),
+            "manifest",
+        ),
+        None => {
+            let (i, o) = graph_io(&bytes).map_err(|e| not_onnx(e.to_string()))?;
+            let name = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("model")
+                .to_string();
+            (name, i, o, "onnx")
+        }
+    };
+    Ok(ModelFacts {
+        name,
+        path,
+        file_bytes: bytes.len() as u64,
+        parameters: info.parameters,
+        inputs,
+        outputs,
+        io_from,
+    })
+}
+
+// The graph's declared inputs and outputs, for a bare .onnx file without a
+// manifest. Only the fields needed are declared (see model/onnx.rs).
+#[derive(Clone, PartialEq, Message)]
+struct IoModel {
+    #[prost(message, optional, tag = "7")]
+    graph: Option<IoGraph>,
+}
+#[derive(Clone, PartialEq, Message)]
+struct IoGraph {
+    #[prost(message, repeated, tag = "5")]
+    initializer: Vec<NamedTensor>,
+    #[prost(message, repeated, tag = "11")]
+    input: Vec<ValueInfo>,
+    #[prost(message, repeated, tag = "12")]
+    output: Vec<ValueInfo>,
+}
+#[derive(Clone, PartialEq, Message)]
+struct NamedTensor {
+    #[prost(string, tag = "8")]
+    name: String,
+}
+#[derive(Clone, PartialEq, Message)]
+struct ValueInfo {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(message, optional, tag = "2")]
+    r#type: Option<TypeProto>,
+}
+#[derive(Clone, PartialEq, Message)]
+struct TypeProto {
+    #[prost(message, optional, tag = "1")]
+    tensor_type: Option<TensorType>,
+}
+#[derive(Clone, PartialEq, Message)]
+struct TensorType {
+    #[prost(int32, tag = "1")]
+    elem_type: i32,
+    #[prost(message, optional, tag = "2")]
+    shape: Option<ShapeProto>,
+}
+#[derive(Clone, PartialEq, Message)]
+struct ShapeProto {
+    #[prost(message, repeated, tag = "1")]
+    dim: Vec<DimProto>,
+}
+#[derive(Clone, PartialEq, Message)]
+struct DimProto {
+    #[prost(int64, optional, tag = "1")]
+    dim_value: Option<i64>,
+    #[prost(string, optional, tag = "2")]
+    dim_param: Option<String>,
+}
+
+type GraphIo = (Vec<IoSpec>, Vec<IoSpec>);
+
+fn graph_io(bytes: &[u8]) -> Result<GraphIo, prost::DecodeError> {
+    let m = IoModel::decode(bytes)?;
+    let g = m.graph.unwrap_or_default();
+    // Before IR 4, initializers were also listed as graph inputs.
+    let inits: std::collections::HashSet<&str> =
+        g.initializer.iter().map(|t| t.name.as_str()).collect();
+    let conv = |v: &[ValueInfo]| -> Vec<IoSpec> {
+        v.iter()
+            .filter(|vi| !inits.contains(vi.name.as_str()))
+            .map(|vi| {
+                let tt = vi.r#type.as_ref().and_then(|t| t.tensor_type.as_ref());
+                let dtype = tt
+                    .and_then(|t| DType::from_onnx(t.elem_type))
+                    .unwrap_or(DType::F32);
+                let shape = tt
+                    .and_then(|t| t.shape.as_ref())
+                    .map(|s| {
+                        s.dim
+                            .iter()
+                            .enumerate()
+                            .map(|(i, d)| match (d.dim_value, &d.dim_param) {
+                                (Some(v), _) if v > 0 => Dim::Fixed(v as u64),
+                                (_, Some(p)) if !p.is_empty() => Dim::Symbolic(p.clone()),
+                                _ => Dim::Symbolic(format!("d{i}")),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                IoSpec {
+                    name: vi.name.clone(),
+                    dtype,
+                    shape,
+                }
+            })
+            .collect()
+    };
+    Ok((conv(&g.input), conv(&g.output)))
+}
+
+/// Bytes of one element.
+pub fn dtype_bytes(d: DType) -> u64 {
+    match d {
+        DType::F64 | DType::I64 => 8,
+        DType::F32 | DType::I32 => 4,
+        DType::F16 => 2,
+        DType::I8 | DType::U8 | DType::Bool => 1,
+    }
+}
+
+/// Bytes of a tensor at batch 1 (free non-batch dimensions count as 1).
+pub fn tensor_bytes(s: &IoSpec) -> u64 {
+    s.concrete_shape(1)
+        .iter()
+        .map(|d| *d as u64)
+        .product::<u64>()
+        * dtype_bytes(s.dtype)
+}
+
+/// What to plan: target, precision, provider, batch.
+#[derive(Debug, Clone)]
+pub struct PlanRequest {
+    pub precision: Option<Precision>,
+    pub provider: Option<Provider>,
+    pub batch: u64,
+    pub workspace_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Fits,
+    Tight,
+    DoesNotFit,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Fits => "fits",
+            Verdict::Tight => "tight",
+            Verdict::DoesNotFit => "does not fit",
+        }
+    }
+
+    fn of(used: u64, capacity: u64) -> Verdict {
+        if (used as f64) <= capacity as f64 * FITS_FRACTION {
+            Verdict::Fits
+        } else if used <= capacity {
+            Verdict::Tight
+        } else {
+            Verdict::DoesNotFit
+        }
+    }
+}
+
+/// One line of a pool's estimate.
+#[derive(Debug, Clone, Serialize)]
+pub struct Item {
+    pub what: &'static str,
+    pub bytes: u64,
+    pub formula: String,
+}
+
+/// One memory pool: host RAM, dGPU memory, or Jetson's shared LPDDR.
+#[derive(Debug, Clone, Serialize)]
+pub struct Pool {
+    pub name: &'static str,
+    pub capacity_bytes: u64,
+    pub items: Vec<Item>,
+    pub used_bytes: u64,
+    pub headroom_bytes: i64,
+    pub verdict: Verdict,
+}
+
+impl Pool {
+    fn new(name: &'static str, capacity_bytes: u64, items: Vec<Item>) -> Pool {
+        let used_bytes = items.iter().map(|i| i.bytes).sum();
+        Pool {
+            name,
+            capacity_bytes,
+            used_bytes,
+            headroom_bytes: capacity_bytes as i64 - used_bytes as i64,
+            verdict: Verdict::of(used_bytes, capacity_bytes),
+            items,
+        }
+    }
+}
+
+/// A plan, as `plan --json` prints it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub model: String,
+    pub model_path: String,
+    pub target: String,
+    pub precision: Precision,
+    pub provider: Provider,
+    pub batch: u64,
+    pub parameters: u64,
+    pub model_file_bytes: u64,
+    pub weights_bytes: u64,
+    pub activations_bytes: u64,
+    pub workspace_bytes: u64,
+    pub runtime_overhead_bytes: u64,
+    pub total_bytes: u64,
+    pub pools: Vec<Pool>,
+    pub verdict: Verdict,
+    /// The worst pool's headroom (negative: short by that much).
+    pub headroom_bytes: i64,
+    pub notes: Vec<String>,
+}
+
+fn listed<T: std::fmt::Display>(v: &[T]) -> String {
+    v.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Makes the plan; refuses a precision or provider the target does not list.
+pub fn plan(model: &ModelFacts, target: &Target, req: &PlanRequest) -> Result<Plan, PlanError> {
+    if req.batch == 0 {
+        return Err(PlanError::ZeroBatch);
+    }
+    let rt = &target.runtime;
+    let precision = req.precision.unwrap_or(rt.default_precision);
+    if !rt.precisions.contains(&precision) {
+        return Err(PlanError::PrecisionNotListed {
+            target: target.name.clone(),
+            precision,
+            listed: listed(&rt.precisions),
+        });
+    }
+    // The first provider listed is the one the target is planned for; a
+    // target without a GPU only lists cpu (validated at load).
+    let provider = match req.provider {
+        Some(p) if !rt.providers.contains(&p) => {
+            return Err(PlanError::ProviderNotListed {
+                target: target.name.clone(),
+                provider: p,
+                listed: listed(&rt.providers),
+            });
+        }
+        Some(p) => p,
+        None => rt.providers.first().copied().unwrap_or(Provider::Cpu),
+    };
+    let on_gpu = matches!(provider, Provider::Tensorrt | Provider::Cuda) && target.gpu.is_some();
+    let mut notes = Vec::new();
+
+    let bpp = precision.bytes_per_param();
+    let weights = Item {
+        what: "weights",
+        bytes: model.parameters * bpp,
+        formula: format!("{} parameters x {bpp} B ({precision})", model.parameters),
+    };
+    let largest = model
+        .inputs
+        .iter()
+        .chain(&model.outputs)
+        .max_by_key(|s| tensor_bytes(s));
+    let (largest_name, largest_bytes) = largest
+        .map(|s| (s.name.as_str(), tensor_bytes(s)))
+        .unwrap_or(("none", 0));
+    let activations = Item {
+        what: "activations",
+        bytes: 2 * largest_bytes * req.batch,
+        formula: format!(
+            "2 x largest input/output `{largest_name}` ({largest_bytes} B) x batch {}",
+            req.batch
+        ),
+    };
+    let workspace = (provider == Provider::Tensorrt && on_gpu).then(|| {
+        let (bytes, why) = match req.workspace_bytes {
+            Some(b) => (b, "--workspace-bytes"),
+            None => (
+                TRT_WORKSPACE_DEFAULT_BYTES,
+                "TensorRT EP default trt_max_workspace_size",
+            ),
+        };
+        Item {
+            what: "tensorrt_workspace",
+            bytes,
+            formula: why.into(),
+        }
+    });
+    let cpu_runtime = Item {
+        what: "runtime",
+        bytes: CPU_RUNTIME_BYTES,
+        formula: "outpost + libonnxruntime + CPU EP arenas at rest".into(),
+    };
+    let host_initializers = Item {
+        what: "onnx_initializers",
+        bytes: model.parameters * 4,
+        formula: format!(
+            "{} parameters x 4 B: the ONNX weights ONNX Runtime keeps on the host",
+            model.parameters
+        ),
+    };
+
+    let mut pools = Vec::new();
+    let mut runtime_overhead = CPU_RUNTIME_BYTES;
+    if !on_gpu {
+        pools.push(Pool::new(
+            "host",
+            target.memory.usable_bytes,
+            vec![cpu_runtime, weights.clone(), activations.clone()],
+        ));
+    } else if target.memory.shared_with_gpu {
+        runtime_overhead += JETSON_GPU_RUNTIME_BYTES;
+        let mut items = vec![
+            cpu_runtime,
+            Item {
+                what: "gpu_runtime",
+                bytes: JETSON_GPU_RUNTIME_BYTES,
+                formula: "CUDA context + cuDNN + TensorRT libraries in the shared pool".into(),
+            },
+            host_initializers,
+            weights.clone(),
+            activations.clone(),
+        ];
+        items.extend(workspace.clone());
+        pools.push(Pool::new("shared", target.memory.usable_bytes, items));
+        notes.push(
+            "Jetson: CPU and GPU share one pool, so host and device items add up in it".into(),
+        );
+    } else {
+        runtime_overhead += CUDA_CONTEXT_BYTES + GPU_HOST_LIBS_BYTES;
+        pools.push(Pool::new(
+            "host",
+            target.memory.usable_bytes,
+            vec![
+                cpu_runtime,
+                Item {
+                    what: "gpu_libraries",
+                    bytes: GPU_HOST_LIBS_BYTES,
+                    formula: "CUDA, cuDNN, cuBLAS, TensorRT libraries resident in the host process"
+                        .into(),
+                },
+                host_initializers,
+            ],
+        ));
+        let mut items = vec![
+            Item {
+                what: "cuda_context",
+                bytes: CUDA_CONTEXT_BYTES,
+                formula: "CUDA context + cuDNN/cuBLAS handles (300-500 MB)".into(),
+            },
+            weights.clone(),
+            activations.clone(),
+        ];
+        items.extend(workspace.clone());
+        let gpu_mem = target.gpu.as_ref().map(|g| g.memory_bytes).unwrap_or(0);
+        pools.push(Pool::new("gpu", gpu_mem, items));
+    }
+    if precision != Precision::Fp32 {
+        notes.push(format!(
+            "{precision} assumes {}",
+            match (precision, on_gpu) {
+                (Precision::Int8, true) =>
+                    "a TensorRT int8 engine (calibration table) or a quantized QDQ model",
+                (Precision::Int8, false) => "a quantized (QDQ / QOperator) export of the model",
+                (_, true) => "TensorRT builds the engine at that precision",
+                (_, false) => "a model exported at that precision",
+            }
+        ));
+    }
+    if model.inputs.iter().chain(&model.outputs).any(|s| {
+        s.shape
+            .iter()
+            .any(|d| matches!(d, Dim::Symbolic(n) if !crate::backend::is_batch_name(n)))
+    }) {
+        notes.push("free non-batch dimensions counted as 1".into());
+    }
+    notes.push(
+        "activations: intermediate tensors need shape inference; this heuristic is low for wide convolutional models".into(),
+    );
+    let verdict = pools
+        .iter()
+        .map(|p| p.verdict)
+        .max()
+        .unwrap_or(Verdict::Fits);
+    let headroom_bytes = pools.iter().map(|p| p.headroom_bytes).min().unwrap_or(0);
+    let workspace_bytes = workspace.map(|w| w.bytes).unwrap_or(0);
+    let total_bytes = pools.iter().map(|p| p.used_bytes).sum();
+    Ok(Plan {
+        model: model.name.clone(),
+        model_path: model.path.display().to_string(),
+        target: target.name.clone(),
+        precision,
+        provider,
+        batch: req.batch,
+        parameters: model.parameters,
+        model_file_bytes: model.file_bytes,
+        weights_bytes: weights.bytes,
+        activations_bytes: activations.bytes,
+        workspace_bytes,
+        runtime_overhead_bytes: runtime_overhead,
+        total_bytes,
+        pools,
+        verdict,
+        headroom_bytes,
+        notes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(name: &str) -> Target {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("targets")
+            .join(format!("{name}.toml"));
+        Target::load(&p).unwrap()
+    }
+
+    fn facts(params: u64) -> ModelFacts {
+        ModelFacts {
+            name: "m".into(),
+            path: "m.onnx".into(),
+            file_bytes: params * 4,
+            parameters: params,
+            inputs: vec![IoSpec {
+                name: "input".into(),
+                dtype: DType::F32,
+                shape: vec![
+                    Dim::Symbolic("batch".into()),
+                    Dim::Fixed(3),
+                    Dim::Fixed(224),
+                    Dim::Fixed(224),
+                ],
+            }],
+            outputs: vec![IoSpec {
+                name: "logits".into(),
+                dtype: DType::F32,
+                shape: vec![Dim::Symbolic("batch".into()), Dim::Fixed(1000)],
+            }],
+            io_from: "manifest",
+        }
+    }
+
+    fn req(precision: Option<Precision>) -> PlanRequest {
+        PlanRequest {
+            precision,
+            provider: None,
+            batch: 1,
+            workspace_bytes: None,
+        }
+    }
+
+    #[test]
+    fn cpu_target_weights_and_activations() {
+        let p = plan(&facts(1000), &target("x86_64-cpu"), &req(None)).unwrap();
+        assert_eq!(p.precision, Precision::Fp32);
+        assert_eq!(p.provider, Provider::Cpu);
+        assert_eq!(p.weights_bytes, 4000);
+        assert_eq!(p.activations_bytes, 2 * 3 * 224 * 224 * 4);
+        assert_eq!(p.workspace_bytes, 0);
+        assert_eq!(p.pools.len(), 1);
+        assert_eq!(p.total_bytes, CPU_RUNTIME_BYTES + 4000 + 2 * 602_112);
+        assert_eq!(p.verdict, Verdict::Fits);
+    }
+
+    #[test]
+    fn refuses_a_precision_the_target_does_not_list() {
+        let e = plan(
+            &facts(1000),
+            &target("x86_64-cpu"),
+            &req(Some(Precision::Fp16)),
+        )
+        .unwrap_err();
+        assert!(matches!(e, PlanError::PrecisionNotListed { .. }), "{e}");
+        assert!(e.to_string().contains("fp32, int8"), "{e}");
+        let xavier = target("jetson-agx-xavier-32gb");
+        assert!(plan(&facts(1), &xavier, &req(Some(Precision::Bf16))).is_err());
+    }
+
+    #[test]
+    fn jetson_is_one_shared_pool_with_workspace() {
+        let p = plan(
+            &facts(1_000_000),
+            &target("jetson-orin-nano-8gb"),
+            &req(None),
+        )
+        .unwrap();
+        assert_eq!(p.precision, Precision::Fp16);
+        assert_eq!(p.provider, Provider::Tensorrt);
+        assert_eq!(p.weights_bytes, 2_000_000);
+        assert_eq!(p.workspace_bytes, TRT_WORKSPACE_DEFAULT_BYTES);
+        assert_eq!(p.pools.len(), 1);
+        assert_eq!(p.pools[0].name, "shared");
+    }
+
+    #[test]
+    fn dgpu_has_host_and_device_pools() {
+        let p = plan(
+            &facts(1_000_000),
+            &target("x86_64-nvidia"),
+            &req(Some(Precision::Int8)),
+        )
+        .unwrap();
+        let names: Vec<_> = p.pools.iter().map(|p| p.name).collect();
+        assert_eq!(names, ["host", "gpu"]);
+        assert_eq!(p.weights_bytes, 1_000_000);
+        assert_eq!(p.pools[1].capacity_bytes, 17_179_869_184);
+    }
+
+    #[test]
+    fn verdict_thresholds() {
+        assert_eq!(Verdict::of(80, 100), Verdict::Fits);
+        assert_eq!(Verdict::of(81, 100), Verdict::Tight);
+        assert_eq!(Verdict::of(100, 100), Verdict::Tight);
+        assert_eq!(Verdict::of(101, 100), Verdict::DoesNotFit);
+    }
+
+    #[test]
+    fn a_huge_model_does_not_fit_on_orin_nano() {
+        // 3 B parameters at fp16 = 6 GB > 5.5 GiB usable.
+        let p = plan(
+            &facts(3_000_000_000),
+            &target("jetson-orin-nano-8gb"),
+            &req(None),
+        )
+        .unwrap();
+        assert_eq!(p.verdict, Verdict::DoesNotFit);
+        assert!(p.headroom_bytes < 0);
+    }
+
+    #[test]
+    fn bare_onnx_io_is_read_from_the_graph() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/sensor_mlp/sensor_mlp.onnx");
+        let Ok(bytes) = std::fs::read(&path) else {
+            return; // models/build has not run in this checkout
+        };
+        let (i, o) = graph_io(&bytes).unwrap();
+        assert!(!i.is_empty() && !o.is_empty());
+        assert!(i.iter().all(|s| !s.shape.is_empty()));
+    }
+}

@@ -125,10 +125,11 @@ fn session_options(cfg: &Config) -> SessionOptions {
 }
 
 /// The sha256 a model's manifest declares now (to tell whether a loaded model is still current).
+/// (an OTA update may ship the same file under a new version, so both count).
 fn manifest_sha(model_dir: &Path, name: &str) -> Option<String> {
     Manifest::load(&model_dir.join(name).join("manifest.toml"))
         .ok()
-        .map(|m| m.sha256)
+        .map(|m| format!("{}@{}", m.sha256, m.version))
 }
 
 impl Core {

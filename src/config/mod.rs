@@ -294,6 +294,17 @@ impl Config {
                 .into_iter()
                 .map(|e| format!("outbox: {e}")),
         );
+        if let Some(u) = &self.uplink {
+            p.extend(u.validate().into_iter().map(|e| format!("uplink: {e}")));
+        }
+        if let Some(o) = &self.ota {
+            p.extend(o.validate().into_iter().map(|e| format!("ota: {e}")));
+        }
+        if let Some(t) = &self.api.token_file
+            && !t.exists()
+        {
+            p.push(format!("api.token_file: {} does not exist", t.display()));
+        }
         for (i, pc) in self.pipelines.iter().enumerate() {
             let at = format!("pipelines[{i}] ({})", pc.name);
             p.extend(pc.validate(&at));

@@ -56,8 +56,9 @@ pub fn run(model: &LoadedModel, folder: &Path, tol: f64) -> Result<Option<usize>
             ));
         }
         for (i, (a, b)) in g.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
-            // NaN fails too: the comparison is false.
-            if !((a - b).abs() <= tol * (1.0 + b.abs())) {
+            // NaN fails too: it is not within any tolerance.
+            let within = (a - b).abs() <= tol * (1.0 + b.abs());
+            if !within || a.is_nan() {
                 return Err(format!(
                     "check: output `{name}`[{i}] is {a}, expected {b} (tolerance {tol})"
                 ));

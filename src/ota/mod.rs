@@ -142,7 +142,7 @@ impl OtaConfig {
                 self.max_error_rate
             ));
         }
-        if !(self.check_tolerance >= 0.0) {
+        if self.check_tolerance.is_nan() || self.check_tolerance < 0.0 {
             p.push("ota.check_tolerance: must be >= 0".into());
         }
         if self.max_bytes_per_s == Some(0) {

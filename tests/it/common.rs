@@ -216,7 +216,9 @@ impl Daemon {
             records: rx,
             seen: Vec::new(),
         };
-        d.wait_ready();
+        if wait {
+            d.wait_ready();
+        }
         d
     }
 

@@ -19,12 +19,15 @@ struct Served {
     truncate: usize,
 }
 
+/// (path, Range header) of every GET the fleet server saw.
+type RequestLog = Arc<Mutex<Vec<(String, Option<String>)>>>;
+
 /// The fleet: a std HTTP/1.1 server on loopback.
 struct Fleet {
     addr: String,
     files: Arc<Mutex<HashMap<String, Served>>>,
     /// (path, Range header) of every GET.
-    log: Arc<Mutex<Vec<(String, Option<String>)>>>,
+    log: RequestLog,
 }
 
 impl Fleet {
@@ -32,7 +35,7 @@ impl Fleet {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         let files: Arc<Mutex<HashMap<String, Served>>> = Arc::default();
-        let log: Arc<Mutex<Vec<(String, Option<String>)>>> = Arc::default();
+        let log: RequestLog = Arc::default();
         let (f, lg) = (files.clone(), log.clone());
         std::thread::spawn(move || {
             for s in l.incoming().flatten() {

@@ -114,9 +114,12 @@ impl Drop for Mosquitto {
 
 // ---- the fleet: a subscriber ------------------------------------------------
 
+/// (topic, payload) of each publish received.
+type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
 /// Collects every publish under `outpost/#`, QoS 1, persistent session.
 struct Fleet {
-    got: Arc<Mutex<Vec<(String, Vec<u8>)>>>,
+    got: Received,
     subscribed: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -124,7 +127,7 @@ struct Fleet {
 
 impl Fleet {
     fn start(port: u16, id: &str) -> Fleet {
-        let got = Arc::new(Mutex::new(Vec::new()));
+        let got: Received = Arc::default();
         let subscribed = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
         let (g, s, st, id) = (

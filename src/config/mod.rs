@@ -295,10 +295,11 @@ impl Config {
                 .map(|e| format!("outbox: {e}")),
         );
         if let Some(u) = &self.uplink {
-            p.extend(u.validate().into_iter().map(|e| format!("uplink: {e}")));
+            // Its messages already name their key (`uplink.host: ...`).
+            p.extend(u.validate());
         }
         if let Some(o) = &self.ota {
-            p.extend(o.validate().into_iter().map(|e| format!("ota: {e}")));
+            p.extend(o.validate());
         }
         if let Some(t) = &self.api.token_file
             && !t.exists()

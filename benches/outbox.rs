@@ -17,8 +17,22 @@ use std::time::Instant;
 
 use outpost::outbox::{Key, Outbox, OutboxConfig};
 
-const N: u64 = 200_000;
-const BACKLOG: u64 = 1_000_000;
+const N_FULL: u64 = 200_000;
+const BACKLOG_FULL: u64 = 1_000_000;
+
+/// `cargo bench` passes `--bench`; `cargo test --all-targets` runs this main
+/// too, and then a small smoke run keeps it working without the minutes.
+fn full() -> bool {
+    std::env::args().any(|a| a == "--bench") || std::env::var_os("OUTBOX_BENCH_FULL").is_some()
+}
+
+fn n() -> u64 {
+    if full() { N_FULL } else { 2_000 }
+}
+
+fn backlog() -> u64 {
+    if full() { BACKLOG_FULL } else { 5_000 }
+}
 const PHASE: &str = "OUTBOX_BENCH_PHASE";
 
 /// ~200 bytes, shaped like a result record.
@@ -75,43 +89,47 @@ fn throughput_phase() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("outbox");
     let ob = Outbox::open(&dir, OutboxConfig::default()).expect("open");
-    let secs = append_all(&ob, N);
+    let secs = append_all(&ob, n());
     let st = ob.stats();
     let disk = disk_bytes(&dir);
     row(
         "durable append (200 B, default group commit, then sync)",
-        &format!("{:.0} records/s", N as f64 / secs),
-        &format!("{N} records in {secs:.2} s, {} flushes", st.flushes_total),
+        &format!("{:.0} records/s", n() as f64 / secs),
+        &format!(
+            "{} records in {secs:.2} s, {} flushes",
+            n(),
+            st.flushes_total
+        ),
     );
     row(
         "stored bytes per record (key + header + record)",
-        &format!("{:.1} B", st.bytes as f64 / N as f64),
+        &format!("{:.1} B", st.bytes as f64 / n() as f64),
         "",
     );
     row(
         "disk bytes per stored record (allocated blocks / records)",
-        &format!("{:.1} B", disk as f64 / N as f64),
+        &format!("{:.1} B", disk as f64 / n() as f64),
         &format!("{:.1} MiB on disk", disk as f64 / 1048576.0),
     );
 
     let t = Instant::now();
     let mut after: Option<Key> = None;
-    let mut n = 0u64;
+    let mut drained = 0u64;
     loop {
         let batch = ob.pending(after, 1000).expect("pending");
         let Some(last) = batch.last() else { break };
         after = Some(last.key);
         let keys: Vec<Key> = batch.iter().map(|e| e.key).collect();
         ob.ack(&keys).expect("ack");
-        n += keys.len() as u64;
+        drained += keys.len() as u64;
     }
     ob.sync().expect("sync");
     let secs = t.elapsed().as_secs_f64();
-    assert_eq!(n, N);
+    assert_eq!(drained, n());
     row(
         "drain (pending 1000 + ack, then sync)",
-        &format!("{:.0} records/s", n as f64 / secs),
-        &format!("{n} records in {secs:.2} s"),
+        &format!("{:.0} records/s", drained as f64 / secs),
+        &format!("{drained} records in {secs:.2} s"),
     );
     ob.close().expect("close");
 }
@@ -121,7 +139,7 @@ fn rss_phase() {
     let dir = tmp.path().join("outbox");
     let before = proc_status("VmRSS:");
     let ob = Outbox::open(&dir, OutboxConfig::default()).expect("open");
-    let secs = append_all(&ob, BACKLOG);
+    let secs = append_all(&ob, backlog());
     let after_append = proc_status("VmRSS:");
     let disk = disk_bytes(&dir);
     ob.close().expect("close");
@@ -129,7 +147,7 @@ fn rss_phase() {
     let ob = Outbox::open(&dir, OutboxConfig::default()).expect("reopen");
     let reopen = t.elapsed().as_secs_f64();
     let first = ob.pending(None, 1000).expect("pending");
-    assert_eq!(ob.stats().records, BACKLOG);
+    assert_eq!(ob.stats().records, backlog());
     assert_eq!(first.len(), 1000);
     let after_reopen = proc_status("VmRSS:");
     let hwm = proc_status("VmHWM:");
@@ -139,7 +157,7 @@ fn rss_phase() {
         &mb(after_append),
         &format!(
             "appended at {:.0} records/s; {} before open; {:.0} MiB on disk",
-            BACKLOG as f64 / secs,
+            backlog() as f64 / secs,
             mb(before),
             disk as f64 / 1048576.0
         ),
@@ -166,6 +184,11 @@ fn main() {
     throughput_phase();
     // A fresh process, so RSS is the backlog's and not the earlier phase's.
     let exe = std::env::current_exe().expect("current_exe");
-    let status = Command::new(exe).env(PHASE, "rss").status().expect("spawn");
+    let mut child = Command::new(exe);
+    child.env(PHASE, "rss");
+    if full() {
+        child.env("OUTBOX_BENCH_FULL", "1");
+    }
+    let status = child.status().expect("spawn");
     assert!(status.success(), "rss phase failed: {status}");
 }

@@ -59,12 +59,14 @@ fn record(i: u64) -> Vec<u8> {
 }
 
 fn main() {
+    // `cargo bench` passes `--bench`; under `cargo test --all-targets` a small smoke run.
+    let full = std::env::args().any(|a| a == "--bench");
     let n: u64 = std::env::var("RECORDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000);
+        .unwrap_or(if full { 100_000 } else { 2_000 });
     let batches: Vec<usize> = std::env::var("BATCHES")
-        .unwrap_or_else(|_| "1 10 100".into())
+        .unwrap_or_else(|_| if full { "1 10 100".into() } else { "1".into() })
         .split_whitespace()
         .filter_map(|b| b.parse().ok())
         .collect();

@@ -651,6 +651,34 @@ impl OrtSession {
         })
     }
 
+    /// Runs inputs the caller has already checked against a spec at least as
+    /// strict as this session's (a model's manifest, held to the model at
+    /// load), so the per-frame path checks once.
+    pub fn run_prechecked(
+        &mut self,
+        inputs: &[(&str, &Tensor)],
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
+        let mut values: Vec<(std::borrow::Cow<'_, str>, SessionInputValue<'_>)> =
+            Vec::with_capacity(inputs.len());
+        for (n, t) in inputs {
+            values.push((
+                (*n).into(),
+                input_view(t).map_err(|e| RunError::Engine(e.to_string()))?,
+            ));
+        }
+        let outputs = self
+            .session
+            .run(values)
+            .map_err(|e| RunError::Engine(e.to_string()))?;
+        let mut out = Vec::with_capacity(outputs.len());
+        for (name, v) in outputs.iter() {
+            let t = Tensor::from_ort(&v)
+                .map_err(|e| RunError::Engine(format!("output `{name}`: {e}")))?;
+            out.push((name.to_string(), t));
+        }
+        Ok(out)
+    }
+
     /// The raw session, for hot loops that prepare their own values.
     pub fn raw(&mut self) -> &mut Session {
         &mut self.session
@@ -691,25 +719,7 @@ impl InferenceSession for OrtSession {
 
     fn run(&mut self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>, RunError> {
         check_inputs(&self.io, inputs.iter().map(|(n, t)| (*n, *t)))?;
-        let mut values: Vec<(std::borrow::Cow<'_, str>, SessionInputValue<'_>)> =
-            Vec::with_capacity(inputs.len());
-        for (n, t) in inputs {
-            values.push((
-                (*n).into(),
-                input_view(t).map_err(|e| RunError::Engine(e.to_string()))?,
-            ));
-        }
-        let outputs = self
-            .session
-            .run(values)
-            .map_err(|e| RunError::Engine(e.to_string()))?;
-        let mut out = Vec::with_capacity(outputs.len());
-        for (name, v) in outputs.iter() {
-            let t = Tensor::from_ort(&v)
-                .map_err(|e| RunError::Engine(format!("output `{name}`: {e}")))?;
-            out.push((name.to_string(), t));
-        }
-        Ok(out)
+        self.run_prechecked(inputs)
     }
 }
 

@@ -309,3 +309,24 @@ impl Drop for Daemon {
         let _ = self.child.wait();
     }
 }
+
+/// A daemon config with one `sensors` pipeline (sensor_mlp, JSON vectors of
+/// 16) fed over HTTP; `api_extra` goes into the `[api]` table.
+pub fn sensors_over_http(api_extra: &str) -> String {
+    format!(
+        r#"
+data_dir = "{{DATA}}"
+[api]
+listen = "{{API}}"
+{api_extra}
+[[pipelines]]
+name = "sensors"
+model = "sensor_mlp"
+source = {{ type = "http" }}
+[pipelines.preprocess]
+type = "sensor"
+format = "json"
+length = 16
+"#
+    )
+}

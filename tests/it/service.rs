@@ -41,21 +41,7 @@ print(json.dumps(out))
 
 #[test]
 fn metrics_scraped_from_a_running_daemon_parse_and_count() {
-    let d = Daemon::start(
-        r#"
-data_dir = "{DATA}"
-[api]
-listen = "{API}"
-[[pipelines]]
-name = "sensors"
-model = "sensor_mlp"
-source = { type = "http" }
-[pipelines.preprocess]
-type = "sensor"
-format = "json"
-length = 16
-"#,
-    );
+    let d = Daemon::start(&sensors_over_http(""));
     let good = format!("[{}]", vec!["0.25"; 16].join(","));
     for _ in 0..5 {
         assert_eq!(
@@ -206,21 +192,6 @@ height = 224
     assert_eq!(v["records"], 60, "{v}");
 }
 
-const HTTP_SENSORS: &str = r#"
-data_dir = "{DATA}"
-[api]
-listen = "{API}"
-TOKEN_LINE
-[[pipelines]]
-name = "sensors"
-model = "sensor_mlp"
-source = { type = "http" }
-[pipelines.preprocess]
-type = "sensor"
-format = "json"
-length = 16
-"#;
-
 fn post_auth(api: &str, path: &str, token: Option<&str>) -> u16 {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(api).unwrap();
@@ -239,7 +210,7 @@ fn post_auth(api: &str, path: &str, token: Option<&str>) -> u16 {
 #[test]
 fn state_changes_need_the_bearer_token() {
     // No token file: every state change is refused.
-    let d = Daemon::start(&HTTP_SENSORS.replace("TOKEN_LINE", ""));
+    let d = Daemon::start(&sensors_over_http(""));
     assert_eq!(post_auth(&d.api, "/v1/reload", None), 403);
     assert_eq!(
         post_auth(
@@ -254,10 +225,7 @@ fn state_changes_need_the_bearer_token() {
     let dir = tempfile::tempdir().unwrap();
     let token = "s3cret-token-for-the-test-0123456789";
     std::fs::write(dir.path().join("token"), format!("{token}\n")).unwrap();
-    let d = Daemon::start_in(
-        &HTTP_SENSORS.replace("TOKEN_LINE", "token_file = \"{DIR}/token\""),
-        dir,
-    );
+    let d = Daemon::start_in(&sensors_over_http("token_file = \"{DIR}/token\""), dir);
     assert_eq!(post_auth(&d.api, "/v1/pipelines/sensors/pause", None), 401);
     assert_eq!(
         post_auth(
@@ -292,7 +260,7 @@ fn state_changes_need_the_bearer_token() {
 
 #[test]
 fn sighup_reloads_pipelines_without_losing_the_outbox() {
-    let mut d = Daemon::start(&HTTP_SENSORS.replace("TOKEN_LINE", ""));
+    let mut d = Daemon::start(&sensors_over_http(""));
     let good = format!("[{}]", vec!["0.5"; 16].join(","));
     for _ in 0..3 {
         assert_eq!(

@@ -383,21 +383,7 @@ length = 16
 
 #[test]
 fn malformed_frames_are_counted_and_the_pipeline_keeps_serving() {
-    let d = Daemon::start(
-        r#"
-data_dir = "{DATA}"
-[api]
-listen = "{API}"
-[[pipelines]]
-name = "sensors"
-model = "sensor_mlp"
-source = { type = "http" }
-[pipelines.preprocess]
-type = "sensor"
-format = "json"
-length = 16
-"#,
-    );
+    let d = Daemon::start(&sensors_over_http(""));
     let good = format!("[{}]", vec!["0.5"; 16].join(","));
     let (code, body) = http(
         "POST",

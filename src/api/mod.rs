@@ -216,6 +216,12 @@ pub fn status_json(s: &ApiState) -> serde_json::Value {
                 "drops": st.drops(),
                 "e2e_latency": st.e2e_us.summary(),
                 "inference_latency": st.inference_us.summary(),
+                "stage_latency": {
+                    "queue": st.queue_us.summary(),
+                    "decode": st.decode_us.summary(),
+                    "inference": st.inference_us.summary(),
+                    "output": st.output_us.summary(),
+                },
             })
         })
         .collect();

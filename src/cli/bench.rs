@@ -36,8 +36,39 @@ pub struct BenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Pause between timed iterations (e.g. `10ms`: a 100 frames/s stream),
+    /// to see the latency of a run that starts on a core that did other work
+    /// or slept; 0 = back to back.
+    #[arg(long, value_parser = humantime_serde::re::humantime::parse_duration, default_value = "0s")]
+    pub interval: Duration,
+    /// How to pass the interval: `sleep` (the thread blocks, as a daemon
+    /// waiting for frames) or `spin` (the thread stays on the core).
+    #[arg(long, value_enum, default_value_t = Pause::Sleep)]
+    pub pause: Pause,
     #[command(flatten)]
     pub run: super::RunOpts,
+}
+
+/// How `bench --interval` passes the time between iterations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pause {
+    Sleep,
+    Spin,
+}
+
+fn pause(d: Duration, how: Pause) {
+    if d.is_zero() {
+        return;
+    }
+    match how {
+        Pause::Sleep => std::thread::sleep(d),
+        Pause::Spin => {
+            let end = Instant::now() + d;
+            while Instant::now() < end {
+                std::hint::spin_loop();
+            }
+        }
+    }
 }
 
 /// One inference step with prepared values; what the timed loop repeats.
@@ -195,6 +226,7 @@ pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
             let mut samples = Vec::with_capacity(a.iterations);
             let start = Instant::now();
             for i in 0..a.iterations {
+                pause(a.interval, a.pause);
                 let t0 = Instant::now();
                 hot.step(raw)?;
                 samples.push(t0.elapsed());
@@ -217,6 +249,7 @@ pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
             "warmup": a.warmup,
             "batch": a.batch,
             "threads": threads,
+            "interval_us": a.interval.as_micros() as u64,
             "p50_us": s.p50_us,
             "p90_us": s.p90_us,
             "p99_us": s.p99_us,

@@ -126,6 +126,12 @@ pub struct PipelineStats {
     pub inference_us: LatencyHistogram,
     /// Items per inference run.
     pub batch_sizes: LatencyHistogram,
+    /// Frame arrival -> an inference worker takes it, µs.
+    pub queue_us: LatencyHistogram,
+    /// Decoding and preprocessing of one taken set of frames, µs.
+    pub decode_us: LatencyHistogram,
+    /// Postprocessing, record building and storing of one set, µs.
+    pub output_us: LatencyHistogram,
 }
 
 /// Latency percentiles (HDR histogram, 1 µs .. 60 s, 3 significant digits).

@@ -235,6 +235,12 @@ impl Pipeline {
 
     /// Processes frames taken together from the queue.
     pub fn process(&self, frames: Vec<Frame>, worker: usize) {
+        let taken = Instant::now();
+        for f in &frames {
+            self.stats
+                .queue_us
+                .record(taken.saturating_duration_since(f.received).as_micros() as u64);
+        }
         let model = self.model();
         let slot = if self.serial {
             0
@@ -257,6 +263,9 @@ impl Pipeline {
                 }
             }
         }
+        self.stats
+            .decode_us
+            .record(taken.elapsed().as_micros() as u64);
         self.stats
             .items
             .fetch_add(work.len() as u64, Ordering::Relaxed);
@@ -297,6 +306,7 @@ impl Pipeline {
             }
         }
         // Postprocess, record, store.
+        let output_start = Instant::now();
         {
             let mut post = lock(&self.post[slot]);
             for (i, meta, outputs, us) in results {
@@ -337,6 +347,9 @@ impl Pipeline {
                 }
             }
         }
+        self.stats
+            .output_us
+            .record(output_start.elapsed().as_micros() as u64);
         for (f, a) in frames.into_iter().zip(answers) {
             self.stats.frames_done.fetch_add(1, Ordering::Relaxed);
             self.stats

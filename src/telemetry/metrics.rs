@@ -203,6 +203,17 @@ impl Collector for DaemonCollector {
         )?;
         histogram(
             &mut enc,
+            "outpost_queue_wait_seconds",
+            "Frame arrival until an inference worker takes it",
+            &pipes
+                .iter()
+                .map(|p| (plm(p), &p.stats.queue_us))
+                .collect::<Vec<_>>(),
+            1e-6,
+            &BUCKETS_S,
+        )?;
+        histogram(
+            &mut enc,
             "outpost_batch_size",
             "Items per inference run",
             &pipes

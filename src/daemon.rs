@@ -90,7 +90,45 @@ pub fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
         .thread_name("outpost-io")
         .build()
         .context("tokio runtime")?;
-    rt.block_on(run_async(cfg, opts))
+    let restart = rt.block_on(run_async(cfg, opts))?;
+    drop(rt);
+    if restart {
+        tracing::info!(
+            code = crate::ota::slots::RESTART_EXIT,
+            "exiting so the service manager starts the new daemon slot"
+        );
+        std::process::exit(crate::ota::slots::RESTART_EXIT);
+    }
+    Ok(())
+}
+
+/// Set once the daemon said READY (read by a new slot's start deadline).
+static READY: AtomicBool = AtomicBool::new(false);
+
+/// A daemon slot on trial must say READY within `limit`, or it exits and the
+/// launcher's boot counter counts a failed start. A thread, not a task: a
+/// start stuck loading models must not hold it up.
+fn ready_deadline(cfg: &Config) {
+    let (Some(ota), Some(slot)) = (&cfg.ota, crate::ota::slots::running_slot()) else {
+        return;
+    };
+    let on_trial = matches!(
+        crate::ota::slots::Slots::new(&cfg.data_dir).load(),
+        Ok(Some(b)) if b.trying.as_deref() == Some(slot.as_str())
+    );
+    if !on_trial {
+        return;
+    }
+    let limit = ota.daemon_ready_timeout;
+    let _ = std::thread::Builder::new()
+        .name("ready-deadline".into())
+        .spawn(move || {
+            std::thread::sleep(limit);
+            if !READY.load(Ordering::SeqCst) {
+                tracing::error!(slot = %slot, limit_s = limit.as_secs_f64(), "this daemon slot did not get READY in time; exiting");
+                std::process::exit(1);
+            }
+        });
 }
 
 /// Everything that lives as long as the process.
@@ -348,7 +386,9 @@ impl Generation {
     }
 }
 
-async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
+/// Runs until stopped; true when it stopped to restart into a new daemon slot.
+async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
+    ready_deadline(&cfg);
     let device = cfg.device_name();
     let runtime = Runtime::load(cfg.runtime.onnxruntime.as_deref())?;
     std::fs::create_dir_all(&cfg.data_dir)
@@ -381,15 +421,30 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     // Process-wide: the uplink and the API outlive generations.
     let (global_stop_tx, global_stop_rx) = tokio::sync::watch::channel(false);
     let mut extra: Vec<Arc<dyn metrics::MetricSource>> = Vec::new();
+    let (cmd_tx, cmd_rx) = match (&cfg.ota, cfg.command_topic()) {
+        (Some(_), Some(_)) => {
+            let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
+            (Some(tx), Some(rx))
+        }
+        _ => (None, None),
+    };
     let uplink = match &cfg.uplink {
         Some(u) => {
-            let up = uplink::start(u, outbox.clone(), &device, global_stop_rx.clone())?;
+            let up = uplink::start_with_commands(
+                u,
+                outbox.clone(),
+                &device,
+                cmd_tx,
+                global_stop_rx.clone(),
+            )?;
             extra.push(up.stats.clone());
             Some(up)
         }
         None => None,
     };
     let current = Arc::new(RwLock::new(generation.scheduler.clone()));
+    let ready = Arc::new(AtomicBool::new(false));
+    let (restart_tx, mut restart_rx) = tokio::sync::mpsc::channel::<()>(1);
     let ota = match &cfg.ota {
         Some(o) => {
             let host: Arc<dyn crate::ota::host::ModelHost> = Arc::new(DaemonModelHost {
@@ -400,10 +455,26 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
                 data_dir: cfg.data_dir.clone(),
                 outbox: outbox.clone(),
                 ids: core.ids.clone(),
+                ready: ready.clone(),
+                restart: restart_tx.clone(),
             });
-            Some(crate::ota::start(o, host, global_stop_rx.clone())?)
+            let agent = crate::ota::start(o, host, &device, cmd_rx, global_stop_rx.clone())?;
+            extra.push(agent.stats.clone());
+            Some(agent)
         }
         None => None,
+    };
+    let daemon_info = match &ota {
+        Some(a) => a
+            .stats
+            .daemon
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone(),
+        None => (
+            env!("CARGO_PKG_VERSION").to_string(),
+            crate::ota::slots::running_slot().unwrap_or_else(|| "package".into()),
+        ),
     };
     let ingress = Arc::new(RwLock::new(generation.ingress.clone()));
     let registry = Arc::new(metrics::registry(DaemonCollector {
@@ -411,7 +482,6 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
         outbox: outbox.clone(),
         extra,
     }));
-    let ready = Arc::new(AtomicBool::new(false));
     let (reload_tx, mut reload_rx) =
         tokio::sync::mpsc::channel::<tokio::sync::oneshot::Sender<Result<(), String>>>(4);
     let control = Control::from_config(&cfg.api, reload_tx.clone())?;
@@ -423,6 +493,7 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
         boot: outbox.boot(),
         metrics: registry,
         control,
+        daemon: daemon_info,
     };
     let listener = tokio::net::TcpListener::bind(cfg.api.listen)
         .await
@@ -443,6 +514,7 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     });
 
     ready.store(true, Ordering::SeqCst);
+    READY.store(true, Ordering::SeqCst);
     let status_line = |s: &Scheduler| {
         format!(
             "serving {} pipeline(s); outbox {} record(s)",
@@ -472,9 +544,14 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
     let mut cfg = cfg;
+    let mut restart = false;
     loop {
         let reply = tokio::select! {
             _ = term.recv() => break,
+            Some(()) = restart_rx.recv() => {
+                restart = true;
+                break;
+            }
             _ = int.recv() => break,
             _ = hup.recv() => None,
             r = reload_rx.recv() => match r { Some(tx) => Some(tx), None => continue },
@@ -561,7 +638,7 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
         .await?
         .context("closing the outbox")?;
     tracing::info!("stopped");
-    Ok(())
+    Ok(restart)
 }
 
 /// Loads the config again and prepares its generation (the old one still runs).
@@ -615,6 +692,8 @@ pub struct DaemonModelHost {
     pub data_dir: PathBuf,
     pub outbox: Outbox,
     pub ids: Arc<IdGen>,
+    pub ready: Arc<AtomicBool>,
+    pub restart: tokio::sync::mpsc::Sender<()>,
 }
 
 impl DaemonModelHost {
@@ -679,6 +758,14 @@ impl crate::ota::host::ModelHost for DaemonModelHost {
             }
         }
         h
+    }
+
+    fn ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    fn restart(&self) {
+        let _ = self.restart.try_send(());
     }
 
     fn event(&self, stream: &str, event: &serde_json::Value) -> Result<(), String> {

@@ -27,6 +27,8 @@ pub struct ApiState {
     pub boot: u64,
     pub metrics: Arc<prometheus_client::registry::Registry>,
     pub control: Control,
+    /// The running daemon: version and OTA slot (`package`: not from a slot).
+    pub daemon: (String, String),
 }
 
 impl ApiState {
@@ -228,6 +230,7 @@ pub fn status_json(s: &ApiState) -> serde_json::Value {
     let o = s.outbox.stats();
     serde_json::json!({
         "device": s.device,
+        "daemon": {"version": s.daemon.0, "slot": s.daemon.1},
         "boot": s.boot,
         "ready": s.ready.load(Ordering::SeqCst),
         "pipelines": pipelines,

@@ -1,5 +1,5 @@
-//! `outpost keygen` and `outpost bundle build|sign|verify|entry`: making
-//! and checking signed OTA bundles (see docs/ota.md).
+//! `outpost keygen` and `outpost bundle build|sign|verify|entry|command`:
+//! making and checking signed OTA bundles and update commands (see docs/ota.md).
 
 use std::path::{Path, PathBuf};
 
@@ -44,6 +44,32 @@ pub enum BundleCommand {
         #[arg(long)]
         rollback: bool,
         bundle: PathBuf,
+    },
+    /// Print a signed update command for a device's MQTT command topic
+    /// (`outpost/{device}/cmd`): install BUNDLE (update or --rollback), or --poll.
+    Command {
+        /// Private key (from `outpost keygen`); the device must trust its public key.
+        #[arg(long, value_name = "FILE")]
+        key: PathBuf,
+        /// The device it is for (`*`: every device).
+        #[arg(long)]
+        device: String,
+        /// The URL the device downloads the bundle from (absolute, or
+        /// relative to the device's manifest_url).
+        #[arg(long, required_unless_present = "poll")]
+        url: Option<String>,
+        /// Install a lower version (the bundle must be built with --rollback).
+        #[arg(long, conflicts_with = "poll")]
+        rollback: bool,
+        /// Ask the device to poll its manifest document now.
+        #[arg(long, conflicts_with = "bundle")]
+        poll: bool,
+        /// The command expires this long after now (e.g. `1h`).
+        #[arg(long, value_parser = humantime_serde::re::humantime::parse_duration)]
+        expires_in: Option<std::time::Duration>,
+        /// The signed bundle (BUNDLE.sig beside it).
+        #[arg(required_unless_present = "poll")]
+        bundle: Option<PathBuf>,
     },
 }
 
@@ -134,25 +160,63 @@ pub fn run(cli: &super::Cli, cmd: &BundleCommand) -> anyhow::Result<()> {
             rollback,
             bundle,
         } => {
-            let m = bundle::read_manifest(bundle)?;
-            let sig = sig_path(bundle);
-            let line = std::fs::read_to_string(&sig)
-                .with_context(|| format!("{} (sign the bundle first)", sig.display()))?;
-            let (digest, size) = sign::sha256_file(bundle)?;
-            let entry = crate::ota::machine::Offer {
-                kind: m.kind,
-                name: m.name,
-                version: m.version,
-                url: url.clone(),
-                sha256: hex::encode(digest),
-                size,
-                signature: line.trim().to_string(),
-                rollback: *rollback,
-            };
+            let entry = entry(bundle, url, *rollback)?;
             println!("{}", serde_json::to_string(&entry)?);
             Ok(())
         }
+        BundleCommand::Command {
+            key,
+            device,
+            url,
+            rollback,
+            poll,
+            expires_in,
+            bundle,
+        } => {
+            use crate::ota::command::{self, Action, Command};
+            let k = sign::read_signing_key(key)?;
+            let offer = match (bundle, url) {
+                (Some(b), Some(u)) if !*poll => Some(entry(b, u, false)?),
+                _ => None,
+            };
+            let now = command::unix_ms_now();
+            let c = Command {
+                device: device.clone(),
+                issued_ms: now,
+                expires_ms: expires_in.map(|d| now + d.as_millis() as u64),
+                action: if *poll {
+                    Action::Poll
+                } else if *rollback {
+                    Action::Rollback
+                } else {
+                    Action::Update
+                },
+                bundle: offer,
+            };
+            let env = command::seal(&k, &c).map_err(anyhow::Error::msg)?;
+            println!("{}", serde_json::to_string(&env)?);
+            Ok(())
+        }
     }
+}
+
+/// The manifest-document entry of a signed bundle.
+fn entry(bundle: &Path, url: &str, rollback: bool) -> anyhow::Result<crate::ota::machine::Offer> {
+    let m = bundle::read_manifest(bundle)?;
+    let sig = sig_path(bundle);
+    let line = std::fs::read_to_string(&sig)
+        .with_context(|| format!("{} (sign the bundle first)", sig.display()))?;
+    let (digest, size) = sign::sha256_file(bundle)?;
+    Ok(crate::ota::machine::Offer {
+        kind: m.kind,
+        name: m.name,
+        version: m.version,
+        url: url.to_string(),
+        sha256: hex::encode(digest),
+        size,
+        signature: line.trim().to_string(),
+        rollback,
+    })
 }
 
 fn build(cli: &super::Cli, a: &BuildArgs) -> anyhow::Result<()> {

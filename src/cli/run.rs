@@ -26,6 +26,9 @@ pub fn run(cli: &super::Cli, a: &RunArgs) -> anyhow::Result<()> {
     if let Some(lib) = &cli.onnxruntime {
         cfg.runtime.onnxruntime = Some(lib.clone());
     }
+    // A daemon update installed under data_dir: the packaged binary counts
+    // the start and hands over to the slot's binary (exec; no return).
+    crate::ota::slots::handoff(&cfg.data_dir);
     let model_dir_override = a.models.clone().or(cli.model_dir.clone());
     daemon::run(
         cfg,

@@ -211,6 +211,16 @@ pub fn interpolate(
 }
 
 impl Config {
+    /// The MQTT uplink's command topic for this device, if there is one.
+    pub fn command_topic(&self) -> Option<String> {
+        match &self.uplink {
+            Some(UplinkConfig::Mqtt(m)) if !m.command_topic.is_empty() => {
+                Some(m.command_topic.replace("{device}", &self.device_name()))
+            }
+            _ => None,
+        }
+    }
+
     /// Loads, interpolates, parses and validates; all problems in one error.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let p = path.display().to_string();
@@ -300,6 +310,12 @@ impl Config {
         }
         if let Some(o) = &self.ota {
             p.extend(o.validate());
+            if o.manifest_url.is_none() && self.command_topic().is_none() {
+                p.push(
+                    "ota: no manifest_url and no MQTT uplink with a command_topic: no update could arrive"
+                        .into(),
+                );
+            }
         }
         if let Some(t) = &self.api.token_file
             && !t.exists()

@@ -8,9 +8,12 @@ use ed25519_dalek::VerifyingKey;
 use tokio::sync::watch;
 
 use super::bundle::{self, BundleKind};
+use super::command::{self, Request};
 use super::host::ModelHost;
 use super::install::{Installed, Journal, Layout, StateFile};
 use super::machine::{self, Action, Event, Offer, Policy, Recovery, State, Status};
+use super::slots::{BootState, SlotInfo, Slots};
+use super::stats::OtaStats;
 use super::{OtaConfig, check, fetch::Fetcher, sign};
 use crate::model::registry::LoadedModel;
 
@@ -20,13 +23,25 @@ use crate::model::registry::LoadedModel;
 /// point of an update deterministically.
 pub const FAILPOINT_ENV: &str = "OUTPOST_OTA_FAILPOINT";
 
+/// Where the agent's inputs come from and its figures go.
+pub struct Wiring {
+    pub device: String,
+    /// Payloads of the uplink's command topic.
+    pub commands: Option<tokio::sync::mpsc::Receiver<Vec<u8>>>,
+    pub stats: Arc<OtaStats>,
+    /// The daemon slot this process runs from (None: the packaged binary).
+    pub running_slot: Option<String>,
+}
+
 pub struct Agent {
     cfg: OtaConfig,
     policy: Policy,
     host: Arc<dyn ModelHost>,
     layout: Layout,
+    slots: Slots,
     trusted: Vec<VerifyingKey>,
-    fetcher: Option<Fetcher>,
+    fetcher: Fetcher,
+    wiring: Wiring,
     state: StateFile,
     shutdown: watch::Receiver<bool>,
     failpoint: Option<String>,
@@ -43,17 +58,21 @@ impl Agent {
         policy: Policy,
         host: Arc<dyn ModelHost>,
         trusted: Vec<VerifyingKey>,
-        fetcher: Option<Fetcher>,
+        fetcher: Fetcher,
+        wiring: Wiring,
         shutdown: watch::Receiver<bool>,
     ) -> Agent {
         let layout = Layout::new(&host.data_dir(), &host.model_dir());
+        let slots = Slots::new(&host.data_dir());
         Agent {
             cfg,
             policy,
             host,
             layout,
+            slots,
             trusted,
             fetcher,
+            wiring,
             state: StateFile::default(),
             shutdown,
             failpoint: std::env::var(FAILPOINT_ENV).ok(),
@@ -74,18 +93,7 @@ impl Agent {
     }
 
     fn emit(&self, s: &Status) {
-        tracing::info!(
-            step = s.step,
-            model = %s.name,
-            version = %s.version,
-            from = s.from.as_deref().unwrap_or(""),
-            detail = s.detail.as_deref().unwrap_or(""),
-            "OTA"
-        );
-        let v = serde_json::to_value(s).unwrap_or_default();
-        if let Err(e) = self.host.event("ota", &v) {
-            tracing::warn!(error = %e, "OTA: status event not stored");
-        }
+        emit(&*self.host, &self.wiring.stats, s);
     }
 
     fn save(&self) {
@@ -106,6 +114,7 @@ impl Agent {
                 StateFile::default()
             }
         };
+        self.recover_daemon();
         let Some(j) = self.state.journal.take() else {
             return;
         };
@@ -157,44 +166,262 @@ impl Agent {
         self.save();
     }
 
-    /// Polls until shutdown.
+    /// What the launcher left: a daemon slot that fell back is reported and
+    /// refused for good.
+    fn recover_daemon(&mut self) {
+        let mut boot = match self.slots.load() {
+            Ok(Some(b)) => b,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "OTA: daemon slots unreadable");
+                return;
+            }
+        };
+        let Some(fb) = boot.fell_back.take() else {
+            return;
+        };
+        if !fb.sha256.is_empty() {
+            self.state.refused.insert(fb.sha256.to_ascii_lowercase());
+        }
+        self.emit(&Status {
+            step: "rolled_back",
+            name: "outpost".into(),
+            version: fb.version.clone(),
+            from: Some(self.policy.daemon_version.clone()),
+            detail: Some(format!(
+                "slot {} did not stay up after {} start(s); running {}",
+                fb.slot,
+                fb.attempts,
+                fb.to
+                    .as_deref()
+                    .map(|s| format!("slot {s}"))
+                    .unwrap_or_else(|| "the packaged binary".into())
+            )),
+        });
+        if let Err(e) = self.slots.save(&boot) {
+            tracing::error!(error = %e, "OTA: daemon slots not saved");
+        }
+        self.save();
+    }
+
+    /// Polls and takes commands until shutdown.
     pub async fn run(mut self) {
-        if self.fetcher.is_none() {
+        self.start_daemon_trial();
+        let polling = self.cfg.manifest_url.is_some();
+        let mut commands = self.wiring.commands.take();
+        if !polling && commands.is_none() {
             return;
         }
+        let mut poll_now = polling;
         loop {
             if *self.shutdown.borrow() {
                 return;
             }
-            let polled = match self.fetcher.as_mut() {
-                Some(f) => f.poll().await,
-                None => return,
-            };
-            match polled {
-                Ok(offers) => {
-                    for offer in offers {
-                        if *self.shutdown.borrow() {
-                            return;
+            if poll_now {
+                match self.fetcher.poll().await {
+                    Ok(offers) => {
+                        for offer in offers {
+                            if *self.shutdown.borrow() {
+                                return;
+                            }
+                            if self
+                                .state
+                                .refused
+                                .contains(&offer.sha256.to_ascii_lowercase())
+                            {
+                                continue;
+                            }
+                            self.update(offer).await;
                         }
-                        if self
-                            .state
-                            .refused
-                            .contains(&offer.sha256.to_ascii_lowercase())
-                        {
-                            continue;
-                        }
-                        self.update(offer).await;
                     }
+                    Err(e) => tracing::warn!(error = %e, "OTA: manifest poll failed"),
                 }
-                Err(e) => tracing::warn!(error = %e, "OTA: manifest poll failed"),
             }
             let wait = self.cfg.poll_interval + jitter(self.cfg.poll_jitter);
             let mut stop = self.shutdown.clone();
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = stop.wait_for(|s| *s) => return,
+            let sleep = async {
+                if polling {
+                    tokio::time::sleep(wait).await
+                } else {
+                    std::future::pending().await
+                }
+            };
+            let cmd = async {
+                match commands.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            enum Woke {
+                Timer,
+                Stop,
+                Command(Option<Vec<u8>>),
+            }
+            let woke = tokio::select! {
+                _ = sleep => Woke::Timer,
+                _ = stop.wait_for(|s| *s) => Woke::Stop,
+                c = cmd => Woke::Command(c),
+            };
+            match woke {
+                Woke::Timer => poll_now = polling,
+                Woke::Stop => return,
+                Woke::Command(Some(payload)) => {
+                    poll_now = self.command(&payload).await && polling;
+                }
+                Woke::Command(None) => {
+                    commands = None;
+                    if !polling {
+                        return;
+                    }
+                    poll_now = false;
+                }
             }
         }
+    }
+
+    /// Handles one command payload; true when it asks for a poll now.
+    async fn command(&mut self, payload: &[u8]) -> bool {
+        let opened = command::open(
+            payload,
+            &self.trusted,
+            &self.wiring.device,
+            command::unix_ms_now(),
+            self.state.last_command,
+        );
+        let (c, req) = match opened {
+            Ok(x) => x,
+            Err(e) => {
+                self.wiring.stats.command(e.reason());
+                tracing::warn!(error = %e, "OTA: update command refused");
+                self.emit(&Status {
+                    step: "command_refused",
+                    name: String::new(),
+                    version: String::new(),
+                    from: None,
+                    detail: Some(e.to_string()),
+                });
+                return false;
+            }
+        };
+        self.state.last_command = Some(c.issued_ms);
+        self.save();
+        self.wiring.stats.command("accepted");
+        match req {
+            Request::Poll => {
+                tracing::info!("OTA: command: poll now");
+                true
+            }
+            Request::Install(offer) => {
+                let offer = match self.fetcher.resolve(offer) {
+                    Ok(o) => o,
+                    Err(e) => {
+                        self.emit(&Status {
+                            step: "command_refused",
+                            name: c
+                                .bundle
+                                .as_ref()
+                                .map(|b| b.name.clone())
+                                .unwrap_or_default(),
+                            version: c
+                                .bundle
+                                .as_ref()
+                                .map(|b| b.version.clone())
+                                .unwrap_or_default(),
+                            from: None,
+                            detail: Some(e),
+                        });
+                        return false;
+                    }
+                };
+                self.emit(&Status {
+                    step: "command_accepted",
+                    name: offer.name.clone(),
+                    version: offer.version.clone(),
+                    from: None,
+                    detail: Some(if offer.rollback { "rollback" } else { "update" }.into()),
+                });
+                if self
+                    .state
+                    .refused
+                    .contains(&offer.sha256.to_ascii_lowercase())
+                {
+                    self.emit(&Status {
+                        step: "refused",
+                        name: offer.name.clone(),
+                        version: offer.version.clone(),
+                        from: None,
+                        detail: Some("this bundle was refused before".into()),
+                    });
+                    return false;
+                }
+                self.update(offer).await;
+                false
+            }
+        }
+    }
+
+    /// A daemon slot on trial: once READY and `daemon_probation` later, it
+    /// is marked good (the launcher stops counting its starts).
+    fn start_daemon_trial(&self) {
+        let Some(slot) = self.wiring.running_slot.clone() else {
+            return;
+        };
+        let on_trial =
+            matches!(self.slots.load(), Ok(Some(b)) if b.trying.as_deref() == Some(slot.as_str()));
+        if !on_trial {
+            return;
+        }
+        let host = self.host.clone();
+        let slots = self.slots.clone();
+        let stats = self.wiring.stats.clone();
+        let probation = self.cfg.daemon_probation;
+        let mut stop = self.shutdown.clone();
+        tracing::info!(slot = %slot, probation_s = probation.as_secs_f64(), "OTA: this daemon slot is on trial");
+        tokio::spawn(async move {
+            let trial = async {
+                while !host.ready() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                tokio::time::sleep(probation).await;
+            };
+            tokio::select! {
+                _ = trial => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            let r = tokio::task::spawn_blocking(
+                move || -> Result<Option<(BootState, bool)>, String> {
+                    let Some(mut b) = slots.load().map_err(|e| e.to_string())? else {
+                        return Ok(None);
+                    };
+                    let marked = b.mark_good(&slot);
+                    if marked {
+                        slots.save(&b).map_err(|e| e.to_string())?;
+                    }
+                    Ok(Some((b, marked)))
+                },
+            )
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+            match r {
+                Ok(Some((b, true))) => {
+                    let good = b.good.clone().unwrap_or_default();
+                    emit(
+                        &*host,
+                        &stats,
+                        &Status {
+                            step: "installed",
+                            name: "outpost".into(),
+                            version: b.version_of(Some(&good)),
+                            from: None,
+                            detail: Some(format!("slot {good} is good")),
+                        },
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => tracing::error!(error = %e, "OTA: could not mark the daemon slot good"),
+            }
+        });
     }
 
     /// One update from offer to idle.
@@ -204,7 +431,7 @@ impl Agent {
                 .host
                 .current(&offer.name)
                 .map(|m| m.manifest.version.clone()),
-            BundleKind::Daemon => None,
+            BundleKind::Daemon => Some(self.policy.daemon_version.clone()),
         };
         let mut state = State::Idle;
         let mut next = Some(Event::Offered { offer, serving });
@@ -260,10 +487,26 @@ impl Agent {
             }
             Action::Download(o) => {
                 let part = self.layout.download(&o.sha256.to_ascii_lowercase());
-                let fetcher = self.fetcher.as_ref()?;
-                let r = fetcher
-                    .download(&o, &part, self.cfg.max_bytes_per_s, &self.shutdown)
+                let stats = self.wiring.stats.clone();
+                stats
+                    .download_size
+                    .store(o.size, std::sync::atomic::Ordering::Relaxed);
+                let r = self
+                    .fetcher
+                    .download(
+                        &o,
+                        &part,
+                        self.cfg.max_bytes_per_s,
+                        &self.shutdown,
+                        &stats.download_bytes,
+                    )
                     .await;
+                stats
+                    .download_size
+                    .store(0, std::sync::atomic::Ordering::Relaxed);
+                stats
+                    .download_bytes
+                    .store(0, std::sync::atomic::Ordering::Relaxed);
                 if *self.shutdown.borrow() {
                     return None;
                 }
@@ -285,6 +528,59 @@ impl Agent {
                     self.failpoint("verified");
                 }
                 Some(ev)
+            }
+            Action::Stage(o) if o.kind == BundleKind::Daemon => {
+                let slots = self.slots.clone();
+                let bundle = self.layout.download(&o.sha256.to_ascii_lowercase());
+                let running = self.wiring.running_slot.clone();
+                let r = Self::blocking(move || {
+                    let boot = slots.load().map_err(|e| e.to_string())?.unwrap_or_default();
+                    slots
+                        .stage(&bundle, boot.inactive(running.as_deref()))
+                        .map(|_| ())
+                })
+                .await;
+                Some(match r {
+                    Ok(()) => {
+                        self.failpoint("staged");
+                        Event::Staged
+                    }
+                    Err(e) => Event::StageFailed(e),
+                })
+            }
+            Action::Activate(o) => {
+                let slots = self.slots.clone();
+                let running = self.wiring.running_slot.clone();
+                let max = self.cfg.daemon_max_attempts;
+                let r = Self::blocking(move || {
+                    let mut boot = slots.load().map_err(|e| e.to_string())?.unwrap_or_default();
+                    let slot = boot.inactive(running.as_deref());
+                    boot.try_slot(
+                        slot,
+                        SlotInfo {
+                            version: o.version.clone(),
+                            sha256: o.sha256.to_ascii_lowercase(),
+                        },
+                        max,
+                        running.as_deref(),
+                    );
+                    // boot.json first: a crash before the link switches
+                    // still starts the new slot (the launcher follows boot.json).
+                    slots.save(&boot).map_err(|e| e.to_string())?;
+                    slots.point_current(Some(slot)).map_err(|e| e.to_string())
+                })
+                .await;
+                Some(match r {
+                    Ok(()) => {
+                        self.failpoint("activated");
+                        Event::Activated
+                    }
+                    Err(e) => Event::ActivateFailed(e),
+                })
+            }
+            Action::Restart => {
+                self.host.restart();
+                None
             }
             Action::Stage(o) => {
                 let layout = self.layout.clone();
@@ -467,6 +763,23 @@ fn verify(path: &std::path::Path, o: &Offer, trusted: &[VerifyingKey]) -> Event 
     match bundle::read_manifest(path) {
         Ok(m) => Event::Verified(Box::new(m)),
         Err(e) => Event::Untrusted(format!("signed but malformed: {e}")),
+    }
+}
+
+/// Logs a status event, counts it, and appends it to the outbox.
+fn emit(host: &dyn ModelHost, stats: &OtaStats, s: &Status) {
+    tracing::info!(
+        step = s.step,
+        name = %s.name,
+        version = %s.version,
+        from = s.from.as_deref().unwrap_or(""),
+        detail = s.detail.as_deref().unwrap_or(""),
+        "OTA"
+    );
+    stats.step(s.step);
+    let v = serde_json::to_value(s).unwrap_or_default();
+    if let Err(e) = host.event("ota", &v) {
+        tracing::warn!(error = %e, "OTA: status event not stored");
     }
 }
 

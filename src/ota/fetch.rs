@@ -21,7 +21,8 @@ pub struct Document {
 
 pub struct Fetcher {
     client: reqwest::Client,
-    url: reqwest::Url,
+    /// The manifest document; None when updates arrive only as commands.
+    url: Option<reqwest::Url>,
     etag: Option<String>,
     last: Document,
 }
@@ -67,14 +68,17 @@ fn tls(ca: Option<&Path>, https: bool) -> Result<rustls::ClientConfig, String> {
 }
 
 impl Fetcher {
-    pub fn new(url: &str, ca: Option<&Path>, timeout: Duration) -> Result<Fetcher, String> {
-        let url = reqwest::Url::parse(url).map_err(|e| format!("manifest_url: {e}"))?;
+    pub fn new(url: Option<&str>, ca: Option<&Path>, timeout: Duration) -> Result<Fetcher, String> {
+        let url = url
+            .map(|u| reqwest::Url::parse(u).map_err(|e| format!("manifest_url: {e}")))
+            .transpose()?;
+        let https = url.as_ref().is_some_and(|u| u.scheme() == "https");
         // The timeout applies per read, not to a whole (possibly capped, long) download.
         let b = reqwest::Client::builder()
             .connect_timeout(timeout)
             .read_timeout(timeout)
             .no_proxy()
-            .tls_backend_preconfigured(tls(ca, url.scheme() == "https")?);
+            .tls_backend_preconfigured(tls(ca, https)?);
         let client = b
             .build()
             .map_err(|e| format!("HTTP client: {}", chain(&e)))?;
@@ -88,7 +92,10 @@ impl Fetcher {
 
     /// The offers now (the last document again on 304 Not Modified).
     pub async fn poll(&mut self) -> Result<Vec<Offer>, String> {
-        let mut req = self.client.get(self.url.clone());
+        let Some(url) = self.url.clone() else {
+            return Err("no manifest_url configured".into());
+        };
+        let mut req = self.client.get(url);
         if let Some(e) = &self.etag {
             req = req.header(IF_NONE_MATCH, e);
         }
@@ -117,18 +124,29 @@ impl Fetcher {
     fn resolved(&self, doc: &Document) -> Vec<Offer> {
         doc.bundles
             .iter()
-            .filter_map(|o| {
-                let mut o = o.clone();
-                match self.url.join(&o.url) {
-                    Ok(u) => o.url = u.to_string(),
-                    Err(e) => {
-                        tracing::warn!(url = %o.url, error = %e, "OTA: offer with a bad URL skipped");
-                        return None;
-                    }
+            .filter_map(|o| match self.resolve(o.clone()) {
+                Ok(o) => Some(o),
+                Err(e) => {
+                    tracing::warn!(url = %o.url, error = %e, "OTA: offer with a bad URL skipped");
+                    None
                 }
-                Some(o)
             })
             .collect()
+    }
+
+    /// An offer's URL made absolute: against the manifest document's URL
+    /// when there is one, else it must be absolute (http or https).
+    pub fn resolve(&self, mut o: Offer) -> Result<Offer, String> {
+        let u = match &self.url {
+            Some(base) => base.join(&o.url),
+            None => reqwest::Url::parse(&o.url),
+        }
+        .map_err(|e| format!("bundle URL `{}`: {e}", o.url))?;
+        if !matches!(u.scheme(), "http" | "https") {
+            return Err(format!("bundle URL `{u}` is not http or https"));
+        }
+        o.url = u.to_string();
+        Ok(o)
     }
 
     /// Downloads `offer` into `part`, resuming what is there. Bounded by
@@ -139,7 +157,9 @@ impl Fetcher {
         part: &Path,
         cap: Option<u64>,
         shutdown: &tokio::sync::watch::Receiver<bool>,
+        progress: &std::sync::atomic::AtomicU64,
     ) -> Result<(), String> {
+        use std::sync::atomic::Ordering;
         if let Some(d) = part.parent() {
             std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
         }
@@ -201,6 +221,7 @@ impl Fetcher {
                 f.write_all(part_bytes)
                     .map_err(|e| format!("{}: {e}", part.display()))?;
                 have += part_bytes.len() as u64;
+                progress.store(have, Ordering::Relaxed);
                 if let Some(cap) = cap.filter(|c| *c > 0) {
                     // Sleep until the average since the start is under the cap.
                     let due = Duration::from_secs_f64((have - start) as f64 / cap as f64);

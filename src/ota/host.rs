@@ -35,4 +35,12 @@ pub trait ModelHost: Send + Sync {
     fn health(&self, name: &str) -> ModelHealth;
     /// Appends a status event to the outbox (sent upstream like a result).
     fn event(&self, stream: &str, event: &serde_json::Value) -> Result<(), String>;
+    /// Whether the daemon has said READY (a new daemon slot's trial starts then).
+    fn ready(&self) -> bool {
+        true
+    }
+    /// Stops the daemon gracefully with exit code
+    /// [`super::slots::RESTART_EXIT`], so the service manager starts the
+    /// slot just installed.
+    fn restart(&self) {}
 }

@@ -37,6 +37,8 @@ pub struct StateFile {
     pub refused: BTreeSet<String>,
     /// The update in progress (for recovery after a crash).
     pub journal: Option<Journal>,
+    /// `issued_ms` of the last update command accepted (older ones are replays).
+    pub last_command: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

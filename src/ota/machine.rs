@@ -62,7 +62,8 @@ pub struct Policy {
 }
 
 /// Where an update stands. The job carries the offer and the version that
-/// served when it started (None: a daemon bundle, or nothing served).
+/// served when it started (None: no pipeline uses that model; for a daemon
+/// bundle, the running daemon's version).
 #[derive(Debug, Clone, PartialEq)]
 pub enum State {
     Idle,
@@ -78,6 +79,8 @@ pub enum State {
         baseline: ModelHealth,
     },
     Committing(Job),
+    /// A daemon bundle is in its slot: put it on trial and switch `current`.
+    Activating(Job),
     RollingBack {
         job: Job,
         reason: String,
@@ -103,6 +106,7 @@ impl State {
             State::Swapping(_) => "swapping",
             State::Probation { .. } => "probation",
             State::Committing(_) => "committing",
+            State::Activating(_) => "activating",
             State::RollingBack { .. } => "rolling_back",
         }
     }
@@ -116,7 +120,8 @@ impl State {
             | State::Loading(j)
             | State::Checking(j)
             | State::Swapping(j)
-            | State::Committing(j) => Some(j),
+            | State::Committing(j)
+            | State::Activating(j) => Some(j),
             State::Probation { job, .. } | State::RollingBack { job, .. } => Some(job),
         }
     }
@@ -161,6 +166,9 @@ pub enum Event {
     CommitFailed(String),
     RolledBack,
     RollbackFailed(String),
+    /// The daemon slot is on trial and `current` names it.
+    Activated,
+    ActivateFailed(String),
 }
 
 /// A status event sent upstream (and logged).
@@ -201,6 +209,10 @@ pub enum Action {
     DiscardStaged(Offer),
     /// Remove versions older than the previous one.
     Prune(Offer),
+    /// Put the staged daemon slot on trial and switch `current` to it.
+    Activate(Offer),
+    /// Stop gracefully so the service manager starts the new slot.
+    Restart,
 }
 
 /// `MAJOR.MINOR.PATCH[-pre]` compared by semver rules; None if unparsable.
@@ -257,14 +269,11 @@ fn bundle_problem(m: &BundleManifest, job: &Job, p: &Policy) -> Option<String> {
         _ => {}
     }
     if m.kind == BundleKind::Daemon {
-        return match &m.target {
-            Some(t) if *t == p.target => Some(
-                "daemon bundles are verified but not installed by this build (see docs/ota.md)"
-                    .into(),
-            ),
-            Some(t) => Some(format!("built for {t}, this device is {}", p.target)),
-            None => Some("daemon bundle without a target".into()),
-        };
+        match &m.target {
+            Some(t) if *t == p.target => {}
+            Some(t) => return Some(format!("built for {t}, this device is {}", p.target)),
+            None => return Some("daemon bundle without a target".into()),
+        }
     }
     if let Some(cur) = &job.serving
         && cmp_versions(&m.version, cur) == Some(std::cmp::Ordering::Less)
@@ -308,10 +317,11 @@ pub fn step(state: State, event: Event, p: &Policy) -> (State, Vec<Action>) {
     match (state, event) {
         (S::Idle, E::Offered { offer, serving }) => {
             let job = Job { offer, serving };
-            if job.offer.kind == BundleKind::Model {
+            {
                 match &job.serving {
-                    // Not served here: nothing to update.
-                    None => return (S::Idle, vec![]),
+                    // A model not served here: nothing to update.
+                    None if job.offer.kind == BundleKind::Model => return (S::Idle, vec![]),
+                    None => {}
                     Some(cur) if *cur == job.offer.version => return (S::Idle, vec![]),
                     Some(cur) => match cmp_versions(&job.offer.version, cur) {
                         None => {
@@ -369,6 +379,26 @@ pub fn step(state: State, event: Event, p: &Policy) -> (State, Vec<Action>) {
                 (S::Staging(job), a)
             }
         },
+        (S::Staging(job), E::Staged) if job.offer.kind == BundleKind::Daemon => {
+            let a = vec![
+                Action::Emit(status("staged", &job, None)),
+                Action::Activate(job.offer.clone()),
+            ];
+            (S::Activating(job), a)
+        }
+        (S::Activating(job), E::Activated) => {
+            let a = vec![
+                Action::Emit(status(
+                    "restarting",
+                    &job,
+                    Some("on trial in its slot; the daemon restarts into it".into()),
+                )),
+                Action::DiscardDownload(job.offer.clone()),
+                Action::Restart,
+            ];
+            (S::Idle, a)
+        }
+        (S::Activating(job), E::ActivateFailed(why)) => refuse("stage_failed", &job, why, false),
         (S::Staging(job), E::Staged) => {
             let a = vec![
                 Action::Emit(status("staged", &job, None)),
@@ -476,6 +506,8 @@ pub fn recover(phase: Option<&str>, new_version: &str, linked: Option<&str>) -> 
     }
     match phase {
         "swapping" | "probation" | "committing" | "rolling_back" => Recovery::Refuse,
+        // A daemon activation: the launcher's boot counter settles it.
+        "activating" => Recovery::Clean,
         _ => Recovery::Retry,
     }
 }
@@ -648,18 +680,67 @@ mod tests {
     }
 
     #[test]
-    fn daemon_offer_downloads_even_without_a_serving_version() {
+    fn daemon_offer_downloads_when_newer_than_the_running_daemon() {
         let mut o = offer("0.3.0");
         o.kind = BundleKind::Daemon;
-        let (s, _) = step(
-            State::Idle,
-            Event::Offered {
-                offer: o,
-                serving: None,
-            },
-            &policy(),
+        let offered = |o: &Offer, serving: &str| {
+            step(
+                State::Idle,
+                Event::Offered {
+                    offer: o.clone(),
+                    serving: Some(serving.into()),
+                },
+                &policy(),
+            )
+        };
+        assert!(matches!(offered(&o, "0.2.0").0, State::Downloading(_)));
+        let (s, a) = offered(&o, "0.3.0");
+        assert_eq!((s, a.len()), (State::Idle, 0), "already running");
+        let (s, a) = offered(&o, "0.4.0");
+        assert_eq!(s, State::Idle);
+        assert_eq!(
+            steps(&a),
+            ["refused"],
+            "a downgrade needs a signed rollback"
         );
-        assert!(matches!(s, State::Downloading(_)));
+    }
+
+    fn daemon_job() -> Job {
+        let mut j = job("0.3.0");
+        j.offer.kind = BundleKind::Daemon;
+        j.offer.name = "outpost".into();
+        j.serving = Some("0.2.0".into());
+        j
+    }
+
+    #[test]
+    fn daemon_bundle_is_staged_activated_and_restarts() {
+        let j = daemon_job();
+        let mut m = signed("0.3.0");
+        m.kind = BundleKind::Daemon;
+        m.name = "outpost".into();
+        m.target = Some(policy().target);
+        let (s, a) = step(State::Verifying(j.clone()), Event::Verified(m), &policy());
+        assert_eq!(s, State::Staging(j.clone()));
+        assert_eq!(steps(&a), ["verified"]);
+        let (s, a) = step(s, Event::Staged, &policy());
+        assert_eq!(s, State::Activating(j.clone()));
+        assert!(has(&a, |a| matches!(a, Action::Activate(_))));
+        assert!(!has(&a, |a| matches!(a, Action::Load(_))), "no model load");
+        assert_eq!(s.phase(), "activating");
+        let (s2, a2) = step(s.clone(), Event::Activated, &policy());
+        assert_eq!(s2, State::Idle);
+        assert_eq!(steps(&a2), ["restarting"]);
+        assert_eq!(a2.last(), Some(&Action::Restart));
+        let (s3, a3) = step(s, Event::ActivateFailed("disk full".into()), &policy());
+        assert_eq!(s3, State::Idle);
+        assert_eq!(steps(&a3), ["stage_failed"]);
+        assert!(has(&a3, |a| matches!(a, Action::Refuse(_))));
+        assert_eq!(
+            recover(Some("activating"), "0.3.0", None),
+            Recovery::Clean,
+            "the boot counter settles an interrupted activation"
+        );
     }
 
     #[test]
@@ -767,12 +848,19 @@ mod tests {
         assert!(
             matches!(&a[0], Action::Emit(st) if st.detail.as_deref().unwrap_or("").contains("aarch64"))
         );
-        // The right target is verified, then refused: this build does not install daemons.
+        // The right target is staged.
         m.target = Some(policy().target);
-        let (_, a) = step(State::Verifying(j), Event::Verified(m), &policy());
-        assert!(
-            matches!(&a[0], Action::Emit(st) if st.detail.as_deref().unwrap_or("").contains("not installed"))
+        let (s, _) = step(
+            State::Verifying(j.clone()),
+            Event::Verified(m.clone()),
+            &policy(),
         );
+        assert_eq!(s, State::Staging(j.clone()));
+        // No target at all: refused.
+        m.target = None;
+        let (s, a) = step(State::Verifying(j), Event::Verified(m), &policy());
+        assert_eq!(s, State::Idle);
+        assert!(has(&a, |a| matches!(a, Action::Refuse(_))));
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Fleet OTA: signed model updates, staged, checked, swapped in under
-//! probation and rolled back on trouble. Daemon bundles are built, signed
-//! and verified, not installed (see docs/ota.md).
+//! probation and rolled back on trouble; signed daemon updates installed
+//! into A/B slots with a boot counter (`slots.rs`). Offers come from the
+//! polled manifest document or as signed commands on the MQTT uplink's
+//! command topic (`command.rs`). See docs/ota.md.
 //!
 //! Flow of one model update (`machine.rs` decides, `agent.rs` acts):
 //! poll `manifest_url` -> download (resumable, capped) -> verify size,
@@ -33,11 +35,14 @@
 pub mod agent;
 pub mod bundle;
 pub mod check;
+pub mod command;
 pub mod fetch;
 pub mod host;
 pub mod install;
 pub mod machine;
 pub mod sign;
+pub mod slots;
+pub mod stats;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -87,6 +92,16 @@ pub struct OtaConfig {
     /// Tolerance of the bundle's check outputs: |got - want| <= tol * (1 + |want|).
     #[serde(default = "default_check_tolerance")]
     pub check_tolerance: f64,
+    /// A new daemon slot must be READY within this after its start, or it
+    /// exits (and the boot counter counts a failed start).
+    #[serde(default = "default_daemon_ready_timeout", with = "humantime_serde")]
+    pub daemon_ready_timeout: Duration,
+    /// How long a new daemon slot serves after READY before it is marked good.
+    #[serde(default = "default_probation", with = "humantime_serde")]
+    pub daemon_probation: Duration,
+    /// Starts a new daemon slot gets before the launcher falls back.
+    #[serde(default = "default_daemon_max_attempts")]
+    pub daemon_max_attempts: u32,
 }
 
 fn default_poll_interval() -> Duration {
@@ -110,20 +125,32 @@ fn default_min_runs() -> u64 {
 fn default_check_tolerance() -> f64 {
     1e-4
 }
+fn default_daemon_ready_timeout() -> Duration {
+    // As the unit's TimeoutStartSec: TensorRT builds engines at a first start.
+    Duration::from_secs(15 * 60)
+}
+fn default_daemon_max_attempts() -> u32 {
+    3
+}
 
 impl OtaConfig {
     /// Every problem, each naming its key.
     pub fn validate(&self) -> Vec<String> {
         let mut p = Vec::new();
-        match &self.manifest_url {
-            None => p.push(
-                "ota.manifest_url: required (MQTT update commands are not implemented)".into(),
-            ),
-            Some(u) => match reqwest::Url::parse(u) {
+        // Without a manifest_url, offers come only as MQTT commands (the
+        // config as a whole checks there is a command topic).
+        if let Some(u) = &self.manifest_url {
+            match reqwest::Url::parse(u) {
                 Ok(url) if matches!(url.scheme(), "http" | "https") => {}
                 Ok(_) => p.push(format!("ota.manifest_url: `{u}` is not http or https")),
                 Err(e) => p.push(format!("ota.manifest_url: `{u}`: {e}")),
-            },
+            }
+        }
+        if self.daemon_max_attempts == 0 {
+            p.push("ota.daemon_max_attempts: must be at least 1".into());
+        }
+        if self.daemon_ready_timeout < Duration::from_secs(1) {
+            p.push("ota.daemon_ready_timeout: under 1 s".into());
         }
         if self.trusted_keys.is_empty() {
             p.push("ota.trusted_keys: empty (no bundle could ever be accepted)".into());
@@ -166,13 +193,17 @@ pub enum OtaError {
 /// A running OTA agent.
 pub struct OtaAgent {
     pub task: tokio::task::JoinHandle<()>,
+    pub stats: Arc<stats::OtaStats>,
 }
 
 /// Starts the OTA agent on the current tokio runtime; it runs until
 /// `shutdown` turns true. Settles what a crash left before it returns.
+/// `commands` carries the payloads of the uplink's command topic.
 pub fn start(
     cfg: &OtaConfig,
     host: Arc<dyn host::ModelHost>,
+    device: &str,
+    commands: Option<tokio::sync::mpsc::Receiver<Vec<u8>>>,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<OtaAgent, OtaError> {
     let problems = cfg.validate();
@@ -185,24 +216,45 @@ pub fn start(
         .map(|k| sign::parse_public_key(k))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| OtaError::Setup(e.to_string()))?;
-    let fetcher = match &cfg.manifest_url {
-        Some(u) => {
-            Some(fetch::Fetcher::new(u, cfg.ca.as_deref(), cfg.timeout).map_err(OtaError::Setup)?)
-        }
-        None => None,
-    };
+    let fetcher = fetch::Fetcher::new(cfg.manifest_url.as_deref(), cfg.ca.as_deref(), cfg.timeout)
+        .map_err(OtaError::Setup)?;
+    let running = slots::running_slot();
+    let boot = slots::Slots::new(&host.data_dir())
+        .load()
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let version = boot.version_of(running.as_deref());
+    let stats = Arc::new(stats::OtaStats::default());
+    *stats.daemon.lock().unwrap_or_else(|p| p.into_inner()) = (
+        version.clone(),
+        running.clone().unwrap_or_else(|| "package".into()),
+    );
     let policy = machine::Policy {
         probation: cfg.probation,
         max_error_rate: cfg.max_error_rate,
         max_p99: cfg.max_p99_latency,
         min_runs: cfg.min_runs,
-        daemon_version: env!("CARGO_PKG_VERSION").to_string(),
+        daemon_version: version,
         target: bundle::this_target(),
     };
-    let mut agent = agent::Agent::new(cfg.clone(), policy, host, trusted, fetcher, shutdown);
+    let mut agent = agent::Agent::new(
+        cfg.clone(),
+        policy,
+        host,
+        trusted,
+        fetcher,
+        agent::Wiring {
+            device: device.to_string(),
+            commands,
+            stats: stats.clone(),
+            running_slot: running,
+        },
+        shutdown,
+    );
     agent.recover();
     let task = tokio::spawn(agent.run());
-    Ok(OtaAgent { task })
+    Ok(OtaAgent { task, stats })
 }
 
 #[cfg(test)]
@@ -220,12 +272,19 @@ mod tests {
         assert_eq!(c.probation, Duration::from_secs(60));
         assert_eq!(c.max_p99_latency, Some(Duration::from_millis(20)));
         assert!(c.validate().is_empty(), "{:?}", c.validate());
+        assert_eq!(c.daemon_max_attempts, 3);
         let bad: OtaConfig = toml::from_str(
-            "manifest_url = \"ftp://x\"\ntrusted_keys = [\"zz\"]\nmax_error_rate = 2.0\n",
+            "manifest_url = \"ftp://x\"\ntrusted_keys = [\"zz\"]\nmax_error_rate = 2.0\ndaemon_max_attempts = 0\n",
         )
         .unwrap();
         let p = bad.validate();
-        assert_eq!(p.len(), 3, "{p:?}");
+        assert_eq!(p.len(), 4, "{p:?}");
+        let commands_only: OtaConfig = toml::from_str(&format!(
+            "trusted_keys = [\"{}\"]\n",
+            sign::key_text(&k.verifying_key())
+        ))
+        .unwrap();
+        assert!(commands_only.validate().is_empty());
         assert!(toml::from_str::<OtaConfig>("nope = 1").is_err());
     }
 }

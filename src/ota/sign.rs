@@ -118,15 +118,33 @@ pub fn key_text(k: &VerifyingKey) -> String {
     B64.encode(k.to_bytes())
 }
 
-fn message(digest: &[u8; 32]) -> Vec<u8> {
-    let mut m = CONTEXT.to_vec();
+/// What a signed update command is signed under (see `command.rs`).
+pub const COMMAND_CONTEXT: &[u8] = b"outpost-command-v1:";
+
+fn message_in(context: &[u8], digest: &[u8; 32]) -> Vec<u8> {
+    let mut m = context.to_vec();
     m.extend_from_slice(digest);
     m
 }
 
 /// The signature line for a bundle of this sha256.
 pub fn sign_digest(key: &SigningKey, digest: &[u8; 32]) -> String {
-    let sig = key.sign(&message(digest));
+    sign_digest_in(CONTEXT, key, digest)
+}
+
+/// Checks a bundle's signature line against the trusted keys.
+pub fn verify_digest(
+    trusted: &[VerifyingKey],
+    digest: &[u8; 32],
+    line: &str,
+) -> Result<VerifyingKey, SignError> {
+    verify_digest_in(CONTEXT, trusted, digest, line)
+}
+
+/// A signature line over `context` + `digest`: each kind of signed thing has
+/// its own context, so a signature never serves another kind.
+pub fn sign_digest_in(context: &[u8], key: &SigningKey, digest: &[u8; 32]) -> String {
+    let sig = key.sign(&message_in(context, digest));
     format!(
         "ed25519:{}:{}",
         key_text(&key.verifying_key()),
@@ -134,8 +152,9 @@ pub fn sign_digest(key: &SigningKey, digest: &[u8; 32]) -> String {
     )
 }
 
-/// Checks a signature line against the trusted keys.
-pub fn verify_digest(
+/// Checks a signature line over `context` + `digest` against the trusted keys.
+pub fn verify_digest_in(
+    context: &[u8],
     trusted: &[VerifyingKey],
     digest: &[u8; 32],
     line: &str,
@@ -156,7 +175,7 @@ pub fn verify_digest(
     let Some(t) = trusted.iter().find(|t| **t == key) else {
         return Err(SignError::UnknownKey { key: key_s });
     };
-    t.verify_strict(&message(digest), &Signature::from_bytes(&sig))
+    t.verify_strict(&message_in(context, digest), &Signature::from_bytes(&sig))
         .map_err(|_| SignError::BadSignature { key: key_s })?;
     Ok(*t)
 }
@@ -206,6 +225,14 @@ mod tests {
             verify_digest(&trusted, &d, "garbage"),
             Err(SignError::BadSignatureText)
         ));
+        // A bundle signature is no command signature, and the other way round.
+        assert!(matches!(
+            verify_digest_in(COMMAND_CONTEXT, &trusted, &d, &line),
+            Err(SignError::BadSignature { .. })
+        ));
+        let cmd = sign_digest_in(COMMAND_CONTEXT, &k, &d);
+        assert!(verify_digest_in(COMMAND_CONTEXT, &trusted, &d, &cmd).is_ok());
+        assert!(verify_digest(&trusted, &d, &cmd).is_err());
     }
 
     #[test]

@@ -80,6 +80,10 @@ pub struct MqttConfig {
     /// Retained "online" on connect, "offline" as last will and at stop: `{device}`.
     #[serde(default = "default_status_topic")]
     pub status_topic: String,
+    /// Signed update commands for this device arrive here (subscribed at
+    /// QoS 1 when `[ota]` is configured): `{device}`; "" = none.
+    #[serde(default = "default_command_topic")]
+    pub command_topic: String,
     /// Records of one topic per message (a JSON/CBOR array when > 1).
     #[serde(default = "default_batch")]
     pub batch: usize,
@@ -139,6 +143,9 @@ fn default_topic() -> String {
 }
 fn default_status_topic() -> String {
     "outpost/{device}/status".into()
+}
+fn default_command_topic() -> String {
+    "outpost/{device}/cmd".into()
 }
 fn default_batch() -> usize {
     1
@@ -218,6 +225,11 @@ impl UplinkConfig {
                 }
                 if let Err(e) = Template::parse(&c.topic, TOPIC_VARS) {
                     p.push(format!("uplink.topic: {e}"));
+                }
+                if !c.command_topic.is_empty()
+                    && let Err(e) = Template::parse(&c.command_topic, STATUS_VARS)
+                {
+                    p.push(format!("uplink.command_topic: {e}"));
                 }
                 if let Err(e) = Template::parse(&c.status_topic, STATUS_VARS) {
                     p.push(format!("uplink.status_topic: {e}"));
@@ -307,13 +319,29 @@ pub fn start(
     device: &str,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Uplink, UplinkError> {
+    start_with_commands(cfg, outbox, device, None, shutdown)
+}
+
+/// [`start`], and for an MQTT uplink with a `command_topic`: subscribes to
+/// it and hands each message's payload to `commands` (a full channel drops
+/// the message, counted and logged; the broker's QoS 1 delivery is already
+/// acknowledged, the fleet sends again when the device says nothing).
+pub fn start_with_commands(
+    cfg: &UplinkConfig,
+    outbox: Outbox,
+    device: &str,
+    commands: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<Uplink, UplinkError> {
     let problems = cfg.validate();
     if !problems.is_empty() {
         return Err(UplinkError::Invalid(problems));
     }
     let stats = Arc::new(UplinkStats::new(cfg.kind()));
     let task = match cfg {
-        UplinkConfig::Mqtt(c) => mqtt::spawn(c.clone(), outbox, device, stats.clone(), shutdown)?,
+        UplinkConfig::Mqtt(c) => {
+            mqtt::spawn(c.clone(), outbox, device, stats.clone(), commands, shutdown)?
+        }
         UplinkConfig::Http(c) => http::spawn(c.clone(), outbox, device, stats.clone(), shutdown)?,
     };
     Ok(Uplink { stats, task })

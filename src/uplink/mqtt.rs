@@ -38,6 +38,8 @@ struct Ctx {
     stats: Arc<UplinkStats>,
     batcher: Batcher,
     status_topic: String,
+    /// Where signed update commands arrive, and who takes them.
+    commands: Option<(String, mpsc::Sender<Vec<u8>>)>,
     client_id: String,
     tls: Option<Arc<rustls::ClientConfig>>,
     /// Records read from the outbox at a time.
@@ -49,6 +51,7 @@ pub(super) fn spawn(
     outbox: Outbox,
     device: &str,
     stats: Arc<UplinkStats>,
+    commands: Option<mpsc::Sender<Vec<u8>>>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<tokio::task::JoinHandle<()>, UplinkError> {
     let tls = if cfg.tls {
@@ -64,6 +67,15 @@ pub(super) fn spawn(
     let status_topic = Template::parse(&cfg.status_topic, STATUS_VARS)
         .map_err(UplinkError::Setup)?
         .render(device, "", "");
+    let commands = match commands {
+        Some(tx) if !cfg.command_topic.is_empty() => Some((
+            Template::parse(&cfg.command_topic, STATUS_VARS)
+                .map_err(UplinkError::Setup)?
+                .render(device, "", ""),
+            tx,
+        )),
+        _ => None,
+    };
     let batcher = Batcher {
         topic,
         device: device.to_string(),
@@ -82,6 +94,7 @@ pub(super) fn spawn(
         stats,
         batcher,
         status_topic,
+        commands,
         tls,
     };
     Ok(tokio::spawn(run(ctx, shutdown)))
@@ -332,6 +345,27 @@ impl Conn {
                     .try_publish(ctx.status_topic.clone(), QoS::AtLeastOnce, true, "online")
                     .map_err(|e| format!("publish request refused: {e}"))?;
                 self.flight.requested(Vec::new());
+                if let Some((topic, _)) = &ctx.commands {
+                    client
+                        .try_subscribe(topic.clone(), QoS::AtLeastOnce)
+                        .map_err(|e| format!("subscribe request refused: {e}"))?;
+                }
+            }
+            Event::Incoming(Packet::SubAck(_)) => {
+                if let Some((topic, _)) = &ctx.commands {
+                    tracing::info!(%topic, "uplink: subscribed to update commands");
+                }
+            }
+            Event::Incoming(Packet::Publish(p)) => {
+                if let Some((topic, tx)) = &ctx.commands
+                    && p.topic == *topic
+                {
+                    if tx.try_send(p.payload.to_vec()).is_err() {
+                        tracing::warn!(%topic, "uplink: update command dropped: the OTA agent has not taken the previous ones");
+                    }
+                } else {
+                    tracing::debug!(topic = %p.topic, "uplink: message on a topic not subscribed to");
+                }
             }
             Event::Outgoing(Outgoing::Publish(pkid)) => {
                 self.flight.sent(pkid).map_err(|e| e.to_string())?;

@@ -753,3 +753,524 @@ fn sigkill_mid_download_resumes() {
     );
     infer_ok(&d);
 }
+
+/// A model whose p99 latency passes the probation threshold is rolled back
+/// while it serves: the old version serves again, in memory and after a
+/// restart, and the bundle is refused for good.
+#[test]
+fn probation_rolls_back_a_model_that_breaks_its_latency_threshold() {
+    let work = tempfile::tempdir().unwrap();
+    let fleet = Fleet::start();
+    let (key, pubkey) = keygen(work.path(), "fleet");
+    let e = model_bundle(&fleet, &key, work.path(), "1.1.0");
+    fleet.offer(&[]);
+    // No sensor_mlp run takes under 1 µs: once min_runs frames ran on the
+    // new version, its p99 passes the threshold.
+    let cfg = config(&fleet, &pubkey, "max_p99_latency = \"1us\"")
+        .replace("probation = \"1s\"", "probation = \"30s\"");
+    let d = start(&cfg, device_dir());
+    fleet.offer(&[e]);
+    wait_log(&d, "step=\"probation\"", Duration::from_secs(20));
+    assert_eq!(serving(&d), "sensor_mlp@1.1.0", "serves on probation");
+    let t0 = Instant::now();
+    while !d.log().contains("step=\"rolled_back\"") {
+        assert!(t0.elapsed() < Duration::from_secs(20), "{}", d.log());
+        infer_ok(&d);
+    }
+    let log = d.log();
+    assert!(log.contains("passes max_p99_latency"), "{log}");
+    assert_eq!(serving(&d), "sensor_mlp@1.0.0");
+    infer_ok(&d);
+    // Not committed: the model dir still holds the packaged folder.
+    assert!(!d.dir.path().join("models/sensor_mlp").is_symlink());
+    // Refused for good: the offer stays, nothing is downloaded again.
+    let gets = fleet
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(p, _)| p == "/sensor_mlp-1.1.0.tar")
+        .count();
+    std::thread::sleep(Duration::from_millis(1000));
+    let again = fleet
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(p, _)| p == "/sensor_mlp-1.1.0.tar")
+        .count();
+    assert_eq!(gets, again, "a refused bundle is not fetched again");
+    let dir = d.stop_keep_dir();
+    // Every step went into the outbox, to go upstream like a result.
+    let data = dir.path().join("data");
+    let out = cli(&["outbox", "export", "--data-dir", data.to_str().unwrap()]);
+    let steps: Vec<String> = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["record"]["pipeline"] == "ota")
+        .map(|r| {
+            r["record"]["event"]["step"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "downloading",
+            "verified",
+            "staged",
+            "loaded",
+            "checked",
+            "probation",
+            "rolled_back"
+        ],
+        "{out}"
+    );
+    let d = start(&cfg, dir);
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(serving(&d), "sensor_mlp@1.0.0");
+}
+
+/// Publishes one MQTT message at QoS 1 and waits for its PUBACK.
+fn publish(port: u16, topic: &str, payload: Vec<u8>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let o = rumqttc::MqttOptions::new(format!("fleet-cmd-{}", free_port()), "127.0.0.1", port);
+        let (client, mut ev) = rumqttc::AsyncClient::new(o, 10);
+        client
+            .publish(topic, rumqttc::QoS::AtLeastOnce, false, payload)
+            .await
+            .unwrap();
+        let t0 = Instant::now();
+        loop {
+            assert!(t0.elapsed() < Duration::from_secs(10), "no PUBACK");
+            if let Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_)))) =
+                tokio::time::timeout(Duration::from_secs(1), ev.poll()).await
+            {
+                break;
+            }
+        }
+        let _ = client.disconnect().await;
+    });
+}
+
+/// A metric's value from /metrics (0 when absent).
+fn metric(d: &Daemon, line_start: &str) -> f64 {
+    let (_, body) = http("GET", &d.api, "/metrics", b"").unwrap();
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Signed commands on the MQTT uplink's command topic, without any manifest
+/// document: an update and a signed rollback install; a stranger's
+/// signature, a replay and another device's command are refused and counted.
+#[test]
+fn signed_mqtt_commands_update_and_roll_back_and_bad_ones_are_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let broker = crate::uplink::Mosquitto::start(&w.join("mosquitto"));
+    let fleet = Fleet::start();
+    let (key, pubkey) = keygen(w, "fleet");
+    let (stranger, _) = keygen(w, "stranger");
+    model_bundle(&fleet, &key, w, "1.1.0");
+    let up = w.join("sensor_mlp-1.1.0.tar");
+    let rb = w.join("sensor_mlp-1.0.0-rb.tar");
+    bundle(
+        &fleet,
+        &key,
+        &[
+            "--model-dir",
+            model_dir().join("sensor_mlp").to_str().unwrap(),
+            "--rollback",
+        ],
+        &rb,
+        &["--rollback"],
+    );
+    let cfg = format!(
+        r#"
+data_dir = "{{DATA}}"
+model_dir = "{{DIR}}/models"
+device = "gw-7"
+[api]
+listen = "{{API}}"
+[[pipelines]]
+name = "sensors"
+model = "sensor_mlp"
+source = {{ type = "http" }}
+[pipelines.preprocess]
+type = "sensor"
+format = "json"
+length = 16
+[uplink]
+type = "mqtt"
+host = "127.0.0.1"
+port = {}
+[ota]
+trusted_keys = ["{pubkey}"]
+probation = "1s"
+min_runs = 5
+"#,
+        broker.port
+    );
+    let d = start(&cfg, device_dir());
+    wait_log(&d, "subscribed to update commands", Duration::from_secs(20));
+    let url = |p: &Path| {
+        format!(
+            "http://{}/{}",
+            fleet.addr,
+            p.file_name().unwrap().to_str().unwrap()
+        )
+    };
+    let command = |key: &Path, device: &str, extra: &[&str], b: &Path| -> Vec<u8> {
+        let mut args = vec![
+            "bundle",
+            "command",
+            "--key",
+            key.to_str().unwrap(),
+            "--device",
+            device,
+            "--expires-in",
+            "10m",
+        ];
+        let u = url(b);
+        args.extend_from_slice(&["--url", &u]);
+        args.extend_from_slice(extra);
+        args.push(b.to_str().unwrap());
+        cli(&args).trim().as_bytes().to_vec()
+    };
+    let topic = "outpost/gw-7/cmd";
+    let refused = |reason: &str| format!("outpost_ota_commands_total{{result=\"{reason}\"}}");
+
+    // A stranger's signature.
+    publish(broker.port, topic, command(&stranger, "gw-7", &[], &up));
+    wait_log(&d, "step=\"command_refused\"", Duration::from_secs(10));
+    assert_eq!(metric(&d, &refused("signature")), 1.0);
+    // Garbage.
+    publish(broker.port, topic, b"not a command".to_vec());
+    let t0 = Instant::now();
+    while metric(&d, &refused("malformed")) < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(serving(&d), "sensor_mlp@1.0.0");
+
+    // The update.
+    let update = command(&key, "gw-7", &[], &up);
+    publish(broker.port, topic, update.clone());
+    wait_log(&d, "step=\"installed\"", Duration::from_secs(20));
+    assert_eq!(serving(&d), "sensor_mlp@1.1.0");
+    infer_ok(&d);
+    // Replayed: refused.
+    publish(broker.port, topic, update);
+    // Another device's (signed, fresh): refused.
+    publish(broker.port, topic, command(&key, "gw-8", &[], &rb));
+    let t0 = Instant::now();
+    while metric(&d, &refused("replay")) < 1.0 || metric(&d, &refused("other_device")) < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(serving(&d), "sensor_mlp@1.1.0");
+
+    // The signed rollback.
+    publish(
+        broker.port,
+        topic,
+        command(&key, "gw-7", &["--rollback"], &rb),
+    );
+    let t0 = Instant::now();
+    while serving(&d) != "sensor_mlp@1.0.0" || d.log().matches("step=\"installed\"").count() < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    infer_ok(&d);
+    assert_eq!(metric(&d, &refused("accepted")), 2.0);
+    assert_eq!(
+        fleet
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| p == "/manifest.json")
+            .count(),
+        0,
+        "no manifest document involved"
+    );
+}
+
+/// Emulates systemd's `Restart=on-failure` for `outpost run`: starts the
+/// packaged binary again whenever it exits with a non-zero code (75: a
+/// daemon update asks for it), up to a limit; collects the exit codes.
+struct Supervisor {
+    stop: Arc<AtomicBool>,
+    exits: Arc<Mutex<Vec<i32>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Supervisor {
+    fn start(cfg: &Path, env: Vec<(&'static str, String)>, log: PathBuf) -> Supervisor {
+        let stop = Arc::new(AtomicBool::new(false));
+        let exits: Arc<Mutex<Vec<i32>>> = Arc::default();
+        let (s, e, cfg) = (stop.clone(), exits.clone(), cfg.to_path_buf());
+        let thread = std::thread::spawn(move || {
+            for _ in 0..12 {
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .unwrap();
+                let mut c = outpost()
+                    .arg("--config")
+                    .arg(&cfg)
+                    .arg("run")
+                    .env("RUST_LOG", "info,ort=warn")
+                    .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+                    .stdout(std::process::Stdio::null())
+                    .stderr(f)
+                    .spawn()
+                    .unwrap();
+                let st = loop {
+                    if let Some(st) = c.try_wait().unwrap() {
+                        break st;
+                    }
+                    if s.load(Ordering::SeqCst) {
+                        let _ = std::process::Command::new("kill")
+                            .arg("-TERM")
+                            .arg(c.id().to_string())
+                            .status();
+                        break c.wait().unwrap();
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                };
+                let code = st.code().unwrap_or(-1);
+                e.lock().unwrap().push(code);
+                if code == 0 || s.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        Supervisor {
+            stop,
+            exits,
+            thread: Some(thread),
+        }
+    }
+
+    fn exits(&self) -> Vec<i32> {
+        self.exits.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Waits for the running daemon to answer /v1/status with `version` from `slot`.
+fn wait_daemon(api: &str, version: &str, slot: &str, log: &Path) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        if let Ok((200, body)) = http("GET", api, "/v1/status", b"") {
+            let st: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            if st["daemon"]["version"] == version
+                && st["daemon"]["slot"] == slot
+                && st["ready"] == true
+            {
+                return st;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "daemon {version} from slot {slot} not serving in 60 s:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Daemon updates end to end under an emulated service manager: a signed
+/// daemon bundle is installed into slot a, the daemon restarts into it
+/// (exit 75), proves itself and is marked good; then a bundle whose binary
+/// cannot start is tried in slot b, fails its starts, and the launcher's boot
+/// counter falls back to slot a, which reports the rollback and refuses that
+/// bundle for good.
+#[test]
+fn daemon_update_runs_from_a_new_slot_and_a_broken_one_falls_back() {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let fleet = Fleet::start();
+    let (key, pubkey) = keygen(w, "fleet");
+    let target = format!(
+        "{}-unknown-linux-{}",
+        std::env::consts::ARCH,
+        if cfg!(target_env = "musl") {
+            "musl"
+        } else {
+            "gnu"
+        }
+    );
+    // The daemon under test, stripped (the debug build is ~280 MB).
+    let bin = w.join("outpost");
+    let st = std::process::Command::new("strip")
+        .arg("-o")
+        .arg(&bin)
+        .arg(env!("CARGO_BIN_EXE_outpost"))
+        .status()
+        .expect("strip (binutils)");
+    assert!(st.success());
+    let good = bundle(
+        &fleet,
+        &key,
+        &[
+            "--daemon",
+            bin.to_str().unwrap(),
+            "--target",
+            &target,
+            "--version",
+            "0.9.0",
+        ],
+        &w.join("outpost-0.9.0.tar"),
+        &[],
+    );
+    // A binary that cannot serve: exits 1 at once.
+    let broken = w.join("broken");
+    std::fs::write(&broken, "#!/bin/sh\necho 'broken build' >&2\nexit 1\n").unwrap();
+    let bad = bundle(
+        &fleet,
+        &key,
+        &[
+            "--daemon",
+            broken.to_str().unwrap(),
+            "--target",
+            &target,
+            "--version",
+            "0.9.1",
+        ],
+        &w.join("outpost-0.9.1.tar"),
+        &[],
+    );
+    fleet.offer(&[good]);
+    let dir = device_dir();
+    let api = format!("127.0.0.1:{}", free_port());
+    let cfg_path = dir.path().join("outpost.toml");
+    let cfg = config(
+        &fleet,
+        &pubkey,
+        "daemon_probation = \"1s\"\ndaemon_max_attempts = 2\ndaemon_ready_timeout = \"60s\"",
+    )
+    .replace("{API}", &api)
+    .replace("{DATA}", &dir.path().join("data").display().to_string())
+    .replace("{DIR}", &dir.path().display().to_string());
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let log = dir.path().join("daemon.log");
+    let sup = Supervisor::start(&cfg_path, device_env(&dir).to_vec(), log.clone());
+    let slots = dir.path().join("data/slots");
+
+    // The update: downloaded, verified, put in slot a; the daemon restarts into it.
+    let st = wait_daemon(&api, "0.9.0", "a", &log);
+    assert_eq!(st["pipelines"][0]["model"], "sensor_mlp@1.0.0");
+    assert_eq!(sup.exits(), [75], "one graceful stop for the restart");
+    assert_eq!(
+        std::fs::read_link(slots.join("current")).unwrap(),
+        Path::new("a")
+    );
+    // Marked good after READY + daemon_probation.
+    let t0 = Instant::now();
+    loop {
+        let boot: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(slots.join("boot.json")).unwrap()).unwrap();
+        if boot["good"] == "a" && boot["trying"].is_null() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "{boot}\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (code, _) = http(
+        "POST",
+        &api,
+        "/v1/pipelines/sensors/infer",
+        SAMPLE.as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(code, 200);
+
+    // The broken update: tried in slot b, fails twice, falls back to a.
+    fleet.offer(&[bad]);
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("step=\"rolled_back\"")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "exits {:?}\n{}",
+            sup.exits(),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let st = wait_daemon(&api, "0.9.0", "a", &log);
+    assert_eq!(st["ready"], true);
+    assert_eq!(
+        sup.exits(),
+        [75, 75, 1, 1],
+        "restart, then two failed starts of slot b"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.matches("broken build").count(), 2, "{text}");
+    assert!(
+        text.contains("slot b did not stay up after 2 start(s)"),
+        "{text}"
+    );
+    let boot: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(slots.join("boot.json")).unwrap()).unwrap();
+    assert_eq!(boot["good"], "a");
+    assert!(
+        boot["trying"].is_null() && boot["fell_back"].is_null(),
+        "{boot}"
+    );
+    assert_eq!(
+        std::fs::read_link(slots.join("current")).unwrap(),
+        Path::new("a")
+    );
+    // Refused for good: the offer stays, the bundle is not fetched again.
+    let fetched = || {
+        fleet
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| p == "/outpost-0.9.1.tar")
+            .count()
+    };
+    let n = fetched();
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(fetched(), n);
+    assert_eq!(sup.exits().len(), 4, "no more restarts");
+    let (code, _) = http(
+        "POST",
+        &api,
+        "/v1/pipelines/sensors/infer",
+        SAMPLE.as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(code, 200);
+    drop(sup);
+}

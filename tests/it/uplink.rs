@@ -28,14 +28,14 @@ const OUTAGE: Duration = Duration::from_secs(10);
 
 // ---- mosquitto -------------------------------------------------------------
 
-struct Mosquitto {
+pub(crate) struct Mosquitto {
     child: Option<Child>,
-    port: u16,
+    pub(crate) port: u16,
     dir: PathBuf,
 }
 
 impl Mosquitto {
-    fn start(dir: &Path) -> Mosquitto {
+    pub(crate) fn start(dir: &Path) -> Mosquitto {
         std::fs::create_dir_all(dir).unwrap();
         let mut m = Mosquitto {
             child: None,

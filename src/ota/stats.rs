@@ -1,0 +1,101 @@
+//! OTA figures for `/metrics`: download progress, status events by step,
+//! commands by outcome, and which daemon version and slot run.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::encoding::DescriptorEncoder;
+
+use crate::telemetry::metrics::{MetricSource, counter, gauge};
+
+#[derive(Debug, Default)]
+pub struct OtaStats {
+    /// Bytes of the bundle being downloaded that are on disk.
+    pub download_bytes: AtomicU64,
+    /// Its size (0: no download in progress).
+    pub download_size: AtomicU64,
+    steps: Mutex<BTreeMap<&'static str, u64>>,
+    commands: Mutex<BTreeMap<&'static str, u64>>,
+    /// (version, slot) of the running daemon.
+    pub daemon: Mutex<(String, String)>,
+}
+
+impl OtaStats {
+    pub fn step(&self, step: &'static str) {
+        *self
+            .steps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(step)
+            .or_default() += 1;
+    }
+
+    pub fn command(&self, result: &'static str) {
+        *self
+            .commands
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(result)
+            .or_default() += 1;
+    }
+
+    pub fn commands(&self) -> BTreeMap<&'static str, u64> {
+        self.commands
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl MetricSource for OtaStats {
+    fn encode(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let (version, slot) = self
+            .daemon
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        gauge(
+            enc,
+            "outpost_daemon_info",
+            "The running daemon: version and slot (`package` when not from an OTA slot)",
+            &[(vec![("version", version), ("slot", slot)], 1.0)],
+        )?;
+        gauge(
+            enc,
+            "outpost_ota_download_bytes",
+            "Bytes of the bundle being downloaded that are on disk",
+            &[(vec![], self.download_bytes.load(Ordering::Relaxed) as f64)],
+        )?;
+        gauge(
+            enc,
+            "outpost_ota_download_size_bytes",
+            "Size of the bundle being downloaded (0: none)",
+            &[(vec![], self.download_size.load(Ordering::Relaxed) as f64)],
+        )?;
+        let steps: Vec<_> = self
+            .steps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (vec![("step", k.to_string())], *v))
+            .collect();
+        counter(
+            enc,
+            "outpost_ota_events",
+            "OTA status events by step",
+            &steps,
+        )?;
+        let cmds: Vec<_> = self
+            .commands()
+            .iter()
+            .map(|(k, v)| (vec![("result", k.to_string())], *v))
+            .collect();
+        counter(
+            enc,
+            "outpost_ota_commands",
+            "Update commands received, by result (accepted or why refused)",
+            &cmds,
+        )
+    }
+}

@@ -108,7 +108,22 @@ format = "json"
 length = 16
 
 UPLINK_MQTT
-UPLINK_HTTP"#;
+UPLINK_HTTP
+# Signed updates of models and of the daemon (docs/ota.md). Offers come from
+# the manifest document and/or as signed commands on the MQTT command_topic.
+# [ota]
+# manifest_url = "https://fleet.example.net/outpost/site-7.json"
+# trusted_keys = ["/etc/outpost/keys/fleet.pub"]   # several: key rotation
+# poll_interval = "5m"
+# poll_jitter = "30s"
+# max_bytes_per_s = 200000
+# probation = "60s"             # a new model serves under watch this long
+# max_error_rate = 0.05
+# max_p99_latency = "20ms"
+# daemon_probation = "60s"      # a new daemon slot serves this long before it is good
+# daemon_ready_timeout = "15m"  # ... and must be READY within this
+# daemon_max_attempts = 3       # starts before the launcher falls back
+"#;
 
 const MQTT: &str = r#"# Results to the fleet broker: QoS 1, deleted from the outbox on PUBACK.
 [uplink]
@@ -121,6 +136,7 @@ tls = true
 # key = "/etc/outpost/device.key"
 topic = "outpost/{device}/{pipeline}/{stream}"
 status_topic = "outpost/{device}/status"   # retained online / offline (last will)
+command_topic = "outpost/{device}/cmd"     # signed update commands (with [ota]); "" = none
 batch = 1
 payload = "json"                    # or "cbor"
 max_bytes_per_s = 0                 # cap for metered links; 0 = none

@@ -83,17 +83,19 @@ pub enum Launch {
 
 impl BootState {
     /// One start, decided: counts a start of the slot on trial, or falls
-    /// back when it has had its `max_attempts`. No I/O.
-    pub fn on_start(&mut self) -> Launch {
+    /// back when it has had its `max_attempts`. Outside a trial, a packaged
+    /// binary newer than the good slot (the package was upgraded) runs
+    /// itself. No I/O.
+    pub fn on_start(&mut self, package_version: &str) -> Launch {
         if let Some(t) = self.trying.clone() {
             if self.attempts >= self.max_attempts.max(1) {
                 self.fall_back(&t);
-                return self.good_launch();
+                return self.good_launch_over(package_version);
             }
             self.attempts += 1;
             return Launch::Slot(t);
         }
-        self.good_launch()
+        self.good_launch_over(package_version)
     }
 
     /// The slot on trial failed (used up its starts, or cannot be started).
@@ -110,8 +112,14 @@ impl BootState {
         self.attempts = 0;
     }
 
-    fn good_launch(&self) -> Launch {
+    fn good_launch_over(&self, package_version: &str) -> Launch {
         match &self.good {
+            Some(g)
+                if super::machine::cmp_versions(package_version, &self.version_of(Some(g)))
+                    == Some(std::cmp::Ordering::Greater) =>
+            {
+                Launch::Package
+            }
             Some(g) => Launch::Slot(g.clone()),
             None => Launch::Package,
         }
@@ -278,7 +286,14 @@ pub fn handoff(data_dir: &Path) {
     };
     // At most: the slot on trial, then the good one, then the package.
     for _ in 0..3 {
-        let launch = st.on_start();
+        let launch = st.on_start(env!("CARGO_PKG_VERSION"));
+        if launch == Launch::Package && st.good.is_some() && st.trying.is_none() {
+            tracing::info!(
+                package = env!("CARGO_PKG_VERSION"),
+                slot_version = %st.version_of(st.good.as_deref()),
+                "daemon slots: the packaged binary is newer than the good slot; running it"
+            );
+        }
         let slot = match &launch {
             Launch::Package => None,
             Launch::Slot(s) => Some(s.clone()),
@@ -324,7 +339,7 @@ mod tests {
     #[test]
     fn no_update_runs_the_package() {
         let mut s = BootState::default();
-        assert_eq!(s.on_start(), Launch::Package);
+        assert_eq!(s.on_start("0.1.0"), Launch::Package);
         assert_eq!(s.inactive(None), "a");
     }
 
@@ -334,11 +349,11 @@ mod tests {
         s.try_slot("a", info("0.2.0"), 3, None);
         assert_eq!(s.good, None);
         for n in 1..=3 {
-            assert_eq!(s.on_start(), Launch::Slot("a".into()));
+            assert_eq!(s.on_start("0.1.0"), Launch::Slot("a".into()));
             assert_eq!(s.attempts, n);
         }
         // Three starts without proving itself: the fourth runs the package.
-        assert_eq!(s.on_start(), Launch::Package);
+        assert_eq!(s.on_start("0.1.0"), Launch::Package);
         let fb = s.fell_back.clone().unwrap();
         assert_eq!(
             (fb.slot.as_str(), fb.version.as_str(), fb.attempts),
@@ -346,27 +361,44 @@ mod tests {
         );
         assert_eq!(fb.to, None);
         assert_eq!(s.trying, None);
-        assert_eq!(s.on_start(), Launch::Package, "stays fallen back");
+        assert_eq!(s.on_start("0.1.0"), Launch::Package, "stays fallen back");
     }
 
     #[test]
     fn a_proved_slot_becomes_good_and_the_next_install_takes_the_other() {
         let mut s = BootState::default();
         s.try_slot("a", info("0.2.0"), 3, None);
-        assert_eq!(s.on_start(), Launch::Slot("a".into()));
+        assert_eq!(s.on_start("0.1.0"), Launch::Slot("a".into()));
         assert!(!s.mark_good("b"), "only the slot on trial");
         assert!(s.mark_good("a"));
-        assert_eq!(s.on_start(), Launch::Slot("a".into()));
+        assert_eq!(s.on_start("0.1.0"), Launch::Slot("a".into()));
         assert_eq!(s.attempts, 0, "a good slot's starts are not counted");
         assert_eq!(s.inactive(Some("a")), "b");
         s.try_slot("b", info("0.3.0"), 2, Some("a"));
-        assert_eq!(s.on_start(), Launch::Slot("b".into()));
-        assert_eq!(s.on_start(), Launch::Slot("b".into()));
+        assert_eq!(s.on_start("0.1.0"), Launch::Slot("b".into()));
+        assert_eq!(s.on_start("0.1.0"), Launch::Slot("b".into()));
         // b fails twice: back to a, not to the package.
-        assert_eq!(s.on_start(), Launch::Slot("a".into()));
+        assert_eq!(s.on_start("0.1.0"), Launch::Slot("a".into()));
         assert_eq!(s.fell_back.as_ref().unwrap().to.as_deref(), Some("a"));
         assert_eq!(s.version_of(Some("a")), "0.2.0");
         assert_eq!(s.version_of(None), env!("CARGO_PKG_VERSION"));
+    }
+
+    #[test]
+    fn an_upgraded_package_newer_than_the_good_slot_runs_itself() {
+        let mut s = BootState::default();
+        s.try_slot("a", info("0.2.0"), 3, None);
+        assert_eq!(s.on_start("0.1.0"), Launch::Slot("a".into()));
+        assert!(s.mark_good("a"));
+        assert_eq!(
+            s.on_start("0.2.0"),
+            Launch::Slot("a".into()),
+            "same version: the slot"
+        );
+        assert_eq!(s.on_start("0.3.0"), Launch::Package);
+        // A trial still runs its slot whatever the package is.
+        s.try_slot("b", info("0.4.0"), 3, Some("a"));
+        assert_eq!(s.on_start("0.3.0"), Launch::Slot("b".into()));
     }
 
     #[test]

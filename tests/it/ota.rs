@@ -1101,18 +1101,9 @@ fn wait_daemon(api: &str, version: &str, slot: &str, log: &Path) -> serde_json::
     }
 }
 
-/// Daemon updates end to end under an emulated service manager: a signed
-/// daemon bundle is installed into slot a, the daemon restarts into it
-/// (exit 75), proves itself and is marked good; then a bundle whose binary
-/// cannot start is tried in slot b, fails its starts, and the launcher's boot
-/// counter falls back to slot a, which reports the rollback and refuses that
-/// bundle for good.
-#[test]
-fn daemon_update_runs_from_a_new_slot_and_a_broken_one_falls_back() {
-    let work = tempfile::tempdir().unwrap();
-    let w = work.path();
-    let fleet = Fleet::start();
-    let (key, pubkey) = keygen(w, "fleet");
+/// Signed daemon bundles: 0.9.0 holds the daemon under test (stripped: the
+/// debug build is ~280 MB), 0.9.1 a binary that exits 1 at once.
+fn daemon_bundles(w: &Path, fleet: &Fleet, key: &Path) -> (serde_json::Value, serde_json::Value) {
     let target = format!(
         "{}-unknown-linux-{}",
         std::env::consts::ARCH,
@@ -1122,7 +1113,6 @@ fn daemon_update_runs_from_a_new_slot_and_a_broken_one_falls_back() {
             "gnu"
         }
     );
-    // The daemon under test, stripped (the debug build is ~280 MB).
     let bin = w.join("outpost");
     let st = std::process::Command::new("strip")
         .arg("-o")
@@ -1132,8 +1122,8 @@ fn daemon_update_runs_from_a_new_slot_and_a_broken_one_falls_back() {
         .expect("strip (binutils)");
     assert!(st.success());
     let good = bundle(
-        &fleet,
-        &key,
+        fleet,
+        key,
         &[
             "--daemon",
             bin.to_str().unwrap(),
@@ -1149,8 +1139,8 @@ fn daemon_update_runs_from_a_new_slot_and_a_broken_one_falls_back() {
     let broken = w.join("broken");
     std::fs::write(&broken, "#!/bin/sh\necho 'broken build' >&2\nexit 1\n").unwrap();
     let bad = bundle(
-        &fleet,
-        &key,
+        fleet,
+        key,
         &[
             "--daemon",
             broken.to_str().unwrap(),
@@ -1162,19 +1152,117 @@ fn daemon_update_runs_from_a_new_slot_and_a_broken_one_falls_back() {
         &w.join("outpost-0.9.1.tar"),
         &[],
     );
-    fleet.offer(&[good]);
-    let dir = device_dir();
+    (good, bad)
+}
+
+/// The device config for the daemon-update tests, written into `dir`;
+/// returns (config path, API address).
+fn daemon_device(dir: &tempfile::TempDir, fleet: &Fleet, pubkey: &str) -> (PathBuf, String) {
     let api = format!("127.0.0.1:{}", free_port());
     let cfg_path = dir.path().join("outpost.toml");
     let cfg = config(
-        &fleet,
-        &pubkey,
+        fleet,
+        pubkey,
         "daemon_probation = \"1s\"\ndaemon_max_attempts = 2\ndaemon_ready_timeout = \"60s\"",
     )
     .replace("{API}", &api)
     .replace("{DATA}", &dir.path().join("data").display().to_string())
     .replace("{DIR}", &dir.path().display().to_string());
     std::fs::write(&cfg_path, cfg).unwrap();
+    (cfg_path, api)
+}
+
+/// Waits until boot.json names `slot` good with no trial.
+fn wait_good(slots: &Path, slot: &str, log: &Path) {
+    let t0 = Instant::now();
+    loop {
+        if let Ok(b) = std::fs::read(slots.join("boot.json")) {
+            let boot: serde_json::Value = serde_json::from_slice(&b).unwrap();
+            if boot["good"] == slot && boot["trying"].is_null() {
+                return;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "slot {slot} not good:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// SIGKILL right after a daemon slot was activated (boot.json and the
+/// `current` link written, before the graceful restart): the next start
+/// runs the new slot, which proves itself.
+#[test]
+fn sigkill_after_a_daemon_slot_is_activated_starts_the_new_slot() {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let fleet = Fleet::start();
+    let (key, pubkey) = keygen(w, "fleet");
+    let (good, _) = daemon_bundles(w, &fleet, &key);
+    fleet.offer(&[good]);
+    let dir = device_dir();
+    let (cfg_path, api) = daemon_device(&dir, &fleet, &pubkey);
+    let log = dir.path().join("daemon.log");
+    let mut child = outpost()
+        .arg("--config")
+        .arg(&cfg_path)
+        .arg("run")
+        .env("RUST_LOG", "info,ort=warn")
+        .env("OUTPOST_OTA_FAILPOINT", "activated")
+        .envs(device_env(&dir))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        st.signal(),
+        Some(9),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let slots = dir.path().join("data/slots");
+    let sup = Supervisor::start(&cfg_path, device_env(&dir).to_vec(), log.clone());
+    wait_daemon(&api, "0.9.0", "a", &log);
+    wait_good(&slots, "a", &log);
+    assert!(
+        sup.exits().is_empty(),
+        "no restart needed: {:?}",
+        sup.exits()
+    );
+    drop(sup);
+}
+
+/// Daemon updates end to end under an emulated service manager: a signed
+/// daemon bundle is installed into slot a, the daemon restarts into it
+/// (exit 75), proves itself and is marked good; then a bundle whose binary
+/// cannot start is tried in slot b, fails its starts, and the launcher's boot
+/// counter falls back to slot a, which reports the rollback and refuses that
+/// bundle for good.
+#[test]
+fn daemon_update_runs_from_a_new_slot_and_a_broken_one_falls_back() {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let fleet = Fleet::start();
+    let (key, pubkey) = keygen(w, "fleet");
+    let (good, bad) = daemon_bundles(w, &fleet, &key);
+    fleet.offer(&[good]);
+    let dir = device_dir();
+    let (cfg_path, api) = daemon_device(&dir, &fleet, &pubkey);
     let log = dir.path().join("daemon.log");
     let sup = Supervisor::start(&cfg_path, device_env(&dir).to_vec(), log.clone());
     let slots = dir.path().join("data/slots");
@@ -1188,20 +1276,7 @@ fn daemon_update_runs_from_a_new_slot_and_a_broken_one_falls_back() {
         Path::new("a")
     );
     // Marked good after READY + daemon_probation.
-    let t0 = Instant::now();
-    loop {
-        let boot: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(slots.join("boot.json")).unwrap()).unwrap();
-        if boot["good"] == "a" && boot["trying"].is_null() {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(15),
-            "{boot}\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_good(&slots, "a", &log);
     let (code, _) = http(
         "POST",
         &api,

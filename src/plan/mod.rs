@@ -7,41 +7,74 @@
 //! The estimate, per memory pool (one pool on CPU-only targets and on Jetson,
 //! where CPU and GPU share LPDDR; a host pool and a device pool on a dGPU):
 //!
+//! - runtime = [`CPU_RUNTIME_BYTES`]: outpost, libonnxruntime's resident
+//!   pages, the ONNX Runtime environment and its thread pool;
+//! - graph = nodes (subgraphs included) × [`NODE_BYTES`]: ONNX Runtime's
+//!   graph, kernels and execution plans;
 //! - weights = parameters × bytes per parameter at the precision
 //!   (fp32 4, fp16/bf16 2, int8 1);
-//! - activations = 2 × the largest input or output tensor (bytes, at its
-//!   declared element type, batch 1) × batch. Intermediate tensor sizes need
-//!   shape inference, which outpost does not do; this heuristic is low for
-//!   wide convolutional nets (see the comparison with `bench` in
-//!   cross/README.md), which the 80 % "fits" margin absorbs;
+//! - weight copies (CPU provider) = what is alive beside the weights while
+//!   ONNX Runtime builds the session: the parsed model file for every weight
+//!   plus, for Conv/ConvTranspose weights, the copy the CPU provider reorders
+//!   into its blocked (NCHWc) layout: conv weights × [`CONV_WEIGHT_COPIES`] +
+//!   other weights × [`WEIGHT_COPIES`];
+//! - activations = 2 × the largest input or output tensor (its dtype, free
+//!   dimensions resolved from the manifest's preprocessing, × batch): the
+//!   input outpost holds and the output it copies out;
+//! - intermediates = [`ARENA_FACTOR`] × the peak of the intermediate tensors
+//!   alive at once (shape inference and a liveness walk over the graph, see
+//!   [`graph`]): ONNX Runtime's CPU arena keeps the first run's allocations
+//!   and then adds the memory-pattern block the later runs use;
 //! - TensorRT workspace (TensorRT provider only) = the TensorRT EP's default
 //!   `trt_max_workspace_size`, 1 GiB, or `--workspace-bytes`: a ceiling for
 //!   tactic selection, counted in full;
-//! - runtime overhead: [`CPU_RUNTIME_BYTES`] for outpost plus libonnxruntime
-//!   on the CPU EP; on a GPU provider also [`CUDA_CONTEXT_BYTES`] on the device
-//!   and [`GPU_HOST_LIBS_BYTES`] on the host of a dGPU, or
+//! - on a GPU provider also [`CUDA_CONTEXT_BYTES`] on the device and
+//!   [`GPU_HOST_LIBS_BYTES`] on the host of a dGPU, or
 //!   [`JETSON_GPU_RUNTIME_BYTES`] in Jetson's shared pool; GPU providers also
 //!   keep the ONNX initializers (the file's weights at fp32) on the host.
+//!
+//! The CPU constants are measured (`outpost bench` peak RSS on x86_64, see
+//! cross/README.md); the GPU ones are not measured here.
 //!
 //! Verdict per pool: used ≤ 80 % of capacity fits, ≤ 100 % is tight, more
 //! does not fit; the plan's verdict is its worst pool's.
 
+pub mod graph;
 pub mod target;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use bytes::Bytes;
 use prost::Message;
 use serde::Serialize;
 
+use self::graph::GraphFacts;
 use self::target::{Precision, Target};
 use crate::backend::{DType, Dim, IoSpec, Provider};
-use crate::model::manifest::Manifest;
+use crate::model::manifest::{Layout, Manifest, Preprocess};
 use crate::model::registry::{ModelError, manifests_in};
 
 const MIB: u64 = 1 << 20;
-/// outpost + libonnxruntime + CPU EP arenas at rest: `outpost bench` on
-/// sensor_mlp (a 5 KB model) peaks at 35.8 MB RSS on x86_64.
-pub const CPU_RUNTIME_BYTES: u64 = 40 * MIB;
+const KIB: u64 = 1 << 10;
+/// outpost + libonnxruntime + the ONNX Runtime environment: `outpost bench`
+/// peaks at 35.6-36.7 MB RSS on x86_64 for models of a few nodes and
+/// kilobytes of weights.
+pub const CPU_RUNTIME_BYTES: u64 = 34 * MIB;
+/// Per node (subgraph nodes and Constant nodes included): ONNX Runtime's
+/// graph, kernel and plan structures.
+pub const NODE_BYTES: u64 = 8 * KIB;
+/// Conv/ConvTranspose weights: the parsed model file and the CPU provider's
+/// reordered (NCHWc) copy, beside the weights themselves. Measured: 2.8x the
+/// weight bytes in all for a conv stack with 56 MB of weights.
+pub const CONV_WEIGHT_COPIES: u64 = 2;
+/// Other weights (Gemm, MatMul, ...): the parsed model file beside the
+/// weights (or their prepacked form). Measured: 1.7x in all for Gemm and
+/// MatMul stacks of 50-67 MB.
+pub const WEIGHT_COPIES: u64 = 1;
+/// ONNX Runtime's CPU arena keeps the first run's allocations and adds the
+/// memory-pattern block of the later runs: twice the intermediate peak.
+pub const ARENA_FACTOR: u64 = 2;
 /// CUDA context plus cuDNN / cuBLAS handles on a dGPU: 300–500 MB measured
 /// on T4 / L4 class cards; the upper end.
 pub const CUDA_CONTEXT_BYTES: u64 = 500 * MIB;
@@ -87,6 +120,106 @@ pub struct ModelFacts {
     pub outputs: Vec<IoSpec>,
     /// "manifest" or "onnx" (a bare file: the graph's declared inputs/outputs).
     pub io_from: &'static str,
+    /// Sizes for free (non-batch) dimensions, by name: from the manifest's
+    /// preprocessing (image height/width, audio window, sensor shape).
+    pub dim_sizes: BTreeMap<String, u64>,
+    /// The model file, for the graph walk (absent: IO heuristics only).
+    #[serde(skip)]
+    pub onnx: Option<Bytes>,
+}
+
+/// Free dimension sizes a manifest's preprocessing fixes for its first input.
+fn dim_sizes_from(manifest: &Manifest) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let (Some(p), Some(input)) = (&manifest.preprocess, manifest.inputs.first()) else {
+        return out;
+    };
+    let shape = &input.shape;
+    let mut bind = |i: usize, v: u64| {
+        if let Some(Dim::Symbolic(n)) = shape.get(i)
+            && !crate::backend::is_batch_name(n)
+        {
+            out.insert(n.clone(), v);
+        }
+    };
+    match p {
+        Preprocess::Image {
+            width,
+            height,
+            crop,
+            layout,
+            ..
+        } if shape.len() == 4 => {
+            let (w, h) = crop.map(|[w, h]| (w, h)).unwrap_or((*width, *height));
+            let (hi, wi) = match layout {
+                Layout::Nchw => (2, 3),
+                Layout::Nhwc => (1, 2),
+            };
+            bind(hi, h as u64);
+            bind(wi, w as u64);
+        }
+        Preprocess::Audio { window, .. } => {
+            if let Some(last) = shape.len().checked_sub(1) {
+                bind(last, *window as u64);
+            }
+        }
+        Preprocess::Sensor {
+            length, shape: s, ..
+        } => {
+            let dims: Vec<usize> = s.clone().or(length.map(|l| vec![l])).unwrap_or_default();
+            // The reading's dimensions are the input's last ones.
+            let off = shape.len().saturating_sub(dims.len());
+            for (k, d) in dims.iter().enumerate() {
+                bind(off + k, *d as u64);
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+/// ONNX element type code of a dtype (TensorProto.DataType).
+fn onnx_type(d: DType) -> i32 {
+    match d {
+        DType::F32 => 1,
+        DType::U8 => 2,
+        DType::I8 => 3,
+        DType::I32 => 6,
+        DType::I64 => 7,
+        DType::Bool => 9,
+        DType::F16 => 10,
+        DType::F64 => 11,
+    }
+}
+
+impl ModelFacts {
+    /// A tensor's dimensions at this batch, free ones from `dim_sizes` (1
+    /// when unknown).
+    pub fn dims(&self, s: &IoSpec, batch: u64) -> Vec<u64> {
+        s.shape
+            .iter()
+            .map(|d| match d {
+                Dim::Fixed(n) => *n,
+                Dim::Symbolic(n) if crate::backend::is_batch_name(n) => batch,
+                Dim::Symbolic(n) => self.dim_sizes.get(n).copied().unwrap_or(1),
+            })
+            .collect()
+    }
+
+    /// Bytes of a tensor at this batch.
+    pub fn tensor_bytes(&self, s: &IoSpec, batch: u64) -> u64 {
+        self.dims(s, batch).iter().product::<u64>() * dtype_bytes(s.dtype)
+    }
+
+    /// The graph walk at this batch, when the file is at hand and parses.
+    pub fn graph(&self, batch: u64) -> Option<GraphFacts> {
+        let inputs = self
+            .inputs
+            .iter()
+            .map(|s| (s.name.clone(), (self.dims(s, batch), onnx_type(s.dtype))))
+            .collect();
+        graph::analyse(self.onnx.clone()?, &inputs).ok()
+    }
 }
 
 /// Resolves MODEL as the other commands do (a path to an .onnx file, held to
@@ -141,6 +274,7 @@ pub fn model_facts(arg: &str, dir: &Path) -> Result<ModelFacts, ModelError> {
         detail,
     };
     let info = crate::model::onnx::inspect_bytes(&bytes).map_err(|e| not_onnx(e.to_string()))?;
+    let dim_sizes = manifest.as_ref().map(dim_sizes_from).unwrap_or_default();
     let (name, inputs, outputs, io_from) = match manifest {
         Some(m) => (
             m.name.clone(),
@@ -166,6 +300,8 @@ pub fn model_facts(arg: &str, dir: &Path) -> Result<ModelFacts, ModelError> {
         inputs,
         outputs,
         io_from,
+        dim_sizes,
+        onnx: Some(Bytes::from(bytes)),
     })
 }
 
@@ -273,15 +409,6 @@ pub fn dtype_bytes(d: DType) -> u64 {
     }
 }
 
-/// Bytes of a tensor at batch 1 (free non-batch dimensions count as 1).
-pub fn tensor_bytes(s: &IoSpec) -> u64 {
-    s.concrete_shape(1)
-        .iter()
-        .map(|d| *d as u64)
-        .product::<u64>()
-        * dtype_bytes(s.dtype)
-}
-
 /// What to plan: target, precision, provider, batch.
 #[derive(Debug, Clone)]
 pub struct PlanRequest {
@@ -365,6 +492,8 @@ pub struct Plan {
     pub model_file_bytes: u64,
     pub weights_bytes: u64,
     pub activations_bytes: u64,
+    /// ARENA_FACTOR x the intermediate peak (0 when the graph was not read).
+    pub intermediates_bytes: u64,
     pub workspace_bytes: u64,
     pub runtime_overhead_bytes: u64,
     pub total_bytes: u64,
@@ -372,6 +501,8 @@ pub struct Plan {
     pub verdict: Verdict,
     /// The worst pool's headroom (negative: short by that much).
     pub headroom_bytes: i64,
+    /// What the graph walk found (absent when the file was not read).
+    pub graph: Option<GraphFacts>,
     pub notes: Vec<String>,
 }
 
@@ -422,9 +553,9 @@ pub fn plan(model: &ModelFacts, target: &Target, req: &PlanRequest) -> Result<Pl
         .inputs
         .iter()
         .chain(&model.outputs)
-        .max_by_key(|s| tensor_bytes(s));
+        .max_by_key(|s| model.tensor_bytes(s, 1));
     let (largest_name, largest_bytes) = largest
-        .map(|s| (s.name.as_str(), tensor_bytes(s)))
+        .map(|s| (s.name.as_str(), model.tensor_bytes(s, 1)))
         .unwrap_or(("none", 0));
     let activations = Item {
         what: "activations",
@@ -432,6 +563,44 @@ pub fn plan(model: &ModelFacts, target: &Target, req: &PlanRequest) -> Result<Pl
         formula: format!(
             "2 x largest input/output `{largest_name}` ({largest_bytes} B) x batch {}",
             req.batch
+        ),
+    };
+    let graph = model.graph(req.batch);
+    let graph_item = graph.as_ref().map(|g| Item {
+        what: "graph",
+        bytes: g.nodes * NODE_BYTES,
+        formula: format!(
+            "{} nodes ({} subgraphs) x {} KiB: ONNX Runtime graph, kernels, plans",
+            g.nodes,
+            g.subgraphs,
+            NODE_BYTES / KIB
+        ),
+    });
+    let intermediates = graph.as_ref().map(|g| Item {
+        what: "intermediates",
+        bytes: ARENA_FACTOR * g.peak_intermediate_bytes,
+        formula: format!(
+            "{ARENA_FACTOR} x peak of live intermediate tensors ({} B at batch {}{}): first run + memory pattern in the arena",
+            g.peak_intermediate_bytes,
+            req.batch,
+            g.largest_intermediate
+                .as_ref()
+                .map(|(n, b)| format!("; largest `{n}` {b} B"))
+                .unwrap_or_default()
+        ),
+    });
+    // Conv weights as a share of all: from the graph, or all of them when
+    // the graph was not read (the larger estimate).
+    let conv_params = graph
+        .as_ref()
+        .map(|g| g.conv_weight_elements.min(model.parameters))
+        .unwrap_or(model.parameters);
+    let other_params = model.parameters - conv_params;
+    let weight_copies = Item {
+        what: "weight_copies",
+        bytes: (conv_params * CONV_WEIGHT_COPIES + other_params * WEIGHT_COPIES) * bpp,
+        formula: format!(
+            "while the session is built: {conv_params} conv parameters x {CONV_WEIGHT_COPIES} (model file + NCHWc copy) + {other_params} others x {WEIGHT_COPIES} (model file), x {bpp} B"
         ),
     };
     let workspace = (provider == Provider::Tensorrt && on_gpu).then(|| {
@@ -451,7 +620,7 @@ pub fn plan(model: &ModelFacts, target: &Target, req: &PlanRequest) -> Result<Pl
     let cpu_runtime = Item {
         what: "runtime",
         bytes: CPU_RUNTIME_BYTES,
-        formula: "outpost + libonnxruntime + CPU EP arenas at rest".into(),
+        formula: "outpost + libonnxruntime + ONNX Runtime environment and threads".into(),
     };
     let host_initializers = Item {
         what: "onnx_initializers",
@@ -463,17 +632,18 @@ pub fn plan(model: &ModelFacts, target: &Target, req: &PlanRequest) -> Result<Pl
     };
 
     let mut pools = Vec::new();
-    let mut runtime_overhead = CPU_RUNTIME_BYTES;
+    let mut runtime_overhead = CPU_RUNTIME_BYTES + graph_item.as_ref().map_or(0, |g| g.bytes);
     if !on_gpu {
-        pools.push(Pool::new(
-            "host",
-            target.memory.usable_bytes,
-            vec![cpu_runtime, weights.clone(), activations.clone()],
-        ));
+        let mut items = vec![cpu_runtime];
+        items.extend(graph_item.clone());
+        items.extend([weights.clone(), weight_copies, activations.clone()]);
+        items.extend(intermediates.clone());
+        pools.push(Pool::new("host", target.memory.usable_bytes, items));
     } else if target.memory.shared_with_gpu {
         runtime_overhead += JETSON_GPU_RUNTIME_BYTES;
-        let mut items = vec![
-            cpu_runtime,
+        let mut items = vec![cpu_runtime];
+        items.extend(graph_item.clone());
+        items.extend([
             Item {
                 what: "gpu_runtime",
                 bytes: JETSON_GPU_RUNTIME_BYTES,
@@ -482,7 +652,8 @@ pub fn plan(model: &ModelFacts, target: &Target, req: &PlanRequest) -> Result<Pl
             host_initializers,
             weights.clone(),
             activations.clone(),
-        ];
+        ]);
+        items.extend(intermediates.clone());
         items.extend(workspace.clone());
         pools.push(Pool::new("shared", target.memory.usable_bytes, items));
         notes.push(
@@ -490,20 +661,18 @@ pub fn plan(model: &ModelFacts, target: &Target, req: &PlanRequest) -> Result<Pl
         );
     } else {
         runtime_overhead += CUDA_CONTEXT_BYTES + GPU_HOST_LIBS_BYTES;
-        pools.push(Pool::new(
-            "host",
-            target.memory.usable_bytes,
-            vec![
-                cpu_runtime,
-                Item {
-                    what: "gpu_libraries",
-                    bytes: GPU_HOST_LIBS_BYTES,
-                    formula: "CUDA, cuDNN, cuBLAS, TensorRT libraries resident in the host process"
-                        .into(),
-                },
-                host_initializers,
-            ],
-        ));
+        let mut host = vec![cpu_runtime];
+        host.extend(graph_item.clone());
+        host.extend([
+            Item {
+                what: "gpu_libraries",
+                bytes: GPU_HOST_LIBS_BYTES,
+                formula: "CUDA, cuDNN, cuBLAS, TensorRT libraries resident in the host process"
+                    .into(),
+            },
+            host_initializers,
+        ]);
+        pools.push(Pool::new("host", target.memory.usable_bytes, host));
         let mut items = vec![
             Item {
                 what: "cuda_context",
@@ -513,6 +682,7 @@ pub fn plan(model: &ModelFacts, target: &Target, req: &PlanRequest) -> Result<Pl
             weights.clone(),
             activations.clone(),
         ];
+        items.extend(intermediates.clone());
         items.extend(workspace.clone());
         let gpu_mem = target.gpu.as_ref().map(|g| g.memory_bytes).unwrap_or(0);
         pools.push(Pool::new("gpu", gpu_mem, items));
@@ -529,16 +699,52 @@ pub fn plan(model: &ModelFacts, target: &Target, req: &PlanRequest) -> Result<Pl
             }
         ));
     }
-    if model.inputs.iter().chain(&model.outputs).any(|s| {
-        s.shape
-            .iter()
-            .any(|d| matches!(d, Dim::Symbolic(n) if !crate::backend::is_batch_name(n)))
-    }) {
-        notes.push("free non-batch dimensions counted as 1".into());
+    let unresolved: Vec<&str> = model
+        .inputs
+        .iter()
+        .chain(&model.outputs)
+        .flat_map(|s| &s.shape)
+        .filter_map(|d| match d {
+            Dim::Symbolic(n)
+                if !crate::backend::is_batch_name(n) && !model.dim_sizes.contains_key(n) =>
+            {
+                Some(n.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    if !unresolved.is_empty() {
+        notes.push(format!(
+            "free dimensions counted as 1: {}",
+            unresolved.join(", ")
+        ));
     }
-    notes.push(
-        "activations: intermediate tensors need shape inference; this heuristic is low for wide convolutional models".into(),
-    );
+    if !model.dim_sizes.is_empty() {
+        notes.push(format!(
+            "free dimensions from the manifest's preprocessing: {}",
+            model
+                .dim_sizes
+                .iter()
+                .map(|(k, v)| format!("{k} = {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    match &graph {
+        None => notes.push(
+            "the graph was not read: intermediates not counted, every weight taken as a conv weight".into(),
+        ),
+        Some(g) if g.unknown_shapes > 0 => notes.push(format!(
+            "{} node outputs of unknown shape counted as large as their largest activation input",
+            g.unknown_shapes
+        )),
+        Some(_) => {}
+    }
+    if on_gpu {
+        notes.push(
+            "intermediates on a GPU provider use the CPU rule at the model's own dtypes (not measured on GPU)".into(),
+        );
+    }
     let verdict = pools
         .iter()
         .map(|p| p.verdict)
@@ -558,12 +764,14 @@ pub fn plan(model: &ModelFacts, target: &Target, req: &PlanRequest) -> Result<Pl
         model_file_bytes: model.file_bytes,
         weights_bytes: weights.bytes,
         activations_bytes: activations.bytes,
+        intermediates_bytes: intermediates.map_or(0, |i| i.bytes),
         workspace_bytes,
         runtime_overhead_bytes: runtime_overhead,
         total_bytes,
         pools,
         verdict,
         headroom_bytes,
+        graph,
         notes,
     })
 }
@@ -601,6 +809,8 @@ mod tests {
                 shape: vec![Dim::Symbolic("batch".into()), Dim::Fixed(1000)],
             }],
             io_from: "manifest",
+            dim_sizes: BTreeMap::new(),
+            onnx: None,
         }
     }
 
@@ -622,8 +832,121 @@ mod tests {
         assert_eq!(p.activations_bytes, 2 * 3 * 224 * 224 * 4);
         assert_eq!(p.workspace_bytes, 0);
         assert_eq!(p.pools.len(), 1);
-        assert_eq!(p.total_bytes, CPU_RUNTIME_BYTES + 4000 + 2 * 602_112);
+        // No file to walk: no graph items, every weight taken as a conv weight.
+        assert_eq!(p.intermediates_bytes, 0);
+        assert_eq!(
+            p.total_bytes,
+            CPU_RUNTIME_BYTES + 4000 * (1 + CONV_WEIGHT_COPIES) + 2 * 602_112
+        );
         assert_eq!(p.verdict, Verdict::Fits);
+    }
+
+    /// A conv net whose intermediate tensors dwarf its input and output: the
+    /// plan counts them from the graph (twice, for the arena), scales them
+    /// with the batch, and counts conv weights with their reordered copy.
+    #[test]
+    fn cpu_estimate_walks_the_graph_of_a_conv_net() {
+        use graph::build::G;
+        let onnx = G::new("x", "y")
+            .conv("x", "c1", 3, 32, 3, 1)
+            .op("Relu", &["c1"], "r1")
+            .conv("r1", "c2", 32, 32, 3, 1)
+            .op("Relu", &["c2"], "r2")
+            .op("GlobalAveragePool", &["r2"], "p")
+            .op("Flatten", &["p"], "f")
+            .gemm("f", "y", 32, 10)
+            .bytes();
+        let info = crate::model::onnx::inspect_bytes(&onnx).unwrap();
+        let conv_params = 32 * 3 * 9 + 32 * 32 * 9;
+        assert_eq!(info.parameters, conv_params + 10 * 32);
+        let m = ModelFacts {
+            name: "convnet".into(),
+            path: "convnet.onnx".into(),
+            file_bytes: onnx.len() as u64,
+            parameters: info.parameters,
+            inputs: vec![IoSpec {
+                name: "x".into(),
+                dtype: DType::F32,
+                shape: vec![
+                    Dim::Symbolic("batch".into()),
+                    Dim::Fixed(3),
+                    Dim::Fixed(64),
+                    Dim::Fixed(64),
+                ],
+            }],
+            outputs: vec![IoSpec {
+                name: "y".into(),
+                dtype: DType::F32,
+                shape: vec![Dim::Symbolic("batch".into()), Dim::Fixed(10)],
+            }],
+            io_from: "manifest",
+            dim_sizes: BTreeMap::new(),
+            onnx: Some(onnx),
+        };
+        let cpu = target("x86_64-cpu");
+        let p1 = plan(&m, &cpu, &req(None)).unwrap();
+        let g = p1.graph.as_ref().expect("graph walked");
+        assert_eq!(g.nodes, 7);
+        assert_eq!(g.unknown_shapes, 0);
+        // Two 32 x 64 x 64 f32 maps alive at once (a Relu's input and output).
+        assert_eq!(g.peak_intermediate_bytes, 2 * 32 * 64 * 64 * 4);
+        assert_eq!(
+            p1.intermediates_bytes,
+            ARENA_FACTOR * g.peak_intermediate_bytes
+        );
+        // The IO rule alone (the old estimate) sees 2 x the input: far less.
+        assert_eq!(p1.activations_bytes, 2 * 3 * 64 * 64 * 4);
+        assert!(p1.intermediates_bytes > 10 * p1.activations_bytes);
+        let item = |p: &Plan, what: &str| {
+            p.pools[0]
+                .items
+                .iter()
+                .find(|i| i.what == what)
+                .map(|i| i.bytes)
+                .unwrap_or_else(|| panic!("no {what} item"))
+        };
+        assert_eq!(
+            item(&p1, "weight_copies"),
+            (conv_params * CONV_WEIGHT_COPIES + 320 * WEIGHT_COPIES) * 4
+        );
+        assert_eq!(item(&p1, "graph"), 7 * NODE_BYTES);
+        assert_eq!(
+            p1.total_bytes,
+            p1.pools[0].items.iter().map(|i| i.bytes).sum::<u64>()
+        );
+        // Batch 4: four times the intermediates and IO, the rest unchanged.
+        let p4 = plan(
+            &m,
+            &cpu,
+            &PlanRequest {
+                batch: 4,
+                ..req(None)
+            },
+        )
+        .unwrap();
+        assert_eq!(p4.intermediates_bytes, 4 * p1.intermediates_bytes);
+        assert_eq!(
+            p4.total_bytes - p1.total_bytes,
+            3 * (p1.intermediates_bytes + p1.activations_bytes)
+        );
+    }
+
+    #[test]
+    fn image_preprocessing_sizes_free_dimensions() {
+        let mut m = facts(1000);
+        m.outputs[0].shape[1] = Dim::Fixed(2);
+        m.inputs[0].shape[2] = Dim::Symbolic("height".into());
+        m.inputs[0].shape[3] = Dim::Symbolic("width".into());
+        let p = plan(&m, &target("x86_64-cpu"), &req(None)).unwrap();
+        assert_eq!(p.activations_bytes, 2 * 3 * 4);
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.contains("counted as 1: height, width"))
+        );
+        m.dim_sizes = BTreeMap::from([("height".into(), 736), ("width".into(), 640)]);
+        let p = plan(&m, &target("x86_64-cpu"), &req(None)).unwrap();
+        assert_eq!(p.activations_bytes, 2 * 3 * 736 * 640 * 4);
     }
 
     #[test]
@@ -689,6 +1012,17 @@ mod tests {
         .unwrap();
         assert_eq!(p.verdict, Verdict::DoesNotFit);
         assert!(p.headroom_bytes < 0);
+    }
+
+    #[test]
+    fn manifest_preprocessing_names_free_dimensions() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/ppocr_det/manifest.toml");
+        let m = Manifest::load(&path).unwrap();
+        // ["batch", 3, "height", "width"], image preprocess 736 x 736.
+        assert_eq!(
+            dim_sizes_from(&m),
+            BTreeMap::from([("height".into(), 736), ("width".into(), 736)])
+        );
     }
 
     #[test]

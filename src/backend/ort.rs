@@ -26,7 +26,8 @@ use super::{
     DType, Dim, InferenceSession, IoSpec, ModelIo, Provider, RunError, Tensor, check_inputs,
 };
 
-/// The ONNX Runtime API version this build needs (ort's `api-31` feature).
+/// The ONNX Runtime API version this build needs: the crate feature
+/// `ort-api-N` it was built with (31 by default, see Cargo.toml).
 pub const REQUIRED_API: u32 = ort::MINOR_VERSION;
 const LIB_NAME: &str = "libonnxruntime.so";
 

@@ -76,6 +76,23 @@ pub struct TargetRuntime {
     pub tensorrt: Option<String>,
     /// Which libonnxruntime serves on this target, in words.
     pub onnxruntime: String,
+    /// The oldest ONNX Runtime (1.N) the target's binary must load: its
+    /// build uses the crate feature `ort-api-N` (see Cargo.toml). Absent: the
+    /// default build's level, [`DEFAULT_ONNXRUNTIME_API`].
+    #[serde(default)]
+    pub onnxruntime_api: Option<u32>,
+}
+
+/// ONNX Runtime API levels the crate has an `ort-api-N` feature for.
+pub const ONNXRUNTIME_API_LEVELS: std::ops::RangeInclusive<u32> = 17..=31;
+/// The API level of a default build (`default = ["ort-api-31"]`).
+pub const DEFAULT_ONNXRUNTIME_API: u32 = 31;
+
+impl TargetRuntime {
+    /// The API level the target's binary is built for.
+    pub fn onnxruntime_api(&self) -> u32 {
+        self.onnxruntime_api.unwrap_or(DEFAULT_ONNXRUNTIME_API)
+    }
 }
 
 /// Numeric precision weights are held at.
@@ -210,6 +227,15 @@ impl Target {
             p.push(format!(
                 "runtime.default_precision {} is not among runtime.precisions",
                 self.runtime.default_precision
+            ));
+        }
+        if let Some(api) = self.runtime.onnxruntime_api
+            && !ONNXRUNTIME_API_LEVELS.contains(&api)
+        {
+            p.push(format!(
+                "runtime.onnxruntime_api {api} is outside {}..={} (the levels ort 2.0.0-rc.15 builds for)",
+                ONNXRUNTIME_API_LEVELS.start(),
+                ONNXRUNTIME_API_LEVELS.end()
             ));
         }
         let gpu_providers = self
@@ -362,6 +388,34 @@ onnxruntime = "cpu wheel"
         assert!(files.len() >= 6, "{files:?}");
         for f in files {
             Target::load(&f).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+
+    #[test]
+    fn api_levels_have_cargo_features() {
+        let cargo =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+                .unwrap();
+        for n in ONNXRUNTIME_API_LEVELS {
+            assert!(
+                cargo.contains(&format!("ort-api-{n} = [\"ort/api-{n}\"]")),
+                "Cargo.toml lacks the feature ort-api-{n}"
+            );
+        }
+        assert!(cargo.contains(&format!(
+            "default = [\"ort-api-{DEFAULT_ONNXRUNTIME_API}\"]"
+        )));
+        let text = CPU.replace("workers = 1", "workers = 1\nonnxruntime_api = 12");
+        let e = Target::parse(&text, Some("t"), "t.toml").unwrap_err();
+        assert!(e.to_string().contains("onnxruntime_api 12"), "{e}");
+        let text = CPU.replace("workers = 1", "workers = 1\nonnxruntime_api = 20");
+        let t = Target::parse(&text, Some("t"), "t.toml").unwrap();
+        assert_eq!(t.runtime.onnxruntime_api(), 20);
+        let t = Target::parse(CPU, Some("t"), "t.toml").unwrap();
+        assert_eq!(t.runtime.onnxruntime_api(), DEFAULT_ONNXRUNTIME_API);
+        // A default build is at the default level.
+        if cfg!(feature = "ort-api-31") {
+            assert_eq!(crate::backend::ort::REQUIRED_API, DEFAULT_ONNXRUNTIME_API);
         }
     }
 

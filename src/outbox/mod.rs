@@ -231,7 +231,13 @@ impl Outbox {
         let s = Arc::clone(&shared);
         let flusher = std::thread::Builder::new()
             .name("outbox-flush".into())
-            .spawn(move || s.commit.run(&mut disk))
+            .spawn(move || {
+                // Housekeeping yields to inference on a busy core: a group
+                // commit may wait a scheduler tick, a frame should not wait
+                // for a commit (Linux nice values are per thread).
+                let _ = rustix::process::setpriority_process(None, 10);
+                s.commit.run(&mut disk)
+            })
             .map_err(io("spawn flusher thread"))?;
         tracing::debug!(path = %dir.display(), boot, records = shared.records_n.load(Ordering::Relaxed), "outbox open");
         Ok(Outbox {

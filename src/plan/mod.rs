@@ -58,8 +58,8 @@ use crate::model::registry::{ModelError, manifests_in};
 const MIB: u64 = 1 << 20;
 const KIB: u64 = 1 << 10;
 /// outpost + libonnxruntime + the ONNX Runtime environment: `outpost bench`
-/// peaks at 35.6-36.7 MB RSS on x86_64 for models of a few nodes and
-/// kilobytes of weights.
+/// peaks at 35.5-36.9 MB RSS on x86_64 for models of a few nodes and
+/// kilobytes of weights (the package's binary and the release build).
 pub const CPU_RUNTIME_BYTES: u64 = 34 * MIB;
 /// Per node (subgraph nodes and Constant nodes included): ONNX Runtime's
 /// graph, kernel and plan structures.

@@ -11,6 +11,7 @@ pub mod ota;
 pub mod outbox;
 pub mod pipeline;
 pub mod plan;
+pub mod record;
 pub mod postprocess;
 pub mod preprocess;
 pub mod source;

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::record::{ResultRecord, rfc3339};
+use crate::record::{ResultRecord, rfc3339};
 use super::{IdGen, PipelineConfig, PipelineStats, RateLimitedLog, RecordSink};
 use crate::backend::{Dim, Tensor, is_batch_name};
 use crate::model::registry::LoadedModel;

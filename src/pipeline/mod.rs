@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 pub use self::queue::WhenFull;
-pub use crate::record::ResultRecord;
 pub use self::scheduler::{Priority, Scheduler};
 pub use self::worker::Pipeline;
 use crate::postprocess::PostprocessConfig;
 use crate::preprocess::PreprocessConfig;
+pub use crate::record::ResultRecord;
 use crate::source::SourceConfig;
 
 /// `[[pipelines]]` in the config.

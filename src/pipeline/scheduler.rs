@@ -386,4 +386,3 @@ mod tests {
         assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
     }
 }
-

@@ -10,7 +10,6 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-
 /// The syslog priority journald reads from a `<N>` line prefix.
 pub fn syslog_priority(level: &Level) -> u8 {
     match *level {

@@ -49,16 +49,13 @@ impl Fleet {
     }
 
     fn put(&self, path: &str, body: Vec<u8>) {
-        self.files
-            .lock()
-            .unwrap()
-            .insert(
-                path.to_string(),
-                Served {
-                    body,
-                    ..Served::default()
-                },
-            );
+        self.files.lock().unwrap().insert(
+            path.to_string(),
+            Served {
+                body,
+                ..Served::default()
+            },
+        );
     }
 
     /// Requests for `path` wait (after they are logged) until `release`.

@@ -38,7 +38,7 @@ use crate::outbox::Outbox;
 use crate::pipeline::{IdGen, Pipeline, RecordSink, ResultRecord, Scheduler};
 use crate::source::http::HttpIngress;
 use crate::source::mqtt::{BrokerAddr, start_embedded_broker};
-use crate::source::{SourceConfig, SourceCtx};
+use crate::source::{FrameError, FrameErrorKind, SourceConfig, SourceCtx};
 use crate::telemetry::metrics::{self, DaemonCollector};
 use crate::uplink;
 
@@ -60,11 +60,17 @@ struct OutboxSink {
 }
 
 impl RecordSink for OutboxSink {
-    fn store(&self, record: &ResultRecord) -> Result<(), String> {
-        let bytes = serde_json::to_vec(record).map_err(|e| e.to_string())?;
-        self.outbox
-            .append(&record.stream, &bytes)
-            .map_err(|e| e.to_string())?;
+    fn store(&self, record: &ResultRecord) -> Result<(), FrameError> {
+        let bytes = serde_json::to_vec(record)
+            .map_err(|e| FrameError::new(FrameErrorKind::Store, e.to_string()))?;
+        self.outbox.append(&record.stream, &bytes).map_err(|e| {
+            let kind = if e.is_transient() {
+                FrameErrorKind::Unavailable
+            } else {
+                FrameErrorKind::Store
+            };
+            FrameError::new(kind, e.to_string())
+        })?;
         if self.print {
             let mut out = std::io::stdout().lock();
             let _ = out.write_all(&bytes);

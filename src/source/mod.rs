@@ -28,7 +28,39 @@ pub struct Frame {
     pub payload: Bytes,
     pub received: Instant,
     /// Answered with the records the frame produced (http source, watch source).
-    pub reply: Option<oneshot::Sender<Result<Vec<ResultRecord>, String>>>,
+    pub reply: Option<oneshot::Sender<Result<Vec<ResultRecord>, FrameError>>>,
+}
+
+/// Why a frame gave no records, sorted by who can do something about it
+/// (the HTTP source answers by it; the watch source keeps a file for a
+/// later scan when the condition passes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameErrorKind {
+    /// The payload cannot be decoded or does not fit the model: the sender's.
+    Malformed,
+    /// Inference or postprocessing failed: the model's or the engine's.
+    Engine,
+    /// The record cannot be stored now (outbox full, disk full): try later.
+    Unavailable,
+    /// The record cannot be stored, and waiting will not change that.
+    Store,
+}
+
+/// A frame's failure with its kind.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{detail}")]
+pub struct FrameError {
+    pub kind: FrameErrorKind,
+    pub detail: String,
+}
+
+impl FrameError {
+    pub fn new(kind: FrameErrorKind, detail: impl Into<String>) -> FrameError {
+        FrameError {
+            kind,
+            detail: detail.into(),
+        }
+    }
 }
 
 impl Frame {

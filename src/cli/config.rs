@@ -123,6 +123,8 @@ UPLINK_HTTP
 # daemon_probation = "60s"      # a new daemon slot serves this long before it is good
 # daemon_ready_timeout = "15m"  # ... and must be READY within this
 # daemon_max_attempts = 3       # starts before the launcher falls back
+# max_bundle_bytes = 2147483648 # larger entries are skipped before any download
+# max_command_skew = "10m"      # commands dated further ahead are refused
 "#;
 
 const MQTT: &str = r#"# Results to the fleet broker: QoS 1, deleted from the outbox on PUBACK.

@@ -48,7 +48,9 @@ name = "vad"
 model = "silero_vad"
 priority = "realtime"
 when_full = "block"
-source = { type = "mqtt", topics = ["site/+/audio"], qos = 1, stream = { topic_segment = 1 } }
+# qos = 1: a persistent session (the broker keeps frames while the daemon restarts);
+# max_message_bytes: larger messages are counted (too_large) and dropped.
+source = { type = "mqtt", topics = ["site/+/audio"], qos = 1, stream = { topic_segment = 1 }, max_message_bytes = 16777216 }
 
 # Sensor vectors as datagrams: `[len][stream name][16 little-endian f32]`.
 [[pipelines]]

@@ -81,12 +81,19 @@ pub enum SourceConfig {
     /// Subscribe to topics on the site's broker (or the embedded one).
     Mqtt {
         topics: Vec<String>,
-        /// 0 or 1.
+        /// 0 or 1. With 1 the session is persistent (a stable client id,
+        /// clean_session = false): the broker keeps what is published while
+        /// the daemon restarts, and a message is acknowledged only once it
+        /// is in the pipeline's queue.
         #[serde(default)]
         qos: u8,
         /// How a message's stream is named.
         #[serde(default)]
         stream: StreamName,
+        /// Larger messages are read, counted (`too_large`) and dropped; the
+        /// connection and the messages after them are kept.
+        #[serde(default = "default_max_message_bytes")]
+        max_message_bytes: usize,
     },
     /// One frame per datagram.
     Udp {
@@ -128,6 +135,13 @@ pub enum SourceConfig {
 
 fn default_poll() -> Duration {
     Duration::from_millis(500)
+}
+
+/// Default `max_message_bytes` of an mqtt source: 16 MiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+fn default_max_message_bytes() -> usize {
+    DEFAULT_MAX_MESSAGE_BYTES
 }
 
 /// How an MQTT message names its stream.
@@ -176,12 +190,23 @@ impl SourceConfig {
     pub fn validate(&self, at: &str) -> Vec<String> {
         let mut p = Vec::new();
         match self {
-            SourceConfig::Mqtt { topics, qos, .. } => {
+            SourceConfig::Mqtt {
+                topics,
+                qos,
+                max_message_bytes,
+                ..
+            } => {
                 if topics.is_empty() {
                     p.push(format!("{at}.topics: at least one topic"));
                 }
                 if *qos > 1 {
                     p.push(format!("{at}.qos: {qos} (0 or 1)"));
+                }
+                if *max_message_bytes == 0 || *max_message_bytes > mqtt::MQTT_MAX_PACKET {
+                    p.push(format!(
+                        "{at}.max_message_bytes: {max_message_bytes} (1 to {})",
+                        mqtt::MQTT_MAX_PACKET
+                    ));
                 }
             }
             SourceConfig::Watch {
@@ -213,10 +238,12 @@ impl SourceConfig {
                 topics,
                 qos,
                 stream,
+                max_message_bytes,
             } => Box::new(mqtt::MqttSource {
                 topics,
                 qos,
                 stream,
+                max_message_bytes,
             }),
             SourceConfig::Udp { listen, framing } => Box::new(udp::UdpSource { listen, framing }),
             SourceConfig::Unix { path, framing } => Box::new(unix::UnixSource { path, framing }),

@@ -483,6 +483,8 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
         ),
     };
     let ingress = Arc::new(RwLock::new(generation.ingress.clone()));
+    let conn_stats = Arc::new(api::serve::ConnStats::default());
+    extra.push(conn_stats.clone());
     let registry = Arc::new(metrics::registry(DaemonCollector {
         scheduler: current.clone(),
         outbox: outbox.clone(),
@@ -508,15 +510,24 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
         state,
         HttpIngress {
             pipelines: ingress.clone(),
+            max_body_bytes: cfg.api.max_body_bytes,
+            body_read_timeout: cfg.api.body_read_timeout,
         },
     );
-    let mut api_stop = global_stop_rx.clone();
+    let (cap, nofile) = api::serve::connection_cap(&cfg.api);
+    if cap < cfg.api.max_connections {
+        tracing::warn!(
+            max_connections = cfg.api.max_connections,
+            cap,
+            nofile = nofile.unwrap_or(0),
+            reserved_fds = cfg.api.reserved_fds,
+            "API: fewer connections than api.max_connections, to keep descriptors for storage (raise LimitNOFILE)"
+        );
+    }
+    let api_cfg = cfg.api.clone();
+    let api_stop = global_stop_rx.clone();
     let api_task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = api_stop.wait_for(|s| *s).await;
-            })
-            .await;
+        api::serve::serve(listener, app, &api_cfg, cap, conn_stats, api_stop).await;
     });
 
     ready.store(true, Ordering::SeqCst);

@@ -6,6 +6,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
+pub mod serve;
+
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;

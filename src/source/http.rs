@@ -24,10 +24,14 @@ impl Source for HttpSource {
 }
 
 /// Pipelines that accept frames over HTTP, by name.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct HttpIngress {
     /// Replaced on reload.
     pub pipelines: Arc<std::sync::RwLock<HashMap<String, SourceCtx>>>,
+    /// Larger bodies are answered 413 (`api.max_body_bytes`).
+    pub max_body_bytes: usize,
+    /// The whole body must arrive within this (`api.body_read_timeout`).
+    pub body_read_timeout: Duration,
 }
 
 /// How long a request waits for its result before answering 504.
@@ -41,6 +45,12 @@ pub const RETRY_AFTER_S: u64 = 1;
 pub enum InferError {
     #[error("no pipeline `{0}` with an http source")]
     UnknownPipeline(String),
+    #[error("body over max_body_bytes ({0})")]
+    TooLarge(usize),
+    #[error("body not received in time")]
+    BodyTimeout,
+    #[error("body: {0}")]
+    Body(String),
     #[error("{0}")]
     Frame(FrameError),
     #[error("frame dropped (queue full)")]
@@ -55,6 +65,9 @@ impl InferError {
     pub fn status(&self) -> StatusCode {
         match self {
             InferError::UnknownPipeline(_) => StatusCode::NOT_FOUND,
+            InferError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            InferError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            InferError::Body(_) => StatusCode::BAD_REQUEST,
             InferError::Frame(e) => match e.kind {
                 FrameErrorKind::Malformed => StatusCode::UNPROCESSABLE_ENTITY,
                 FrameErrorKind::Engine | FrameErrorKind::Store => StatusCode::INTERNAL_SERVER_ERROR,
@@ -87,7 +100,7 @@ pub async fn infer(
     State(ingress): State<HttpIngress>,
     Path(name): Path<String>,
     Query(q): Query<HashMap<String, String>>,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> Response {
     match infer_inner(ingress, name, q, body).await {
         Ok(records) => (
@@ -99,11 +112,28 @@ pub async fn infer(
     }
 }
 
+/// Reads the body within the size and time bounds.
+async fn read_body(ingress: &HttpIngress, body: axum::body::Body) -> Result<Bytes, InferError> {
+    let max = ingress.max_body_bytes;
+    let limited = http_body_util::Limited::new(body, max);
+    match tokio::time::timeout(
+        ingress.body_read_timeout,
+        http_body_util::BodyExt::collect(limited),
+    )
+    .await
+    {
+        Err(_) => Err(InferError::BodyTimeout),
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(InferError::TooLarge(max)),
+        Ok(Err(e)) => Err(InferError::Body(e.to_string())),
+    }
+}
+
 async fn infer_inner(
     ingress: HttpIngress,
     name: String,
     q: HashMap<String, String>,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> Result<Vec<ResultRecord>, InferError> {
     let ctx = ingress
         .pipelines
@@ -114,6 +144,7 @@ async fn infer_inner(
     let Some(ctx) = ctx else {
         return Err(InferError::UnknownPipeline(name));
     };
+    let body = read_body(&ingress, body).await?;
     let stream = q
         .get("stream")
         .cloned()
@@ -151,6 +182,10 @@ mod tests {
         assert_eq!(
             InferError::UnknownPipeline("p".into()).status(),
             StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            InferError::TooLarge(1).status(),
+            StatusCode::PAYLOAD_TOO_LARGE
         );
         let r = InferError::QueueFull.into_response();
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);

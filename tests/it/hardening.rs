@@ -453,3 +453,149 @@ fn mqtt_qos1_frames_published_while_the_daemon_restarts_are_kept() {
     });
     assert_eq!(records_of(&d, "site/down/vec"), 200, "{}", d.log());
 }
+
+// ---- connections and descriptors ---------------------------------------------
+
+/// The `sensors` http pipeline plus a `files` pipeline on a watched folder.
+fn sensors_and_files(api_extra: &str) -> String {
+    format!(
+        r#"{}
+[[pipelines]]
+name = "files"
+model = "sensor_mlp"
+source = {{ type = "watch", dir = "{{DIR}}/inbox", poll_interval = "100ms" }}
+[pipelines.preprocess]
+type = "sensor"
+format = "json"
+length = 16
+"#,
+        sensors_over_http(api_extra)
+    )
+}
+
+/// Whether the server closed `s` (EOF, a reset, or a final 408) within `limit`.
+fn closed_by_server(s: &mut std::net::TcpStream, limit: Duration) -> bool {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = [0u8; 512];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue, // a 408 or 503 before the close
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Failure 3: 300 idle connections to the local API with a 256-descriptor
+/// limit made /healthz time out, stopped the watched folder and failed the
+/// outbox commit with EMFILE; idle and half-sent-header connections were
+/// held for good. Now connections are capped below the limit minus
+/// `reserved_fds` (the rest answered 503), a connection that sends no
+/// complete request header within `header_read_timeout` (10 s by default)
+/// is closed, and storage keeps its descriptors.
+#[test]
+fn idle_connections_are_capped_and_timed_out_and_never_starve_storage() {
+    crate::common::wrap_next_daemon(&["prlimit", "--nofile=256:256", "--"]);
+    let mut d = Daemon::start(&sensors_and_files(""));
+    let max = metric(&d, "outpost_api_max_connections");
+    assert!(max > 0.0 && max <= 192.0, "cap {max}");
+
+    let t0 = Instant::now();
+    let mut idle: Vec<std::net::TcpStream> = (0..300)
+        .map(|_| std::net::TcpStream::connect(&d.api).expect("connect"))
+        .collect();
+    // One that starts a request and stops halfway through its headers.
+    let mut half = std::net::TcpStream::connect(&d.api).unwrap();
+    half.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").unwrap();
+    idle.push(half);
+
+    // Storage and the watched folder keep working meanwhile.
+    let inbox = d.dir.path().join("inbox");
+    std::fs::write(inbox.join("v1.json"), FRAME).unwrap();
+    d.records_until(Duration::from_secs(60), |r| {
+        r.iter().any(|v| v["stream"] == "v1.json")
+    });
+    assert!(
+        d.seen.iter().any(|v| v["stream"] == "v1.json"),
+        "the watched folder was not served:\n{}",
+        d.log()
+    );
+
+    // The idle connections are closed by the server, the half-sent one too.
+    for s in idle.iter_mut().rev().take(5) {
+        assert!(
+            closed_by_server(s, Duration::from_secs(30)),
+            "an idle connection stayed open:\n{}",
+            d.log()
+        );
+    }
+    assert!(t0.elapsed() < Duration::from_secs(60));
+    // The API answers again (every idle connection was let go).
+    wait_for(&d, Duration::from_secs(30), "/healthz", || {
+        matches!(http("GET", &d.api, "/healthz", b""), Ok((200, _)))
+    });
+    let refused = metric(&d, "outpost_api_connections_refused_total");
+    assert!(refused >= 300.0 - max, "{refused} refused with cap {max}");
+    assert_eq!(metric(&d, "outpost_outbox_flush_errors_total"), 0.0);
+    assert_eq!(metric(&d, "outpost_api_accept_errors_total"), 0.0);
+    assert!(d.log().matches("connection refused (503)").count() <= 2);
+    drop(idle);
+    let (code, _, _) = infer(&d);
+    assert_eq!(code, 200);
+}
+
+// ---- the HTTP source's status codes ---------------------------------------------
+
+/// Issue 12's seam: the HTTP source answered 422 to every failure. Now by
+/// kind: unknown pipeline 404, body too large 413, malformed input 422,
+/// engine failure 500 (here the postprocessing of the model's output), outbox
+/// full 503 with Retry-After.
+#[test]
+fn http_source_answers_each_failure_with_its_status() {
+    let cfg = format!(
+        r#"{}
+[outbox]
+max_bytes = 65536
+when_full = "reject_new"
+# Detections over a classifier's output: fails after inference, every frame.
+[[pipelines]]
+name = "boxes"
+model = "sensor_mlp"
+source = {{ type = "http" }}
+postprocess = {{ type = "detections", output = "probs" }}
+[pipelines.preprocess]
+type = "sensor"
+format = "json"
+length = 16
+"#,
+        sensors_over_http("")
+    );
+    let d = Daemon::start(&cfg);
+
+    let (code, _, _) = request(&d.api, "POST", "/v1/pipelines/nope/infer", FRAME);
+    assert_eq!(code, 404);
+    let (code, _, body) = request(&d.api, "POST", "/v1/pipelines/sensors/infer", b"[1,2,");
+    assert_eq!(code, 422, "{}", String::from_utf8_lossy(&body));
+    let big = vec![b' '; 17 << 20];
+    let (code, _, _) = request(&d.api, "POST", "/v1/pipelines/sensors/infer", &big);
+    assert_eq!(code, 413);
+    let (code, _, body) = request(&d.api, "POST", "/v1/pipelines/boxes/infer", FRAME);
+    assert_eq!(code, 500, "{}", String::from_utf8_lossy(&body));
+
+    // Fill the outbox (reject_new): a server condition, 503 + Retry-After.
+    let t0 = Instant::now();
+    loop {
+        let (code, head, body) = infer(&d);
+        if code == 200 {
+            assert!(t0.elapsed() < Duration::from_secs(60), "never full");
+            continue;
+        }
+        assert_eq!(code, 503, "{}", String::from_utf8_lossy(&body));
+        assert!(head.contains("retry-after: 1"), "{head}");
+        assert!(String::from_utf8_lossy(&body).contains("outbox full"));
+        break;
+    }
+}

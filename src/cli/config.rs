@@ -75,7 +75,7 @@ queue = 16
 when_full = "drop_oldest"
 max_batch = 8
 max_delay = "5ms"
-source = { type = "unix", path = "/run/outpost/camera.sock" }
+source = { type = "unix", path = "/run/outpost/camera.sock", max_connections = 64, max_buffered_bytes = 134217728 }
 [pipelines.preprocess]
 type = "image"
 format = "raw_rgb"

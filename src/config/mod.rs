@@ -210,6 +210,37 @@ pub enum ConfigError {
     Invalid { path: String, problems: Vec<String> },
 }
 
+/// serde stops at the first error; a config that is valid TOML but wrong
+/// in several places gets each top-level key (and each pipeline) read on
+/// its own, so every one of them is named. None when the text is not TOML
+/// at all (the parser's one error says where) or no part fails alone.
+fn every_toml_problem(text: &str) -> Option<Vec<String>> {
+    let table: toml::Table = text.parse().ok()?;
+    let mut problems = Vec::new();
+    let mut try_part = |at: String, part: toml::Table| {
+        if let Err(e) = toml::Value::Table(part).try_into::<Config>() {
+            problems.push(format!("{at}: {}", e.to_string().trim_end()));
+        }
+    };
+    for (k, v) in &table {
+        match (k.as_str(), v) {
+            ("pipelines", toml::Value::Array(items)) => {
+                for (i, item) in items.iter().enumerate() {
+                    let mut part = toml::Table::new();
+                    part.insert(k.clone(), toml::Value::Array(vec![item.clone()]));
+                    try_part(format!("pipelines[{i}]"), part);
+                }
+            }
+            _ => {
+                let mut part = toml::Table::new();
+                part.insert(k.clone(), v.clone());
+                try_part(k.clone(), part);
+            }
+        }
+    }
+    (!problems.is_empty()).then_some(problems)
+}
+
 /// Replaces `${NAME}` with the environment variable NAME (`$$` escapes a
 /// dollar). Unset variables are reported with their line.
 pub fn interpolate(
@@ -296,7 +327,8 @@ impl Config {
         })?;
         let cfg: Config = toml::from_str(&text).map_err(|e| ConfigError::Invalid {
             path: path.into(),
-            problems: vec![e.to_string().trim_end().replace('\n', "\n    ")],
+            problems: every_toml_problem(&text)
+                .unwrap_or_else(|| vec![e.to_string().trim_end().replace('\n', "\n    ")]),
         })?;
         let problems = cfg.validate();
         if problems.is_empty() {

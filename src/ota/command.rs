@@ -267,6 +267,35 @@ mod tests {
     }
 
     #[test]
+    fn a_command_from_the_far_future_is_refused_and_does_not_block_later_ones() {
+        let k = crate::ota::sign::generate().unwrap();
+        let trusted = [k.verifying_key()];
+        let now = 1_764_482_400_000u64;
+        // Issued in the year 2100, signed by a trusted key.
+        let mut far = cmd(Action::Poll, None);
+        far.issued_ms = 4_102_444_800_000;
+        far.expires_ms = None;
+        let e = seal(&k, &far).unwrap();
+        let err = open_with_skew(&bytes(&e), &trusted, "gw-7", now, None, 600_000).unwrap_err();
+        assert_eq!(err.reason(), "future");
+        assert!(!err.is_junk(), "signed: reported one by one");
+        // Within the skew: taken; a later genuine command is not a replay.
+        let mut near = cmd(Action::Poll, None);
+        near.issued_ms = now + 1000;
+        near.expires_ms = None;
+        let e = seal(&k, &near).unwrap();
+        let (c, _) = open_with_skew(&bytes(&e), &trusted, "gw-7", now, None, 600_000).unwrap();
+        assert_eq!(c.issued_ms, now + 1000);
+    }
+
+    #[test]
+    fn junk_is_told_apart_from_signed_refusals() {
+        assert!(CommandError::Malformed("x".into()).is_junk());
+        assert!(CommandError::Signature("x".into()).is_junk());
+        assert!(!CommandError::Replay { issued: 1, last: 2 }.is_junk());
+    }
+
+    #[test]
     fn a_signed_update_opens_and_every_check_refuses_what_it_should() {
         let k = crate::ota::sign::generate().unwrap();
         let other = crate::ota::sign::generate().unwrap();

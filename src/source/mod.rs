@@ -107,6 +107,15 @@ pub enum SourceConfig {
         path: PathBuf,
         #[serde(default)]
         framing: Framing,
+        /// Connections served at once; one more is closed and counted
+        /// (`too_many_connections`).
+        #[serde(default = "default_unix_max_connections")]
+        max_connections: usize,
+        /// Bytes of frames being read, all connections together: a frame
+        /// waits for room before it is read (its bytes are never allocated
+        /// ahead). A frame larger than this is refused (`frame_too_large`).
+        #[serde(default = "default_unix_max_buffered")]
+        max_buffered_bytes: usize,
     },
     /// `POST /v1/pipelines/{name}/infer` on the local API; answers with the result.
     Http {},
@@ -135,6 +144,13 @@ pub enum SourceConfig {
 
 fn default_poll() -> Duration {
     Duration::from_millis(500)
+}
+
+fn default_unix_max_connections() -> usize {
+    64
+}
+fn default_unix_max_buffered() -> usize {
+    128 << 20
 }
 
 /// Default `max_message_bytes` of an mqtt source: 16 MiB.
@@ -224,8 +240,24 @@ impl SourceConfig {
             SourceConfig::Replay { file, .. } if file.as_os_str().is_empty() => {
                 p.push(format!("{at}.file: empty"));
             }
-            SourceConfig::Unix { path, .. } if path.as_os_str().is_empty() => {
-                p.push(format!("{at}.path: empty"));
+            SourceConfig::Unix {
+                path,
+                max_connections,
+                max_buffered_bytes,
+                ..
+            } => {
+                if path.as_os_str().is_empty() {
+                    p.push(format!("{at}.path: empty"));
+                }
+                if *max_connections == 0 {
+                    p.push(format!("{at}.max_connections: must be at least 1"));
+                }
+                if *max_buffered_bytes < 1024 || *max_buffered_bytes > u32::MAX as usize {
+                    p.push(format!(
+                        "{at}.max_buffered_bytes: {max_buffered_bytes} (1024 to {})",
+                        u32::MAX
+                    ));
+                }
             }
             _ => {}
         }
@@ -246,7 +278,17 @@ impl SourceConfig {
                 max_message_bytes,
             }),
             SourceConfig::Udp { listen, framing } => Box::new(udp::UdpSource { listen, framing }),
-            SourceConfig::Unix { path, framing } => Box::new(unix::UnixSource { path, framing }),
+            SourceConfig::Unix {
+                path,
+                framing,
+                max_connections,
+                max_buffered_bytes,
+            } => Box::new(unix::UnixSource {
+                path,
+                framing,
+                max_connections,
+                max_buffered_bytes,
+            }),
             SourceConfig::Http {} => Box::new(http::HttpSource),
             SourceConfig::Watch {
                 dir,

@@ -599,3 +599,267 @@ length = 16
         break;
     }
 }
+
+// ---- unix socket source ------------------------------------------------------
+
+fn rss_bytes(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Concern: 20 connections each holding 63 MiB of a 64 MiB frame took
+/// 1.42 GB. Now connections are capped (`max_connections`, the rest closed
+/// and counted) and the frames being read share `max_buffered_bytes`: a
+/// frame waits for room before any of it is read.
+#[test]
+fn unix_source_bounds_connections_and_buffered_bytes() {
+    let cfg = r#"
+data_dir = "{DATA}"
+[api]
+listen = "{API}"
+[[pipelines]]
+name = "sock"
+model = "sensor_mlp"
+source = { type = "unix", path = "{DIR}/in.sock", max_connections = 4, max_buffered_bytes = 67108864 }
+[pipelines.preprocess]
+type = "sensor"
+format = "json"
+length = 16
+"#;
+    let mut d = Daemon::start(cfg);
+    let sock = d.dir.path().join("in.sock");
+    let base = rss_bytes(d.child.id());
+    // Ten writers, each announcing a 30 MiB frame and sending 20 MiB of it.
+    let writers: Vec<_> = (0..10)
+        .map(|_| {
+            let sock = sock.clone();
+            std::thread::spawn(move || {
+                let Ok(mut s) = std::os::unix::net::UnixStream::connect(&sock) else {
+                    return None;
+                };
+                s.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+                let _ = s.write_all(&(30u32 << 20).to_le_bytes());
+                let chunk = vec![b' '; 1 << 20];
+                for _ in 0..20 {
+                    if s.write_all(&chunk).is_err() {
+                        break;
+                    }
+                }
+                Some(s)
+            })
+        })
+        .collect();
+    // While they push, the daemon never holds much more than the budget.
+    let t0 = Instant::now();
+    let mut peak = 0;
+    while t0.elapsed() < Duration::from_secs(5) || !writers.iter().all(|w| w.is_finished()) {
+        peak = peak.max(rss_bytes(d.child.id()));
+        assert!(t0.elapsed() < Duration::from_secs(90), "writers stuck");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let held: Vec<_> = writers.into_iter().filter_map(|w| w.join().unwrap()).collect();
+    let grew = peak.saturating_sub(base);
+    assert!(
+        grew < 110 << 20,
+        "RSS grew by {} MiB for a 64 MiB budget",
+        grew >> 20
+    );
+    let drops = d.status()["pipelines"][0]["drops"].clone();
+    assert!(
+        drops["too_many_connections"].as_u64().unwrap_or(0) >= 6,
+        "{drops}"
+    );
+    drop(held);
+    // A whole frame still goes through.
+    let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    s.write_all(&(FRAME.len() as u32).to_le_bytes()).unwrap();
+    s.write_all(FRAME).unwrap();
+    d.records_until(Duration::from_secs(30), |r| !r.is_empty());
+    assert_eq!(d.seen.len(), 1, "{}", d.log());
+}
+
+// ---- watched folder ----------------------------------------------------------
+
+/// Concern: symlinks, FIFOs and directories were left in the inbox
+/// silently, and a file whose writer paused was taken half-written. Now
+/// each odd entry is counted and logged once, and a file is taken only
+/// once its size and mtime held across two polls.
+#[test]
+fn watch_folder_reports_odd_entries_once_and_waits_for_a_paused_writer() {
+    let cfg = r#"
+data_dir = "{DATA}"
+[api]
+listen = "{API}"
+[[pipelines]]
+name = "files"
+model = "sensor_mlp"
+source = { type = "watch", dir = "{DIR}/inbox", poll_interval = "300ms" }
+[pipelines.preprocess]
+type = "sensor"
+format = "json"
+length = 16
+"#;
+    let mut d = Daemon::start(cfg);
+    let inbox = d.dir.path().join("inbox");
+    std::os::unix::fs::symlink("/etc/hostname", inbox.join("link.json")).unwrap();
+    std::fs::create_dir(inbox.join("sub")).unwrap();
+    let fifo = inbox.join("pipe.json");
+    assert!(
+        Command::new("mkfifo").arg(&fifo).status().unwrap().success(),
+        "mkfifo"
+    );
+    // A writer that pauses for longer than one poll halfway through.
+    let (a, b) = FRAME.split_at(FRAME.len() / 2);
+    let path = inbox.join("slow.json");
+    let mut f = std::fs::File::create(&path).unwrap();
+    f.write_all(a).unwrap();
+    f.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(450));
+    f.write_all(b).unwrap();
+    drop(f);
+
+    d.records_until(Duration::from_secs(30), |r| {
+        r.iter().any(|v| v["stream"] == "slow.json")
+    });
+    assert!(
+        d.seen.iter().any(|v| v["stream"] == "slow.json"),
+        "{}",
+        d.log()
+    );
+    assert!(
+        !inbox.join("failed/slow.json").exists(),
+        "taken half-written:\n{}",
+        d.log()
+    );
+    // Several scans later: each odd entry counted and logged once.
+    std::fs::write(inbox.join("later.json"), FRAME).unwrap();
+    d.records_until(Duration::from_secs(30), |r| {
+        r.iter().any(|v| v["stream"] == "later.json")
+    });
+    let drops = d.status()["pipelines"][0]["drops"].clone();
+    assert_eq!(drops["not_a_regular_file"], 3, "{drops}");
+    assert_eq!(
+        d.log().matches("not a regular file").count(),
+        3,
+        "{}",
+        d.log()
+    );
+    assert!(inbox.join("link.json").exists() && fifo.exists());
+}
+
+// ---- outpost check -----------------------------------------------------------
+
+/// Concern: `outpost check` said ok with a model missing or broken or a
+/// replay file absent, and showed only the first TOML error. Now it loads
+/// every referenced model's manifest, file and header, checks replay files,
+/// and names every problem.
+#[test]
+fn check_names_every_problem_with_models_files_and_toml() {
+    let tmp = tempfile::tempdir().unwrap();
+    let models = tmp.path().join("models");
+    crate::common::copy_model("sensor_mlp", &models);
+    let broken = crate::common::copy_model("silero_vad", &models);
+    std::fs::write(broken.join("silero_vad.onnx"), b"not a model").unwrap();
+    let cfg = tmp.path().join("outpost.toml");
+    let pipeline = |name: &str, model: &str, source: &str| {
+        format!(
+            "[[pipelines]]\nname = \"{name}\"\nmodel = \"{model}\"\nsource = {source}\n\
+             [pipelines.preprocess]\ntype = \"sensor\"\nformat = \"json\"\nlength = 16\n"
+        )
+    };
+    std::fs::write(
+        &cfg,
+        [
+            pipeline("a", "sensor_mlp", "{ type = \"http\" }"),
+            pipeline("b", "no_such_model", "{ type = \"http\" }"),
+            pipeline("c", "silero_vad", "{ type = \"http\" }"),
+            pipeline(
+                "d",
+                "sensor_mlp",
+                "{ type = \"replay\", file = \"/nonexistent/x.rec\" }",
+            ),
+        ]
+        .concat(),
+    )
+    .unwrap();
+    let check = |extra: &[&str]| {
+        outpost()
+            .env("OUTPOST_MODEL_DIR", &models)
+            .arg("check")
+            .args(extra)
+            .arg(&cfg)
+            .output()
+            .unwrap()
+    };
+    let o = check(&[]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("3 problem(s)"), "{err}");
+    assert!(err.contains("no_such_model"), "{err}");
+    assert!(err.contains("silero_vad.onnx: sha256"), "{err}");
+    assert!(err.contains("/nonexistent/x.rec"), "{err}");
+    // --no-files: the config alone is fine.
+    assert!(check(&["--no-files"]).status.success());
+
+    // Several TOML mistakes in several places: each named.
+    std::fs::write(
+        &cfg,
+        "[runtime]\nprovider = [\"cpu\"]\n[outbox]\nflush_every = \"1s\"\n[[pipelines]]\nname = \"a\"\nmodel = \"m\"\nsource = { type = \"http\" }\nbogus = 1\n",
+    )
+    .unwrap();
+    let o = check(&["--no-files"]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    for needle in ["provider", "flush_every", "bogus", "3 problem(s)"] {
+        assert!(err.contains(needle), "no `{needle}`:\n{err}");
+    }
+}
+
+// ---- junk on the command topic -----------------------------------------------
+
+/// Concern: every junk message on the command topic added an outbox record
+/// and a WARN line (449 from 3,000). Now junk is counted by reason and
+/// reported in aggregate: at most one event and one line a minute.
+#[test]
+fn junk_on_the_command_topic_is_counted_and_reported_in_aggregate() {
+    let work = tempfile::tempdir().unwrap();
+    let broker = crate::uplink::Mosquitto::start(&work.path().join("mosquitto"));
+    let (_, pubkey) = crate::ota::keygen(work.path(), "fleet");
+    let cfg = format!(
+        r#"{}
+device = "gw-7"
+[uplink]
+type = "mqtt"
+host = "127.0.0.1"
+port = {}
+[ota]
+trusted_keys = ["{pubkey}"]
+"#,
+        sensors_over_http(""),
+        broker.port
+    );
+    // The top-level keys must come before the first table.
+    let cfg = cfg.replacen("device = \"gw-7\"\n", "", 1);
+    let cfg = format!("device = \"gw-7\"\n{cfg}");
+    let d = Daemon::start(&cfg);
+    crate::ota::wait_log(&d, "subscribed to update commands", Duration::from_secs(20));
+    let appended0 = d.status()["outbox"]["appended_total"].as_u64().unwrap();
+    let junk = (0..300)
+        .map(|i| ("outpost/gw-7/cmd".to_string(), format!("junk {i}").into_bytes()))
+        .collect();
+    publish_all(broker.port, junk);
+    let key = "outpost_ota_commands_total{result=\"malformed\"}";
+    wait_for(&d, Duration::from_secs(30), "300 counted", || {
+        metric(&d, key) >= 300.0
+    });
+    assert_eq!(metric(&d, key), 300.0);
+    let log = d.log();
+    assert!(log.matches("junk on the command topic").count() <= 2, "{log}");
+    assert_eq!(log.matches("update command refused").count(), 0, "{log}");
+    let appended = d.status()["outbox"]["appended_total"].as_u64().unwrap();
+    assert!(appended - appended0 <= 2, "{} events", appended - appended0);
+}

@@ -103,7 +103,9 @@ pub fn connection_cap(cfg: &ApiConfig) -> (usize, Option<u64>) {
     // Descriptors the process holds already (runtime, models, sockets).
     let held = std::fs::read_dir("/proc/self/fd").map_or(32, |d| d.count() as u64);
     let room = soft.saturating_sub(cfg.reserved_fds + held);
-    let cap = cfg.max_connections.min(usize::try_from(room).unwrap_or(usize::MAX));
+    let cap = cfg
+        .max_connections
+        .min(usize::try_from(room).unwrap_or(usize::MAX));
     (cap.max(1), Some(soft))
 }
 
@@ -207,6 +209,9 @@ pub async fn serve(
         });
     }
     // Wait for the connections to finish (each drains within DRAIN).
-    let _ = tokio::time::timeout(DRAIN + Duration::from_secs(1), slots.acquire_many(cap as u32))
-        .await;
+    let _ = tokio::time::timeout(
+        DRAIN + Duration::from_secs(1),
+        slots.acquire_many(cap as u32),
+    )
+    .await;
 }

@@ -82,7 +82,10 @@ impl Source for UnixSource {
                     ctx.scheduler.count_drop(
                         ctx.index,
                         "too_many_connections",
-                        &format!("conn-{conn_no}: {} connections are open; closed", self.max_connections),
+                        &format!(
+                            "conn-{conn_no}: {} connections are open; closed",
+                            self.max_connections
+                        ),
                     );
                     drop(stream);
                     continue;

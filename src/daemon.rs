@@ -38,7 +38,7 @@ use crate::outbox::Outbox;
 use crate::pipeline::{IdGen, Pipeline, RecordSink, ResultRecord, Scheduler};
 use crate::source::http::HttpIngress;
 use crate::source::mqtt::{BrokerAddr, start_embedded_broker};
-use crate::source::{SourceConfig, SourceCtx};
+use crate::source::{FrameError, FrameErrorKind, SourceConfig, SourceCtx};
 use crate::telemetry::metrics::{self, DaemonCollector};
 use crate::uplink;
 
@@ -60,11 +60,17 @@ struct OutboxSink {
 }
 
 impl RecordSink for OutboxSink {
-    fn store(&self, record: &ResultRecord) -> Result<(), String> {
-        let bytes = serde_json::to_vec(record).map_err(|e| e.to_string())?;
-        self.outbox
-            .append(&record.stream, &bytes)
-            .map_err(|e| e.to_string())?;
+    fn store(&self, record: &ResultRecord) -> Result<(), FrameError> {
+        let bytes = serde_json::to_vec(record)
+            .map_err(|e| FrameError::new(FrameErrorKind::Store, e.to_string()))?;
+        self.outbox.append(&record.stream, &bytes).map_err(|e| {
+            let kind = if e.is_transient() {
+                FrameErrorKind::Unavailable
+            } else {
+                FrameErrorKind::Store
+            };
+            FrameError::new(kind, e.to_string())
+        })?;
         if self.print {
             let mut out = std::io::stdout().lock();
             let _ = out.write_all(&bytes);
@@ -476,6 +482,8 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
         ),
     };
     let ingress = Arc::new(RwLock::new(generation.ingress.clone()));
+    let conn_stats = Arc::new(api::serve::ConnStats::default());
+    extra.push(conn_stats.clone());
     let registry = Arc::new(metrics::registry(DaemonCollector {
         scheduler: current.clone(),
         outbox: outbox.clone(),
@@ -501,15 +509,24 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
         state,
         HttpIngress {
             pipelines: ingress.clone(),
+            max_body_bytes: cfg.api.max_body_bytes,
+            body_read_timeout: cfg.api.body_read_timeout,
         },
     );
-    let mut api_stop = global_stop_rx.clone();
+    let (cap, nofile) = api::serve::connection_cap(&cfg.api);
+    if cap < cfg.api.max_connections {
+        tracing::warn!(
+            max_connections = cfg.api.max_connections,
+            cap,
+            nofile = nofile.unwrap_or(0),
+            reserved_fds = cfg.api.reserved_fds,
+            "API: fewer connections than api.max_connections, to keep descriptors for storage (raise LimitNOFILE)"
+        );
+    }
+    let api_cfg = cfg.api.clone();
+    let api_stop = global_stop_rx.clone();
     let api_task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = api_stop.wait_for(|s| *s).await;
-            })
-            .await;
+        api::serve::serve(listener, app, &api_cfg, cap, conn_stats, api_stop).await;
     });
 
     ready.store(true, Ordering::SeqCst);

@@ -6,6 +6,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
+pub mod serve;
+
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -183,11 +185,18 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
+/// Ready once started, and only while the outbox can store: a daemon that
+/// must refuse every result is not ready, and says why.
 async fn readyz(State(s): State<ApiState>) -> impl IntoResponse {
-    if s.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "starting\n")
+    if !s.ready.load(Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "starting\n".to_string());
+    }
+    match s.outbox.unavailable() {
+        None => (StatusCode::OK, "ready\n".to_string()),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: the outbox cannot store: {why}\n"),
+        ),
     }
 }
 
@@ -242,6 +251,9 @@ pub fn status_json(s: &ApiState) -> serde_json::Value {
             "appended_total": o.appended_total,
             "acked_total": o.acked_total,
             "max_bytes": o.max_bytes,
+            "unavailable": o.unavailable,
+            "reopens_total": o.reopens_total,
+            "lost_total": o.lost_total,
         },
     })
 }

@@ -34,6 +34,11 @@ when_full = "drop_oldest"           # or "reject_new"
 [api]
 listen = "127.0.0.1:8780"           # /healthz /readyz /metrics /v1/status
 # token_file = "/etc/outpost/api.token"   # bearer token for reload, pause/resume, OTA
+# max_connections = 512          # one more is answered 503 (lowered to keep reserved_fds free)
+# header_read_timeout = "10s"     # also how long an idle connection stays open
+# body_read_timeout = "30s"       # http source: the whole request body
+# max_body_bytes = 16777216       # http source: larger bodies are answered 413
+# reserved_fds = 64               # descriptors connections never take (storage, uplink)
 
 # MQTT sources connect to the site's broker when set, else to the embedded one.
 # [site_broker]
@@ -48,7 +53,9 @@ name = "vad"
 model = "silero_vad"
 priority = "realtime"
 when_full = "block"
-source = { type = "mqtt", topics = ["site/+/audio"], qos = 1, stream = { topic_segment = 1 } }
+# qos = 1: a persistent session (the broker keeps frames while the daemon restarts);
+# max_message_bytes: larger messages are counted (too_large) and dropped.
+source = { type = "mqtt", topics = ["site/+/audio"], qos = 1, stream = { topic_segment = 1 }, max_message_bytes = 16777216 }
 
 # Sensor vectors as datagrams: `[len][stream name][16 little-endian f32]`.
 [[pipelines]]
@@ -68,7 +75,7 @@ queue = 16
 when_full = "drop_oldest"
 max_batch = 8
 max_delay = "5ms"
-source = { type = "unix", path = "/run/outpost/camera.sock" }
+source = { type = "unix", path = "/run/outpost/camera.sock", max_connections = 64, max_buffered_bytes = 134217728 }
 [pipelines.preprocess]
 type = "image"
 format = "raw_rgb"
@@ -123,6 +130,8 @@ UPLINK_HTTP
 # daemon_probation = "60s"      # a new daemon slot serves this long before it is good
 # daemon_ready_timeout = "15m"  # ... and must be READY within this
 # daemon_max_attempts = 3       # starts before the launcher falls back
+# max_bundle_bytes = 2147483648 # larger entries are skipped before any download
+# max_command_skew = "10m"      # commands dated further ahead are refused
 "#;
 
 const MQTT: &str = r#"# Results to the fleet broker: QoS 1, deleted from the outbox on PUBACK.

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -81,14 +82,67 @@ pub struct ApiConfig {
     /// A file holding the bearer token for state changes (reload, pause,
     /// resume, OTA). Without one, state changes are refused.
     pub token_file: Option<PathBuf>,
+    /// Connections served at once (the API and the http source share
+    /// them); one more is answered 503 and closed. Lowered at start to
+    /// leave `reserved_fds` of the process's descriptor limit free.
+    pub max_connections: usize,
+    /// A connection must send a request's headers within this, counted from
+    /// its start or from the end of its previous response: it is also how
+    /// long an idle connection stays open.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// An http-source request must send its whole body within this.
+    #[serde(with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+    /// Largest http-source request body; larger ones are answered 413.
+    pub max_body_bytes: usize,
+    /// Descriptors kept free for storage (outbox, watch folders, journals)
+    /// and the uplink: connections never take them.
+    pub reserved_fds: u64,
 }
+
+/// Default `api.max_connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Default `api.header_read_timeout`.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `api.body_read_timeout`.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `api.max_body_bytes`: 16 MiB (a large photo).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
+/// Default `api.reserved_fds`.
+pub const DEFAULT_RESERVED_FDS: u64 = 64;
 
 impl Default for ApiConfig {
     fn default() -> Self {
         ApiConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8780)),
             token_file: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            reserved_fds: DEFAULT_RESERVED_FDS,
         }
+    }
+}
+
+impl ApiConfig {
+    /// Every problem, each naming its key.
+    pub fn validate(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.max_connections == 0 {
+            p.push("api.max_connections: must be at least 1".into());
+        }
+        if self.header_read_timeout.is_zero() {
+            p.push("api.header_read_timeout: must be above 0".into());
+        }
+        if self.body_read_timeout.is_zero() {
+            p.push("api.body_read_timeout: must be above 0".into());
+        }
+        if self.max_body_bytes == 0 {
+            p.push("api.max_body_bytes: must be at least 1".into());
+        }
+        p
     }
 }
 
@@ -154,6 +208,37 @@ pub enum ConfigError {
     },
     #[error("{path}: {} problem(s):\n{}", .problems.len(), .problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
     Invalid { path: String, problems: Vec<String> },
+}
+
+/// serde stops at the first error; a config that is valid TOML but wrong
+/// in several places gets each top-level key (and each pipeline) read on
+/// its own, so every one of them is named. None when the text is not TOML
+/// at all (the parser's one error says where) or no part fails alone.
+fn every_toml_problem(text: &str) -> Option<Vec<String>> {
+    let table: toml::Table = text.parse().ok()?;
+    let mut problems = Vec::new();
+    let mut try_part = |at: String, part: toml::Table| {
+        if let Err(e) = toml::Value::Table(part).try_into::<Config>() {
+            problems.push(format!("{at}: {}", e.to_string().trim_end()));
+        }
+    };
+    for (k, v) in &table {
+        match (k.as_str(), v) {
+            ("pipelines", toml::Value::Array(items)) => {
+                for (i, item) in items.iter().enumerate() {
+                    let mut part = toml::Table::new();
+                    part.insert(k.clone(), toml::Value::Array(vec![item.clone()]));
+                    try_part(format!("pipelines[{i}]"), part);
+                }
+            }
+            _ => {
+                let mut part = toml::Table::new();
+                part.insert(k.clone(), v.clone());
+                try_part(k.clone(), part);
+            }
+        }
+    }
+    (!problems.is_empty()).then_some(problems)
 }
 
 /// Replaces `${NAME}` with the environment variable NAME (`$$` escapes a
@@ -242,7 +327,8 @@ impl Config {
         })?;
         let cfg: Config = toml::from_str(&text).map_err(|e| ConfigError::Invalid {
             path: path.into(),
-            problems: vec![e.to_string().trim_end().replace('\n', "\n    ")],
+            problems: every_toml_problem(&text)
+                .unwrap_or_else(|| vec![e.to_string().trim_end().replace('\n', "\n    ")]),
         })?;
         let problems = cfg.validate();
         if problems.is_empty() {
@@ -317,6 +403,7 @@ impl Config {
                 );
             }
         }
+        p.extend(self.api.validate());
         if let Some(t) = &self.api.token_file
             && !t.exists()
         {

@@ -1,6 +1,7 @@
 //! The agent: polls the fleet, performs the state machine's actions, feeds
 //! back their outcome, and keeps the journal that recovery reads.
 
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,19 @@ pub struct Agent {
     /// The model it replaced (for a rollback).
     previous: Option<Arc<LoadedModel>>,
     swapped_at: Option<Instant>,
+    /// Entries skipped (not refused): not tried again while they stay the same.
+    skipped: HashSet<String>,
+    /// Junk on the command topic since the last aggregate report, by reason.
+    junk: BTreeMap<&'static str, u64>,
+    junk_reported: Option<Instant>,
+}
+
+/// How often junk on the command topic is reported (log and status event).
+const JUNK_REPORT_EVERY: Duration = Duration::from_secs(60);
+
+/// An entry as a whole: the same bundle under other fields is another entry.
+fn fingerprint(o: &Offer) -> String {
+    serde_json::to_string(o).unwrap_or_default()
 }
 
 impl Agent {
@@ -79,7 +93,62 @@ impl Agent {
             new_model: None,
             previous: None,
             swapped_at: None,
+            skipped: HashSet::new(),
+            junk: BTreeMap::new(),
+            junk_reported: None,
         }
+    }
+
+    /// What can be told of an entry before downloading anything: its
+    /// sha256 and signature line are well formed, the signature (over the
+    /// stated sha256) holds, the stated size is within `max_bundle_bytes`.
+    fn precheck(&self, o: &Offer) -> Result<(), String> {
+        if o.size > self.cfg.max_bundle_bytes {
+            return Err(format!(
+                "states {} bytes, over max_bundle_bytes {}",
+                o.size, self.cfg.max_bundle_bytes
+            ));
+        }
+        let digest: [u8; 32] = hex::decode(&o.sha256)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| format!("sha256 `{}` is not 64 hex digits", o.sha256))?;
+        sign::verify_digest(&self.trusted, &digest, &o.signature)
+            .map(|_| ())
+            .map_err(|e| format!("signature: {e}"))
+    }
+
+    /// Reports junk on the command topic in aggregate, at most every
+    /// [`JUNK_REPORT_EVERY`]; counts wait for the next report.
+    fn report_junk(&mut self) {
+        if self.junk.is_empty()
+            || self
+                .junk_reported
+                .is_some_and(|t| t.elapsed() < JUNK_REPORT_EVERY)
+        {
+            return;
+        }
+        let total: u64 = self.junk.values().sum();
+        let by: Vec<String> = self.junk.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        let detail = format!(
+            "{total} unauthenticated command(s) refused ({}); reported at most every {} s",
+            by.join(", "),
+            JUNK_REPORT_EVERY.as_secs()
+        );
+        tracing::warn!(total, "OTA: junk on the command topic: {detail}");
+        emit(
+            &*self.host,
+            &self.wiring.stats,
+            &Status {
+                step: "commands_refused",
+                name: String::new(),
+                version: String::new(),
+                from: None,
+                detail: Some(detail),
+            },
+        );
+        self.junk.clear();
+        self.junk_reported = Some(Instant::now());
     }
 
     fn failpoint(&self, step: &str) {
@@ -228,6 +297,7 @@ impl Agent {
                                 .state
                                 .refused
                                 .contains(&offer.sha256.to_ascii_lowercase())
+                                || self.skipped.contains(&fingerprint(&offer))
                             {
                                 continue;
                             }
@@ -262,6 +332,7 @@ impl Agent {
                 _ = stop.wait_for(|s| *s) => Woke::Stop,
                 c = cmd => Woke::Command(c),
             };
+            self.report_junk();
             match woke {
                 Woke::Timer => poll_now = polling,
                 Woke::Stop => return,
@@ -281,15 +352,24 @@ impl Agent {
 
     /// Handles one command payload; true when it asks for a poll now.
     async fn command(&mut self, payload: &[u8]) -> bool {
-        let opened = command::open(
+        let opened = command::open_with_skew(
             payload,
             &self.trusted,
             &self.wiring.device,
             command::unix_ms_now(),
             self.state.last_command,
+            u64::try_from(self.cfg.max_command_skew.as_millis()).unwrap_or(u64::MAX),
         );
         let (c, req) = match opened {
             Ok(x) => x,
+            Err(e) if e.is_junk() => {
+                // Anyone can publish these: counted, reported in aggregate.
+                self.wiring.stats.command(e.reason());
+                *self.junk.entry(e.reason()).or_insert(0) += 1;
+                tracing::debug!(error = %e, "OTA: unauthenticated command refused");
+                self.report_junk();
+                return false;
+            }
             Err(e) => {
                 self.wiring.stats.command(e.reason());
                 tracing::warn!(error = %e, "OTA: update command refused");
@@ -426,6 +506,18 @@ impl Agent {
 
     /// One update from offer to idle.
     async fn update(&mut self, offer: Offer) {
+        if let Err(why) = self.precheck(&offer) {
+            // The entry, not the bundle: skipped (no download), reported once.
+            self.skipped.insert(fingerprint(&offer));
+            self.emit(&Status {
+                step: "skipped",
+                name: offer.name.clone(),
+                version: offer.version.clone(),
+                from: None,
+                detail: Some(why),
+            });
+            return;
+        }
         let serving = match offer.kind {
             BundleKind::Model => self
                 .host
@@ -714,6 +806,10 @@ impl Agent {
                 self.save();
                 None
             }
+            Action::Skip(o) => {
+                self.skipped.insert(fingerprint(&o));
+                None
+            }
             Action::DiscardDownload(o) => {
                 let _ = std::fs::remove_file(self.layout.download(&o.sha256.to_ascii_lowercase()));
                 None
@@ -758,7 +854,8 @@ fn verify(path: &std::path::Path, o: &Offer, trusted: &[VerifyingKey]) -> Event 
         return Event::Corrupt(format!("sha256 {sha}, the offer says {}", o.sha256));
     }
     if let Err(e) = sign::verify_digest(trusted, &digest, &o.signature) {
-        return Event::Untrusted(e.to_string());
+        // The entry's signature line, not the bundle: skipped, not refused.
+        return Event::Unverified(e.to_string());
     }
     match bundle::read_manifest(path) {
         Ok(m) => Event::Verified(Box::new(m)),

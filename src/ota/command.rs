@@ -17,7 +17,9 @@
 //! The command names its device (or `*` for every device), when it was
 //! issued (unix milliseconds) and optionally when it expires. A device accepts
 //! only commands issued after the last one it accepted (kept in state.json),
-//! so a recorded command cannot be replayed. Actions:
+//! so a recorded command cannot be replayed, and none issued further in the
+//! future than `[ota] max_command_skew` (a command dated 2100 would
+//! otherwise make every later one look like a replay). Actions:
 //! - `update`: the bundle entry (as in the manifest document) is installed
 //!   like an offer from a poll;
 //! - `rollback`: the same, for a lower version: the signed bundle must say
@@ -86,11 +88,24 @@ pub enum CommandError {
     Replay { issued: u64, last: u64 },
     #[error("expired at {0}")]
     Expired(u64),
+    #[error(
+        "issued at {issued}, {ahead_ms} ms ahead of this device's clock (over the allowed skew)"
+    )]
+    Future { issued: u64, ahead_ms: u64 },
     #[error("{0}")]
     Invalid(String),
 }
 
 impl CommandError {
+    /// Refused before its signature held: anyone can send these, so they
+    /// are counted and reported in aggregate, not one by one.
+    pub fn is_junk(&self) -> bool {
+        matches!(
+            self,
+            CommandError::TooLarge(_) | CommandError::Malformed(_) | CommandError::Signature(_)
+        )
+    }
+
     /// Short label for the rejection counter.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -99,6 +114,7 @@ impl CommandError {
             CommandError::OtherDevice(_) => "other_device",
             CommandError::Replay { .. } => "replay",
             CommandError::Expired(_) => "expired",
+            CommandError::Future { .. } => "future",
             CommandError::Invalid(_) => "invalid",
         }
     }
@@ -114,14 +130,36 @@ pub fn seal(key: &ed25519_dalek::SigningKey, c: &Command) -> Result<Envelope, St
     })
 }
 
-/// Checks a received command: size, signature, device, replay, expiry,
-/// action. No I/O; `now` and `last_issued` come from the caller.
+/// How far ahead of this device's clock a command may be dated by default.
+pub const DEFAULT_MAX_SKEW_MS: u64 = 10 * 60 * 1000;
+
+/// [`open_with_skew`] with [`DEFAULT_MAX_SKEW_MS`].
 pub fn open(
     payload: &[u8],
     trusted: &[VerifyingKey],
     device: &str,
     now: u64,
     last_issued: Option<u64>,
+) -> Result<(Command, Request), CommandError> {
+    open_with_skew(
+        payload,
+        trusted,
+        device,
+        now,
+        last_issued,
+        DEFAULT_MAX_SKEW_MS,
+    )
+}
+
+/// Checks a received command: size, signature, device, clock skew, replay,
+/// expiry, action. No I/O; `now` and `last_issued` come from the caller.
+pub fn open_with_skew(
+    payload: &[u8],
+    trusted: &[VerifyingKey],
+    device: &str,
+    now: u64,
+    last_issued: Option<u64>,
+    max_skew_ms: u64,
 ) -> Result<(Command, Request), CommandError> {
     if payload.len() > MAX_COMMAND_BYTES {
         return Err(CommandError::TooLarge(payload.len()));
@@ -135,6 +173,14 @@ pub fn open(
         .map_err(|e| CommandError::Malformed(format!("signed but not a command: {e}")))?;
     if c.device != device && c.device != "*" {
         return Err(CommandError::OtherDevice(c.device));
+    }
+    // Before the replay check: a command from the far future must never
+    // become the mark every later command is compared with.
+    if c.issued_ms > now.saturating_add(max_skew_ms) {
+        return Err(CommandError::Future {
+            issued: c.issued_ms,
+            ahead_ms: c.issued_ms - now,
+        });
     }
     if let Some(last) = last_issued
         && c.issued_ms <= last
@@ -218,6 +264,35 @@ mod tests {
 
     fn bytes(e: &Envelope) -> Vec<u8> {
         serde_json::to_vec(e).unwrap()
+    }
+
+    #[test]
+    fn a_command_from_the_far_future_is_refused_and_does_not_block_later_ones() {
+        let k = crate::ota::sign::generate().unwrap();
+        let trusted = [k.verifying_key()];
+        let now = 1_764_482_400_000u64;
+        // Issued in the year 2100, signed by a trusted key.
+        let mut far = cmd(Action::Poll, None);
+        far.issued_ms = 4_102_444_800_000;
+        far.expires_ms = None;
+        let e = seal(&k, &far).unwrap();
+        let err = open_with_skew(&bytes(&e), &trusted, "gw-7", now, None, 600_000).unwrap_err();
+        assert_eq!(err.reason(), "future");
+        assert!(!err.is_junk(), "signed: reported one by one");
+        // Within the skew: taken; a later genuine command is not a replay.
+        let mut near = cmd(Action::Poll, None);
+        near.issued_ms = now + 1000;
+        near.expires_ms = None;
+        let e = seal(&k, &near).unwrap();
+        let (c, _) = open_with_skew(&bytes(&e), &trusted, "gw-7", now, None, 600_000).unwrap();
+        assert_eq!(c.issued_ms, now + 1000);
+    }
+
+    #[test]
+    fn junk_is_told_apart_from_signed_refusals() {
+        assert!(CommandError::Malformed("x".into()).is_junk());
+        assert!(CommandError::Signature("x".into()).is_junk());
+        assert!(!CommandError::Replay { issued: 1, last: 2 }.is_junk());
     }
 
     #[test]

@@ -7,6 +7,14 @@
 //! retried and what is refused for good) is tested without sockets, files or
 //! models.
 //!
+//! Refused for good (the bundle's sha256 kept in `state.json`) is only
+//! what a verified signature or check condemned: a signed bundle that is
+//! malformed, built for another device or daemon, or that failed to load,
+//! check or serve. An entry that fails before that (its version, its
+//! signature line, its size, a version that differs from the signed one)
+//! says nothing about the bundle it points to: it is *skipped* this time and
+//! reported, so a correct entry for the same bundle can still install.
+//!
 //! One update runs at a time. An event that does not belong to the current
 //! state leaves it unchanged and asks for nothing: a late or duplicated
 //! report can never skip a step.
@@ -141,7 +149,10 @@ pub enum Event {
     /// Size or sha256 differ from the offer: the file is discarded and the
     /// offer tried again at a later poll (the transfer may have been hit).
     Corrupt(String),
-    /// Signature bad, key unknown or bundle malformed: never tried again.
+    /// The entry's signature does not verify (bad, unknown key): the entry
+    /// is skipped, the bundle is not condemned.
+    Unverified(String),
+    /// Signed, but the bundle itself is malformed: never tried again.
     Untrusted(String),
     /// Size, sha256 and signature hold; this is what the signed bundle says.
     Verified(Box<BundleManifest>),
@@ -203,6 +214,8 @@ pub enum Action {
     Rollback(Offer),
     /// Remember the bundle (by sha256) as refused: never tried again.
     Refuse(Offer),
+    /// Remember this entry (not the bundle) as skipped until it changes.
+    Skip(Offer),
     /// Delete the downloaded file.
     DiscardDownload(Offer),
     /// Delete the unpacked folder of a version that will not serve.
@@ -245,41 +258,73 @@ fn refuse(step: &'static str, job: &Job, why: String, staged: bool) -> (State, V
     (State::Idle, a)
 }
 
+/// Ends a job for this time only: the entry was wrong, not the bundle.
+fn skip(job: &Job, why: String) -> (State, Vec<Action>) {
+    (
+        State::Idle,
+        vec![
+            Action::Emit(status("skipped", job, Some(why))),
+            Action::Skip(job.offer.clone()),
+            Action::DiscardDownload(job.offer.clone()),
+        ],
+    )
+}
+
+/// What is wrong with a verified bundle, if anything: `Entry` problems are
+/// the offer's (skip), `Bundle` problems condemn the signed bundle (refuse).
+enum Problem {
+    Entry(String),
+    Bundle(String),
+}
+
 /// Why the signed manifest does not fit the offer or this device, if it does not.
-fn bundle_problem(m: &BundleManifest, job: &Job, p: &Policy) -> Option<String> {
+fn bundle_problem(m: &BundleManifest, job: &Job, p: &Policy) -> Option<Problem> {
     let o = &job.offer;
     if m.kind != o.kind || m.name != o.name || m.version != o.version {
-        return Some(format!(
+        return Some(Problem::Entry(format!(
             "the signed bundle is {:?} {}@{}, the offer says {:?} {}",
             m.kind,
             m.name,
             m.version,
             o.kind,
             o.id()
-        ));
+        )));
     }
     match cmp_versions(&p.daemon_version, &m.min_daemon_version) {
         Some(std::cmp::Ordering::Less) => {
-            return Some(format!(
+            return Some(Problem::Bundle(format!(
                 "needs daemon {} or newer, this is {}",
                 m.min_daemon_version, p.daemon_version
-            ));
+            )));
         }
-        None => return Some(format!("bad min_daemon_version `{}`", m.min_daemon_version)),
+        None => {
+            return Some(Problem::Bundle(format!(
+                "bad min_daemon_version `{}`",
+                m.min_daemon_version
+            )));
+        }
         _ => {}
     }
     if m.kind == BundleKind::Daemon {
         match &m.target {
             Some(t) if *t == p.target => {}
-            Some(t) => return Some(format!("built for {t}, this device is {}", p.target)),
-            None => return Some("daemon bundle without a target".into()),
+            Some(t) => {
+                return Some(Problem::Bundle(format!(
+                    "built for {t}, this device is {}",
+                    p.target
+                )));
+            }
+            None => return Some(Problem::Bundle("daemon bundle without a target".into())),
         }
     }
+    // Relative to what serves now, not a flaw of the bundle: skipped.
     if let Some(cur) = &job.serving
         && cmp_versions(&m.version, cur) == Some(std::cmp::Ordering::Less)
         && !m.rollback
     {
-        return Some(format!("downgrade from {cur} without a signed rollback"));
+        return Some(Problem::Entry(format!(
+            "downgrade from {cur} without a signed rollback"
+        )));
     }
     None
 }
@@ -323,21 +368,18 @@ pub fn step(state: State, event: Event, p: &Policy) -> (State, Vec<Action>) {
                     None if job.offer.kind == BundleKind::Model => return (S::Idle, vec![]),
                     None => {}
                     Some(cur) if *cur == job.offer.version => return (S::Idle, vec![]),
+                    // The entry's own fields, not yet verified: skipped, not refused.
                     Some(cur) => match cmp_versions(&job.offer.version, cur) {
                         None => {
-                            return refuse(
-                                "refused",
+                            return skip(
                                 &job,
                                 format!("version `{}` is not semver", job.offer.version),
-                                false,
                             );
                         }
                         Some(std::cmp::Ordering::Less) if !job.offer.rollback => {
-                            return refuse(
-                                "refused",
+                            return skip(
                                 &job,
                                 format!("downgrade from {cur} without a signed rollback"),
-                                false,
                             );
                         }
                         _ => {}
@@ -368,9 +410,11 @@ pub fn step(state: State, event: Event, p: &Policy) -> (State, Vec<Action>) {
                 Action::DiscardDownload(job.offer.clone()),
             ],
         ),
+        (S::Verifying(job), E::Unverified(why)) => skip(&job, why),
         (S::Verifying(job), E::Untrusted(why)) => refuse("refused", &job, why, false),
         (S::Verifying(job), E::Verified(m)) => match bundle_problem(&m, &job, p) {
-            Some(why) => refuse("refused", &job, why, false),
+            Some(Problem::Entry(why)) => skip(&job, why),
+            Some(Problem::Bundle(why)) => refuse("refused", &job, why, false),
             None => {
                 let a = vec![
                     Action::Emit(status("verified", &job, None)),
@@ -616,7 +660,7 @@ mod tests {
     }
 
     #[test]
-    fn idle_offer_of_a_lower_version_is_refused_without_download() {
+    fn idle_offer_of_a_lower_version_is_skipped_without_download() {
         let (s, a) = step(
             State::Idle,
             Event::Offered {
@@ -626,13 +670,15 @@ mod tests {
             &policy(),
         );
         assert_eq!(s, State::Idle);
-        assert_eq!(steps(&a), ["refused"]);
-        assert!(has(&a, |a| matches!(a, Action::Refuse(_))));
+        assert_eq!(steps(&a), ["skipped"]);
+        // The version is the entry's word, not the signed bundle's.
+        assert!(!has(&a, |a| matches!(a, Action::Refuse(_))));
+        assert!(has(&a, |a| matches!(a, Action::Skip(_))));
         assert!(!has(&a, |a| matches!(a, Action::Download(_))));
     }
 
     #[test]
-    fn idle_offer_with_a_bad_version_is_refused() {
+    fn idle_offer_with_a_bad_version_is_skipped() {
         let (s, a) = step(
             State::Idle,
             Event::Offered {
@@ -642,7 +688,8 @@ mod tests {
             &policy(),
         );
         assert_eq!(s, State::Idle);
-        assert!(has(&a, |a| matches!(a, Action::Refuse(_))));
+        assert!(has(&a, |a| matches!(a, Action::Skip(_))));
+        assert!(!has(&a, |a| matches!(a, Action::Refuse(_))));
     }
 
     #[test]
@@ -663,14 +710,14 @@ mod tests {
             offer: o,
             serving: Some("1.0.0".into()),
         };
-        // Unsigned flag: refused.
+        // Unsigned flag: skipped (relative to what serves now).
         let (s2, a2) = step(
             State::Verifying(j.clone()),
             Event::Verified(signed("0.9.0")),
             &policy(),
         );
         assert_eq!(s2, State::Idle);
-        assert_eq!(steps(&a2), ["refused"]);
+        assert_eq!(steps(&a2), ["skipped"]);
         // Signed rollback: staged.
         let mut m = signed("0.9.0");
         m.rollback = true;
@@ -700,7 +747,7 @@ mod tests {
         assert_eq!(s, State::Idle);
         assert_eq!(
             steps(&a),
-            ["refused"],
+            ["skipped"],
             "a downgrade needs a signed rollback"
         );
     }
@@ -794,6 +841,19 @@ mod tests {
     }
 
     #[test]
+    fn unverified_entry_is_skipped_not_refused() {
+        let (s, a) = step(
+            State::Verifying(job("1.1.0")),
+            Event::Unverified("bad signature".into()),
+            &policy(),
+        );
+        assert_eq!(s, State::Idle);
+        assert_eq!(steps(&a), ["skipped"]);
+        assert!(!has(&a, |a| matches!(a, Action::Refuse(_))));
+        assert!(has(&a, |a| matches!(a, Action::DiscardDownload(_))));
+    }
+
+    #[test]
     fn verified_bundle_is_staged() {
         let (s, a) = step(
             State::Verifying(job("1.1.0")),
@@ -806,14 +866,17 @@ mod tests {
     }
 
     #[test]
-    fn verified_bundle_that_differs_from_the_offer_is_refused() {
+    fn verified_bundle_that_differs_from_the_offer_is_skipped() {
+        // The right file under the wrong version: the entry is wrong, the
+        // bundle is fine for an entry that names it right.
         let (s, a) = step(
             State::Verifying(job("1.1.0")),
             Event::Verified(signed("1.2.0")),
             &policy(),
         );
         assert_eq!(s, State::Idle);
-        assert!(has(&a, |a| matches!(a, Action::Refuse(_))));
+        assert!(!has(&a, |a| matches!(a, Action::Refuse(_))));
+        assert!(has(&a, |a| matches!(a, Action::Skip(_))));
     }
 
     #[test]

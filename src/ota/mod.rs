@@ -102,6 +102,23 @@ pub struct OtaConfig {
     /// Starts a new daemon slot gets before the launcher falls back.
     #[serde(default = "default_daemon_max_attempts")]
     pub daemon_max_attempts: u32,
+    /// The largest bundle taken: an entry stating a larger size is skipped
+    /// before any download (a download is also cut at the stated size).
+    #[serde(default = "default_max_bundle_bytes")]
+    pub max_bundle_bytes: u64,
+    /// How far ahead of this device's clock a signed command may be dated.
+    #[serde(default = "default_max_command_skew", with = "humantime_serde")]
+    pub max_command_skew: Duration,
+}
+
+/// Default `max_bundle_bytes`: 2 GiB (a large vision model with its engine).
+pub const DEFAULT_MAX_BUNDLE_BYTES: u64 = 2 << 30;
+
+fn default_max_bundle_bytes() -> u64 {
+    DEFAULT_MAX_BUNDLE_BYTES
+}
+fn default_max_command_skew() -> Duration {
+    Duration::from_millis(command::DEFAULT_MAX_SKEW_MS)
 }
 
 fn default_poll_interval() -> Duration {
@@ -171,6 +188,9 @@ impl OtaConfig {
         }
         if self.check_tolerance.is_nan() || self.check_tolerance < 0.0 {
             p.push("ota.check_tolerance: must be >= 0".into());
+        }
+        if self.max_bundle_bytes == 0 {
+            p.push("ota.max_bundle_bytes: 0 would refuse every bundle".into());
         }
         if self.max_bytes_per_s == Some(0) {
             p.push("ota.max_bytes_per_s: 0 would never download".into());

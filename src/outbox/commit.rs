@@ -6,11 +6,17 @@
 //! writer bumps `ops` after its sled write returned, the flusher reads `ops`
 //! before `Db::flush`, so every op counted in that number is inside the
 //! flush, and after the fsync `durable = that number`.
+//!
+//! A failed commit marks the store *broken* with its reason: appends and
+//! `sync()` are refused at once (the caller hears it, `/readyz` says it),
+//! and the flusher keeps trying to recover at a growing interval (see
+//! [`Target`]). The error is logged at the first failure, then at most
+//! every [`LOG_EVERY`] with the number of failures in between.
 
 use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -32,6 +38,33 @@ pub struct Commit {
     pub flushes_total: AtomicU64,
     pub flush_errors_total: AtomicU64,
     pub last_flush_ns: AtomicU64,
+    /// Fast check for writers; the reason lives in `State::broken`.
+    broken: AtomicBool,
+}
+
+/// How often a store that keeps failing is logged at ERROR.
+pub const LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// Why the store cannot take writes now, and what recovers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Broken {
+    pub reason: String,
+    /// sled itself failed (it keeps its write error for good): only
+    /// reopening the database recovers. Otherwise a later flush may succeed.
+    pub reopen: bool,
+}
+
+/// What the flusher commits to.
+pub trait Target {
+    /// One group commit (or, while broken, one recovery try). `Waiting`:
+    /// broken and not yet time to try again; nothing was attempted.
+    fn commit(&mut self, broken: Option<&Broken>) -> Attempt;
+}
+
+pub enum Attempt {
+    Done,
+    Failed(OutboxError),
+    Waiting,
 }
 
 #[derive(Default)]
@@ -42,6 +75,7 @@ struct State {
     started: u64,
     /// The latest failed attempt and its error.
     failed: Option<(u64, String)>,
+    broken: Option<Broken>,
     wake: bool,
     shutdown: bool,
     stopped: bool,
@@ -66,6 +100,35 @@ impl Commit {
             flushes_total: AtomicU64::new(0),
             flush_errors_total: AtomicU64::new(0),
             last_flush_ns: AtomicU64::new(0),
+            broken: AtomicBool::new(false),
+        }
+    }
+
+    /// Why writes are refused now (None: the store works).
+    pub fn broken(&self) -> Option<Broken> {
+        if !self.broken.load(Ordering::Relaxed) {
+            return None;
+        }
+        lock(&self.state).broken.clone()
+    }
+
+    /// Marks the store broken (a write or a commit failed) and wakes the
+    /// flusher to recover it. A reason that asks for a reopen is kept over
+    /// one that does not.
+    pub fn set_broken(&self, reason: String, reopen: bool) {
+        let mut st = lock(&self.state);
+        let reopen = reopen || st.broken.as_ref().is_some_and(|b| b.reopen);
+        st.broken = Some(Broken { reason, reopen });
+        self.broken.store(true, Ordering::SeqCst);
+        st.wake = true;
+        self.wake_flusher.notify_one();
+    }
+
+    /// The error every write gets while the store is broken.
+    pub fn check(&self) -> Result<(), OutboxError> {
+        match self.broken() {
+            None => Ok(()),
+            Some(b) => Err(OutboxError::Unavailable(b.reason)),
         }
     }
 
@@ -94,6 +157,9 @@ impl Commit {
         if st.durable >= target {
             return Ok(());
         }
+        if let Some(b) = &st.broken {
+            return Err(OutboxError::Unavailable(b.reason.clone()));
+        }
         let entered = st.started;
         st.wake = true;
         self.wake_flusher.notify_one();
@@ -107,6 +173,9 @@ impl Commit {
                 && *n > entered
             {
                 return Err(OutboxError::Flush(e.clone()));
+            }
+            if let Some(b) = &st.broken {
+                return Err(OutboxError::Unavailable(b.reason.clone()));
             }
             if st.stopped {
                 return Err(OutboxError::Closed);
@@ -122,11 +191,12 @@ impl Commit {
     }
 
     /// The flusher thread's body; returns the last flush's result.
-    pub fn run(&self, disk: &mut Disk) -> Result<(), OutboxError> {
+    pub fn run(&self, target_store: &mut dyn Target) -> Result<(), OutboxError> {
         let mut last = Ok(());
         let mut next = Instant::now() + self.interval;
+        let mut log = FailureLog::default();
         loop {
-            let (shutdown, started) = {
+            let (shutdown, started, broken) = {
                 let mut st = lock(&self.state);
                 while !st.wake && !st.shutdown {
                     let now = Instant::now();
@@ -141,7 +211,7 @@ impl Commit {
                 }
                 st.wake = false;
                 let target = self.ops.load(Ordering::SeqCst);
-                if target <= st.durable {
+                if target <= st.durable && st.broken.is_none() {
                     // Idle: no fsync, so an idle device does not wear its flash.
                     if st.shutdown {
                         st.stopped = true;
@@ -152,35 +222,84 @@ impl Commit {
                     continue;
                 }
                 st.started += 1;
-                (st.shutdown, (st.started, target))
+                (st.shutdown, (st.started, target), st.broken.clone())
             };
             let (attempt, target) = started;
             self.since_flush.store(0, Ordering::Relaxed);
             let t0 = Instant::now();
-            let r = disk.flush();
+            let r = target_store.commit(broken.as_ref());
             let took = t0.elapsed();
             next = Instant::now() + self.interval;
-            self.flushes_total.fetch_add(1, Ordering::Relaxed);
-            self.last_flush_ns.store(
-                u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
-                Ordering::Relaxed,
-            );
             let mut st = lock(&self.state);
-            match &r {
-                Ok(()) => st.durable = st.durable.max(target),
-                Err(e) => {
-                    self.flush_errors_total.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(error = %e, "outbox flush failed; retrying at the next interval");
-                    st.failed = Some((attempt, e.to_string()));
+            match r {
+                Attempt::Done => {
+                    self.flushes_total.fetch_add(1, Ordering::Relaxed);
+                    self.last_flush_ns.store(
+                        u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
+                        Ordering::Relaxed,
+                    );
+                    st.durable = st.durable.max(target);
+                    if st.broken.take().is_some() {
+                        self.broken.store(false, Ordering::SeqCst);
+                        tracing::info!(
+                            failed_commits = log.since_ok,
+                            "outbox recovered: storing again"
+                        );
+                    }
+                    log.since_ok = 0;
+                    last = Ok(());
                 }
+                Attempt::Failed(e) => {
+                    self.flush_errors_total.fetch_add(1, Ordering::Relaxed);
+                    log.failed(&e);
+                    st.failed = Some((attempt, e.to_string()));
+                    if st.broken.is_none() {
+                        // The target did not say what recovers it: a later flush may.
+                        st.broken = Some(Broken {
+                            reason: e.to_string(),
+                            reopen: false,
+                        });
+                        self.broken.store(true, Ordering::SeqCst);
+                    }
+                    last = Err(e);
+                }
+                Attempt::Waiting => {}
             }
-            last = r;
             if shutdown {
                 st.stopped = true;
                 self.flushed.notify_all();
                 return last;
             }
             self.flushed.notify_all();
+        }
+    }
+}
+
+/// Rate-limits the flusher's ERROR lines: a disk that stays full would
+/// otherwise log at every attempt.
+#[derive(Default)]
+struct FailureLog {
+    last: Option<Instant>,
+    suppressed: u64,
+    /// Failed attempts since the last good commit.
+    since_ok: u64,
+}
+
+impl FailureLog {
+    fn failed(&mut self, e: &OutboxError) {
+        self.since_ok += 1;
+        let due = self.last.is_none_or(|t| t.elapsed() >= LOG_EVERY);
+        if self.since_ok == 1 || due {
+            tracing::error!(
+                error = %e,
+                suppressed = self.suppressed,
+                failed_commits = self.since_ok,
+                "outbox cannot store; refusing records and retrying"
+            );
+            self.last = Some(Instant::now());
+            self.suppressed = 0;
+        } else {
+            self.suppressed += 1;
         }
     }
 }
@@ -215,17 +334,27 @@ impl Disk {
     /// `Db::flush` writes sled's buffers and calls sync_file_range, which
     /// neither flushes the drive's cache nor the file's metadata (sled issues
     /// 1351, 1452); fdatasync does both.
-    pub fn flush(&mut self) -> Result<(), OutboxError> {
+    /// sled's log to the disk. A failure here needs a reopen: sled keeps
+    /// its write error for good, and a failed fsync may have dropped the
+    /// dirty pages, so a later fsync that passes would prove nothing.
+    pub fn flush_log(&mut self) -> Result<(), OutboxError> {
         self.db.flush().map_err(OutboxError::db("flush"))?;
         self.log.sync_data().map_err(|source| OutboxError::Io {
             op: "fsync",
             path: self.dir.join("db"),
             source,
-        })?;
+        })
+    }
+
+    /// Both steps of a commit (used at open).
+    pub fn flush(&mut self) -> Result<(), OutboxError> {
+        self.flush_log()?;
         self.sync_blobs()
     }
 
-    fn sync_blobs(&mut self) -> Result<(), OutboxError> {
+    /// New blob files to the disk. A failure here (say, no descriptor left
+    /// to open one) leaves sled sound: the next commit tries again.
+    pub fn sync_blobs(&mut self) -> Result<(), OutboxError> {
         let dir = self.dir.join("blobs");
         let io = |op, path: &Path| {
             let path = path.to_path_buf();

@@ -47,9 +47,27 @@ pub enum OutboxError {
     ReadOnly,
     #[error("outbox is closed")]
     Closed,
+    /// A write or commit failed (disk full, I/O error): records are refused
+    /// until the store recovers by itself.
+    #[error("outbox cannot store now: {0}")]
+    Unavailable(String),
 }
 
 impl OutboxError {
+    /// A condition of the server that passes (full, disk full, I/O
+    /// trouble), not of the record: the caller may try again later.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            OutboxError::Full { .. }
+                | OutboxError::Unavailable(_)
+                | OutboxError::Flush(_)
+                | OutboxError::Db { .. }
+                | OutboxError::Io { .. }
+                | OutboxError::Closed
+        )
+    }
+
     pub(crate) fn db(op: &'static str) -> impl FnOnce(sled::Error) -> OutboxError {
         move |source| OutboxError::Db { op, source }
     }

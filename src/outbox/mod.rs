@@ -47,6 +47,20 @@
 //! same way, so a crash can bring back acknowledged records: the uplink
 //! sends them again and the fleet drops them by id.
 //!
+//! # A full disk, an I/O error
+//!
+//! sled 0.34 keeps the first write error it meets (`ENOSPC`, `EIO`) and
+//! fails every later write with it, for as long as the database is open. So
+//! a failed write or commit marks the outbox *broken* with its reason
+//! ([`Outbox::unavailable`], which `/readyz` reports): appends are refused
+//! at once, and the flusher thread reopens the database at a growing
+//! interval (0.5 s to 10 s) until it opens and commits again. A reopen
+//! keeps every committed record (sled recovers its log up to the last good
+//! flush) and puts back the records appended since the last good commit,
+//! which it read from the old handle's memory first; whatever it could not
+//! put back is counted (`lost_total`). Keys stay unique across a reopen:
+//! the seq counter lives in memory and only grows.
+//!
 //! A database sled cannot open (or panics on) is moved to
 //! `<data_dir>/quarantine/outbox-<unix-ts>`, never deleted, and a fresh one
 //! is created with a boot number above the old one's (from the sidecar).
@@ -58,12 +72,13 @@ mod config;
 mod error;
 mod open;
 pub mod record;
+mod recover;
 mod stats;
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
@@ -73,6 +88,7 @@ use commit::{Commit, Disk, lock};
 pub use config::{OutboxConfig, WhenFull};
 pub use error::OutboxError;
 pub use record::{DeadLetter, Entry, Key};
+use recover::{Flusher, Store};
 pub use stats::{Dropped, OutboxStats};
 
 use record::{KEY_LEN, MAX_NAME};
@@ -97,9 +113,15 @@ struct Shared {
     /// Opened by the CLI: no boot bump, appends refused.
     inspect: bool,
     closed: AtomicBool,
-    records: sled::Tree,
-    dead: sled::Tree,
+    /// None while a broken database is being reopened.
+    store: RwLock<Option<Store>>,
     commit: Commit,
+    /// Every seq below this was in a commit that completed.
+    durable_seq: AtomicU64,
+    /// Databases reopened after a write error.
+    reopens_total: AtomicU64,
+    /// Records appended before a write error that a reopen could not put back.
+    lost_total: AtomicU64,
     /// Next seq of this boot; held while a record is inserted (see header).
     append: Mutex<u64>,
     records_n: AtomicU64,
@@ -200,6 +222,10 @@ impl Outbox {
         let last_boot = loaded.last_boot.max(sidecar);
         let boot = if inspect { last_boot } else { last_boot + 1 };
         let mut disk = Disk::new(loaded.db.clone(), dir)?;
+        let store = Store {
+            records: loaded.records.clone(),
+            dead: loaded.dead.clone(),
+        };
         if !inspect {
             open::store_boot(&loaded.meta, boot)?;
             disk.flush()?;
@@ -212,9 +238,11 @@ impl Outbox {
             boot,
             inspect,
             closed: AtomicBool::new(false),
-            records: loaded.records,
-            dead: loaded.dead,
+            store: RwLock::new(Some(store)),
             commit: Commit::new(cfg.flush_interval, cfg.flush_records),
+            durable_seq: AtomicU64::new(0),
+            reopens_total: AtomicU64::new(0),
+            lost_total: AtomicU64::new(0),
             cfg,
             append: Mutex::new(0),
             records_n: AtomicU64::new(loaded.records_n),
@@ -236,7 +264,8 @@ impl Outbox {
                 // commit may wait a scheduler tick, a frame should not wait
                 // for a commit (Linux nice values are per thread).
                 let _ = rustix::process::setpriority_process(None, 10);
-                s.commit.run(&mut disk)
+                let mut f = Flusher::new(Arc::clone(&s), disk);
+                s.commit.run(&mut f)
             })
             .map_err(io("spawn flusher thread"))?;
         tracing::debug!(path = %dir.display(), boot, records = shared.records_n.load(Ordering::Relaxed), "outbox open");
@@ -261,6 +290,12 @@ impl Outbox {
         &self.s().dir
     }
 
+    /// Why records are refused now (a full disk, an I/O error), or None
+    /// when the outbox stores. It recovers by itself (see the header).
+    pub fn unavailable(&self) -> Option<String> {
+        self.s().commit.broken().map(|b| b.reason)
+    }
+
     /// Appends one serialized record for `stream` and returns its key. Does
     /// not wait for the disk: the record is durable after the next group
     /// commit (`sync()` waits for it).
@@ -272,6 +307,7 @@ impl Outbox {
         if s.closed.load(Ordering::Relaxed) {
             return Err(OutboxError::Closed);
         }
+        s.commit.check()?;
         if stream.len() > MAX_NAME {
             return Err(OutboxError::StreamName {
                 len: stream.len(),
@@ -287,21 +323,21 @@ impl Outbox {
             });
         }
         let mut seq = lock(&s.append);
-        s.make_room(size)?;
+        let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
+        let st = guard.as_ref().ok_or_else(|| s.unavailable_now())?;
+        s.make_room(st, size)?;
         let key = Key(s.boot, *seq);
         // Counted before the insert so a concurrent ack of this key can never
         // subtract first and wrap the counters.
         s.records_n.fetch_add(1, Ordering::SeqCst);
         s.records_bytes.fetch_add(size, Ordering::SeqCst);
-        if let Err(e) = s.records.insert(key.to_bytes(), value) {
+        if let Err(e) = st.records.insert(key.to_bytes(), value) {
             s.records_n.fetch_sub(1, Ordering::SeqCst);
             s.records_bytes.fetch_sub(size, Ordering::SeqCst);
-            return Err(OutboxError::Db {
-                op: "append",
-                source: e,
-            });
+            return Err(s.write_failed("append", e));
         }
         *seq += 1;
+        drop(guard);
         drop(seq);
         s.appended_total.fetch_add(1, Ordering::Relaxed);
         s.commit.appended();
@@ -333,7 +369,9 @@ impl Outbox {
         let mut from = after;
         while out.len() < limit {
             let mut bad = None;
-            for kv in s.records.range(range_after(from)).take(limit - out.len()) {
+            let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
+            let st = guard.as_ref().ok_or_else(|| s.unavailable_now())?;
+            for kv in st.records.range(range_after(from)).take(limit - out.len()) {
                 let (k, v) = kv.map_err(OutboxError::db("read pending"))?;
                 let key = open::key_of(&k)?;
                 match record::decode(key, &v) {
@@ -344,6 +382,7 @@ impl Outbox {
                     }
                 }
             }
+            drop(guard);
             match bad {
                 None => break,
                 Some((key, e)) => {
@@ -360,9 +399,15 @@ impl Outbox {
     pub fn ack(&self, keys: &[Key]) -> Result<(), OutboxError> {
         let s = self.s();
         let mut n = 0;
+        let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
+        let st = guard.as_ref().ok_or_else(|| s.unavailable_now())?;
         for k in keys {
             let kb = k.to_bytes();
-            if let Some(v) = s.records.remove(kb).map_err(OutboxError::db("ack"))? {
+            let removed = st
+                .records
+                .remove(kb)
+                .map_err(|e| s.write_failed("ack", e))?;
+            if let Some(v) = removed {
                 s.records_n.fetch_sub(1, Ordering::SeqCst);
                 s.records_bytes
                     .fetch_sub(entry_size(&kb, &v), Ordering::SeqCst);
@@ -389,7 +434,10 @@ impl Outbox {
         limit: usize,
     ) -> Result<Vec<DeadLetter>, OutboxError> {
         let mut out = Vec::new();
-        for kv in self.s().dead.range(range_after(after)).take(limit) {
+        let s = self.s();
+        let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
+        let st = guard.as_ref().ok_or_else(|| s.unavailable_now())?;
+        for kv in st.dead.range(range_after(after)).take(limit) {
             let (k, v) = kv.map_err(OutboxError::db("read dead letters"))?;
             let key = open::key_of(&k)?;
             out.push(
@@ -408,19 +456,26 @@ impl Outbox {
     pub fn purge(&self, what: Purge) -> Result<Purged, OutboxError> {
         let s = self.s();
         let mut p = Purged::default();
-        while let Some((k, v)) = s.dead.pop_min().map_err(OutboxError::db("purge"))? {
+        let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
+        let st = guard.as_ref().ok_or_else(|| s.unavailable_now())?;
+        while let Some((k, v)) = st.dead.pop_min().map_err(|e| s.write_failed("purge", e))? {
             s.dead_n.fetch_sub(1, Ordering::SeqCst);
             s.dead_bytes.fetch_sub(entry_size(&k, &v), Ordering::SeqCst);
             p.dead_letters += 1;
         }
         if what == Purge::All {
-            while let Some((k, v)) = s.records.pop_min().map_err(OutboxError::db("purge"))? {
+            while let Some((k, v)) = st
+                .records
+                .pop_min()
+                .map_err(|e| s.write_failed("purge", e))?
+            {
                 s.records_n.fetch_sub(1, Ordering::SeqCst);
                 s.records_bytes
                     .fetch_sub(entry_size(&k, &v), Ordering::SeqCst);
                 p.records += 1;
             }
         }
+        drop(guard);
         s.commit.op_done();
         self.sync()?;
         Ok(p)
@@ -475,10 +530,28 @@ impl Drop for Inner {
 }
 
 impl Shared {
+    /// The error while the store is being reopened.
+    fn unavailable_now(&self) -> OutboxError {
+        OutboxError::Unavailable(
+            self.commit
+                .broken()
+                .map(|b| b.reason)
+                .unwrap_or_else(|| "the database is being reopened".into()),
+        )
+    }
+
+    /// A sled write failed: sled keeps that error for good, so the store is
+    /// broken until the flusher reopens it.
+    fn write_failed(&self, op: &'static str, source: sled::Error) -> OutboxError {
+        let e = OutboxError::Db { op, source };
+        self.commit.set_broken(e.to_string(), true);
+        e
+    }
+
     /// Frees `size` bytes under `max_bytes`: dead letters go first (they
     /// will never be sent), then the policy decides. Called with the append
     /// lock held, so two appends cannot both count the same free space.
-    fn make_room(&self, size: u64) -> Result<(), OutboxError> {
+    fn make_room(&self, st: &Store, size: u64) -> Result<(), OutboxError> {
         let max = self.cfg.max_bytes;
         loop {
             let used =
@@ -486,10 +559,10 @@ impl Shared {
             if used + size <= max {
                 return Ok(());
             }
-            if let Some((k, v)) = self
+            if let Some((k, v)) = st
                 .dead
                 .pop_min()
-                .map_err(OutboxError::db("drop dead letter"))?
+                .map_err(|e| self.write_failed("drop dead letter", e))?
             {
                 self.dead_n.fetch_sub(1, Ordering::SeqCst);
                 self.dead_bytes
@@ -501,10 +574,10 @@ impl Shared {
                 continue;
             }
             let popped = match self.cfg.when_full {
-                WhenFull::DropOldest => self
+                WhenFull::DropOldest => st
                     .records
                     .pop_min()
-                    .map_err(OutboxError::db("drop oldest"))?,
+                    .map_err(|e| self.write_failed("drop oldest", e))?,
                 WhenFull::RejectNew => None,
             };
             match popped {
@@ -535,7 +608,9 @@ impl Shared {
         use sled::Transactional;
         let kb = key.to_bytes();
         let now = SystemTime::now();
-        let moved = (&self.records, &self.dead)
+        let guard = self.store.read().unwrap_or_else(|p| p.into_inner());
+        let st = guard.as_ref().ok_or_else(|| self.unavailable_now())?;
+        let moved = (&st.records, &st.dead)
             .transaction(|(rec, dead)| {
                 let Some(v) = rec.remove(&kb)? else {
                     return Ok(None);
@@ -559,10 +634,9 @@ impl Shared {
                 Ok(Some(sizes))
             })
             .map_err(|e: sled::transaction::TransactionError<()>| match e {
-                sled::transaction::TransactionError::Storage(source) => OutboxError::Db {
-                    op: "dead letter",
-                    source,
-                },
+                sled::transaction::TransactionError::Storage(source) => {
+                    self.write_failed("dead letter", source)
+                }
                 // Nothing in the closure aborts.
                 sled::transaction::TransactionError::Abort(()) => OutboxError::Corrupt {
                     key: key.to_string(),
@@ -581,9 +655,12 @@ impl Shared {
     }
 
     fn stats(&self) -> OutboxStats {
-        let oldest_appended_at = match self.records.first() {
-            Ok(Some((_, v))) => record::appended_at(&v).ok(),
-            _ => None,
+        let oldest_appended_at = {
+            let guard = self.store.read().unwrap_or_else(|p| p.into_inner());
+            match guard.as_ref().map(|st| st.records.first()) {
+                Some(Ok(Some((_, v)))) => record::appended_at(&v).ok(),
+                _ => None,
+            }
         };
         let c = &self.commit;
         let last_ns = c.last_flush_ns.load(Ordering::Relaxed);
@@ -604,6 +681,9 @@ impl Shared {
             flushes_total: c.flushes_total.load(Ordering::Relaxed),
             flush_errors_total: c.flush_errors_total.load(Ordering::Relaxed),
             quarantined_total: self.quarantined_total,
+            unavailable: c.broken().map(|b| b.reason),
+            reopens_total: self.reopens_total.load(Ordering::Relaxed),
+            lost_total: self.lost_total.load(Ordering::Relaxed),
             last_flush_duration: (c.flushes_total.load(Ordering::Relaxed) > 0)
                 .then(|| Duration::from_nanos(last_ns)),
         }

@@ -25,6 +25,12 @@ pub struct OutboxStats {
     pub flush_errors_total: u64,
     /// 1 when this open moved a damaged database aside.
     pub quarantined_total: u64,
+    /// Why records are refused now (disk full, I/O error); None: storing.
+    pub unavailable: Option<String>,
+    /// Databases reopened after a write error.
+    pub reopens_total: u64,
+    /// Records appended before a write error that a reopen could not put back.
+    pub lost_total: u64,
     pub last_flush_duration: Option<Duration>,
 }
 

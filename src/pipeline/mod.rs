@@ -264,7 +264,8 @@ impl RateLimitedLog {
 
 /// Where records go once made: the outbox (and, for demos, stdout).
 pub trait RecordSink: Send + Sync {
-    fn store(&self, record: &ResultRecord) -> Result<(), String>;
+    /// `Unavailable` when the store may take it later (full, disk full).
+    fn store(&self, record: &ResultRecord) -> Result<(), crate::source::FrameError>;
 }
 
 /// Ids `<device>/<boot>/<seq>`: one sequence per daemon start.

@@ -16,7 +16,7 @@ use crate::model::state::StreamStates;
 use crate::postprocess::{PostprocessConfig, Postprocessor};
 use crate::preprocess::{Item, ItemMeta, PreprocessConfig, Preprocessor};
 use crate::record::{ResultRecord, rfc3339};
-use crate::source::Frame;
+use crate::source::{Frame, FrameError, FrameErrorKind};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -247,7 +247,7 @@ impl Pipeline {
         } else {
             worker % self.pre.len()
         };
-        let mut answers: Vec<Result<Vec<ResultRecord>, String>> =
+        let mut answers: Vec<Result<Vec<ResultRecord>, FrameError>> =
             frames.iter().map(|_| Ok(Vec::new())).collect();
         // Decode.
         let mut work: Vec<(usize, Item)> = Vec::with_capacity(frames.len());
@@ -258,7 +258,7 @@ impl Pipeline {
                     Ok(items) => work.extend(items.into_iter().map(|it| (i, it))),
                     Err(e) => {
                         self.count_drop(e.reason(), &format!("stream {}: {e}", f.stream));
-                        answers[i] = Err(e.to_string());
+                        answers[i] = Err(FrameError::new(FrameErrorKind::Malformed, e.to_string()));
                     }
                 }
             }
@@ -300,7 +300,7 @@ impl Pipeline {
                     Ok(o) => results.push((*i, item.meta.clone(), o, us)),
                     Err(e) => {
                         self.count_drop("inference_error", &format!("stream {}: {e}", f.stream));
-                        answers[*i] = Err(e.to_string());
+                        answers[*i] = Err(FrameError::new(FrameErrorKind::Engine, e.to_string()));
                     }
                 }
             }
@@ -316,7 +316,7 @@ impl Pipeline {
                     Ok(None) => continue,
                     Err(e) => {
                         self.count_drop("postprocess_error", &format!("stream {}: {e}", f.stream));
-                        answers[i] = Err(e.to_string());
+                        answers[i] = Err(FrameError::new(FrameErrorKind::Engine, e.to_string()));
                         continue;
                     }
                 };
@@ -367,16 +367,17 @@ impl Pipeline {
         chunk: &[(usize, Item)],
         frames: &[Frame],
         results: &mut Vec<Inferred>,
-        answers: &mut [Result<Vec<ResultRecord>, String>],
+        answers: &mut [Result<Vec<ResultRecord>, FrameError>],
     ) {
         let parts: Vec<&Tensor> = chunk.iter().map(|(_, it)| &it.tensor).collect();
-        let fail =
-            |answers: &mut [Result<Vec<ResultRecord>, String>], reason: &'static str, e: String| {
-                for (i, _) in chunk {
-                    self.count_drop(reason, &format!("stream {}: {e}", frames[*i].stream));
-                    answers[*i] = Err(e.clone());
-                }
-            };
+        let fail = |answers: &mut [Result<Vec<ResultRecord>, FrameError>],
+                    reason: &'static str,
+                    e: String| {
+            for (i, _) in chunk {
+                self.count_drop(reason, &format!("stream {}: {e}", frames[*i].stream));
+                answers[*i] = Err(FrameError::new(FrameErrorKind::Engine, e.clone()));
+            }
+        };
         let batch = match Tensor::concat0(&parts) {
             Ok(b) => b,
             // Items of different shapes (e.g. images of other sizes without resize) cannot share a batch.

@@ -11,7 +11,8 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use super::{Frame, Source, SourceCtx, SourceError};
+use super::{Frame, FrameError, FrameErrorKind, Source, SourceCtx, SourceError};
+use crate::record::ResultRecord;
 
 pub struct HttpSource;
 
@@ -23,21 +24,117 @@ impl Source for HttpSource {
 }
 
 /// Pipelines that accept frames over HTTP, by name.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct HttpIngress {
     /// Replaced on reload.
     pub pipelines: Arc<std::sync::RwLock<HashMap<String, SourceCtx>>>,
+    /// Larger bodies are answered 413 (`api.max_body_bytes`).
+    pub max_body_bytes: usize,
+    /// The whole body must arrive within this (`api.body_read_timeout`).
+    pub body_read_timeout: Duration,
 }
 
 /// How long a request waits for its result before answering 504.
 const RESULT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// What a 503 tells the caller to wait before trying again, in seconds.
+pub const RETRY_AFTER_S: u64 = 1;
+
+/// Why a request gave no records, and the status that says it.
+#[derive(Debug, thiserror::Error)]
+pub enum InferError {
+    #[error("no pipeline `{0}` with an http source")]
+    UnknownPipeline(String),
+    #[error("body over max_body_bytes ({0})")]
+    TooLarge(usize),
+    #[error("body not received in time")]
+    BodyTimeout,
+    #[error("body: {0}")]
+    Body(String),
+    #[error("{0}")]
+    Frame(FrameError),
+    #[error("frame dropped (queue full)")]
+    QueueFull,
+    #[error("stopping")]
+    Stopping,
+    #[error("no result in time")]
+    Timeout,
+}
+
+impl InferError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            InferError::UnknownPipeline(_) => StatusCode::NOT_FOUND,
+            InferError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            InferError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            InferError::Body(_) => StatusCode::BAD_REQUEST,
+            InferError::Frame(e) => match e.kind {
+                FrameErrorKind::Malformed => StatusCode::UNPROCESSABLE_ENTITY,
+                FrameErrorKind::Engine | FrameErrorKind::Store => StatusCode::INTERNAL_SERVER_ERROR,
+                FrameErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            },
+            InferError::QueueFull | InferError::Stopping => StatusCode::SERVICE_UNAVAILABLE,
+            InferError::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+}
+
+impl IntoResponse for InferError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = axum::Json(serde_json::json!({"error": self.to_string()}));
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            (
+                status,
+                [(axum::http::header::RETRY_AFTER, RETRY_AFTER_S.to_string())],
+                body,
+            )
+                .into_response()
+        } else {
+            (status, body).into_response()
+        }
+    }
+}
+
 pub async fn infer(
     State(ingress): State<HttpIngress>,
     Path(name): Path<String>,
     Query(q): Query<HashMap<String, String>>,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> Response {
+    match infer_inner(ingress, name, q, body).await {
+        Ok(records) => (
+            StatusCode::OK,
+            axum::Json(serde_json::json!({"records": records})),
+        )
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Reads the body within the size and time bounds.
+async fn read_body(ingress: &HttpIngress, body: axum::body::Body) -> Result<Bytes, InferError> {
+    let max = ingress.max_body_bytes;
+    let limited = http_body_util::Limited::new(body, max);
+    match tokio::time::timeout(
+        ingress.body_read_timeout,
+        http_body_util::BodyExt::collect(limited),
+    )
+    .await
+    {
+        Err(_) => Err(InferError::BodyTimeout),
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(InferError::TooLarge(max)),
+        Ok(Err(e)) => Err(InferError::Body(e.to_string())),
+    }
+}
+
+async fn infer_inner(
+    ingress: HttpIngress,
+    name: String,
+    q: HashMap<String, String>,
+    body: axum::body::Body,
+) -> Result<Vec<ResultRecord>, InferError> {
     let ctx = ingress
         .pipelines
         .read()
@@ -45,14 +142,9 @@ pub async fn infer(
         .get(&name)
         .cloned();
     let Some(ctx) = ctx else {
-        return (
-            StatusCode::NOT_FOUND,
-            axum::Json(
-                serde_json::json!({"error": format!("no pipeline `{name}` with an http source")}),
-            ),
-        )
-            .into_response();
+        return Err(InferError::UnknownPipeline(name));
     };
+    let body = read_body(&ingress, body).await?;
     let stream = q
         .get("stream")
         .cloned()
@@ -61,33 +153,42 @@ pub async fn infer(
     let mut frame = Frame::new(stream, body);
     frame.reply = Some(tx);
     if !ctx.submit(frame).await {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(serde_json::json!({"error": "stopping"})),
-        )
-            .into_response();
+        return Err(InferError::Stopping);
     }
     match tokio::time::timeout(RESULT_TIMEOUT, rx).await {
-        Ok(Ok(Ok(records))) => (
-            StatusCode::OK,
-            axum::Json(serde_json::json!({"records": records})),
-        )
-            .into_response(),
-        Ok(Ok(Err(e))) => (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            axum::Json(serde_json::json!({"error": e})),
-        )
-            .into_response(),
-        // The frame was dropped from a full queue (drop_oldest) or the daemon is stopping.
-        Ok(Err(_)) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(serde_json::json!({"error": "frame dropped (queue full)"})),
-        )
-            .into_response(),
-        Err(_) => (
-            StatusCode::GATEWAY_TIMEOUT,
-            axum::Json(serde_json::json!({"error": "no result in time"})),
-        )
-            .into_response(),
+        Ok(Ok(r)) => r.map_err(InferError::Frame),
+        // The frame was dropped from a full queue or the daemon is stopping.
+        Ok(Err(_)) => Err(InferError::QueueFull),
+        Err(_) => Err(InferError::Timeout),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_has_its_status() {
+        let f = |kind| InferError::Frame(FrameError::new(kind, "x")).status();
+        assert_eq!(
+            f(FrameErrorKind::Malformed),
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
+        assert_eq!(f(FrameErrorKind::Engine), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            f(FrameErrorKind::Unavailable),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            InferError::UnknownPipeline("p".into()).status(),
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            InferError::TooLarge(1).status(),
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+        let r = InferError::QueueFull.into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(r.headers().contains_key(axum::http::header::RETRY_AFTER));
     }
 }

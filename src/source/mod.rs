@@ -29,7 +29,39 @@ pub struct Frame {
     pub payload: Bytes,
     pub received: Instant,
     /// Answered with the records the frame produced (http source, watch source).
-    pub reply: Option<oneshot::Sender<Result<Vec<ResultRecord>, String>>>,
+    pub reply: Option<oneshot::Sender<Result<Vec<ResultRecord>, FrameError>>>,
+}
+
+/// Why a frame gave no records, sorted by who can do something about it
+/// (the HTTP source answers by it; the watch source keeps a file for a
+/// later scan when the condition passes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameErrorKind {
+    /// The payload cannot be decoded or does not fit the model: the sender's.
+    Malformed,
+    /// Inference or postprocessing failed: the model's or the engine's.
+    Engine,
+    /// The record cannot be stored now (outbox full, disk full): try later.
+    Unavailable,
+    /// The record cannot be stored, and waiting will not change that.
+    Store,
+}
+
+/// A frame's failure with its kind.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{detail}")]
+pub struct FrameError {
+    pub kind: FrameErrorKind,
+    pub detail: String,
+}
+
+impl FrameError {
+    pub fn new(kind: FrameErrorKind, detail: impl Into<String>) -> FrameError {
+        FrameError {
+            kind,
+            detail: detail.into(),
+        }
+    }
 }
 
 impl Frame {
@@ -50,12 +82,19 @@ pub enum SourceConfig {
     /// Subscribe to topics on the site's broker (or the embedded one).
     Mqtt {
         topics: Vec<String>,
-        /// 0 or 1.
+        /// 0 or 1. With 1 the session is persistent (a stable client id,
+        /// clean_session = false): the broker keeps what is published while
+        /// the daemon restarts, and a message is acknowledged only once it
+        /// is in the pipeline's queue.
         #[serde(default)]
         qos: u8,
         /// How a message's stream is named.
         #[serde(default)]
         stream: StreamName,
+        /// Larger messages are read, counted (`too_large`) and dropped; the
+        /// connection and the messages after them are kept.
+        #[serde(default = "default_max_message_bytes")]
+        max_message_bytes: usize,
     },
     /// One frame per datagram.
     Udp {
@@ -69,6 +108,15 @@ pub enum SourceConfig {
         path: PathBuf,
         #[serde(default)]
         framing: Framing,
+        /// Connections served at once; one more is closed and counted
+        /// (`too_many_connections`).
+        #[serde(default = "default_unix_max_connections")]
+        max_connections: usize,
+        /// Bytes of frames being read, all connections together: a frame
+        /// waits for room before it is read (its bytes are never allocated
+        /// ahead). A frame larger than this is refused (`frame_too_large`).
+        #[serde(default = "default_unix_max_buffered")]
+        max_buffered_bytes: usize,
     },
     /// `POST /v1/pipelines/{name}/infer` on the local API; answers with the result.
     Http {},
@@ -97,6 +145,20 @@ pub enum SourceConfig {
 
 fn default_poll() -> Duration {
     Duration::from_millis(500)
+}
+
+fn default_unix_max_connections() -> usize {
+    64
+}
+fn default_unix_max_buffered() -> usize {
+    128 << 20
+}
+
+/// Default `max_message_bytes` of an mqtt source: 16 MiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+fn default_max_message_bytes() -> usize {
+    DEFAULT_MAX_MESSAGE_BYTES
 }
 
 /// How an MQTT message names its stream.
@@ -145,12 +207,23 @@ impl SourceConfig {
     pub fn validate(&self, at: &str) -> Vec<String> {
         let mut p = Vec::new();
         match self {
-            SourceConfig::Mqtt { topics, qos, .. } => {
+            SourceConfig::Mqtt {
+                topics,
+                qos,
+                max_message_bytes,
+                ..
+            } => {
                 if topics.is_empty() {
                     p.push(format!("{at}.topics: at least one topic"));
                 }
                 if *qos > 1 {
                     p.push(format!("{at}.qos: {qos} (0 or 1)"));
+                }
+                if *max_message_bytes == 0 || *max_message_bytes > mqtt::MQTT_MAX_PACKET {
+                    p.push(format!(
+                        "{at}.max_message_bytes: {max_message_bytes} (1 to {})",
+                        mqtt::MQTT_MAX_PACKET
+                    ));
                 }
             }
             SourceConfig::Watch {
@@ -168,8 +241,24 @@ impl SourceConfig {
             SourceConfig::Replay { file, .. } if file.as_os_str().is_empty() => {
                 p.push(format!("{at}.file: empty"));
             }
-            SourceConfig::Unix { path, .. } if path.as_os_str().is_empty() => {
-                p.push(format!("{at}.path: empty"));
+            SourceConfig::Unix {
+                path,
+                max_connections,
+                max_buffered_bytes,
+                ..
+            } => {
+                if path.as_os_str().is_empty() {
+                    p.push(format!("{at}.path: empty"));
+                }
+                if *max_connections == 0 {
+                    p.push(format!("{at}.max_connections: must be at least 1"));
+                }
+                if *max_buffered_bytes < 1024 || *max_buffered_bytes > u32::MAX as usize {
+                    p.push(format!(
+                        "{at}.max_buffered_bytes: {max_buffered_bytes} (1024 to {})",
+                        u32::MAX
+                    ));
+                }
             }
             _ => {}
         }
@@ -182,13 +271,25 @@ impl SourceConfig {
                 topics,
                 qos,
                 stream,
+                max_message_bytes,
             } => Box::new(mqtt::MqttSource {
                 topics,
                 qos,
                 stream,
+                max_message_bytes,
             }),
             SourceConfig::Udp { listen, framing } => Box::new(udp::UdpSource { listen, framing }),
-            SourceConfig::Unix { path, framing } => Box::new(unix::UnixSource { path, framing }),
+            SourceConfig::Unix {
+                path,
+                framing,
+                max_connections,
+                max_buffered_bytes,
+            } => Box::new(unix::UnixSource {
+                path,
+                framing,
+                max_connections,
+                max_buffered_bytes,
+            }),
             SourceConfig::Http {} => Box::new(http::HttpSource),
             SourceConfig::Watch {
                 dir,

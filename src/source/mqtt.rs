@@ -2,6 +2,19 @@
 //! site broker, the daemon runs an embedded one (rumqttd) on the configured
 //! address, so sensors can publish to the gateway itself; this source then
 //! connects to that.
+//!
+//! A message over `max_message_bytes` is counted (`too_large`) and dropped
+//! without dropping the connection: the client reads packets up to MQTT's
+//! own maximum, so no message can break the session (a refused read would
+//! disconnect, lose what the broker had in flight, and with a persistent
+//! session bring the same message back forever). The cost is that one such
+//! message is held in memory while it is read; set the broker's
+//! `message_size_limit` to bound it.
+//!
+//! QoS 1 sources use a persistent session under a stable client id
+//! (`outpost-<device>-<pipeline>`), so the broker queues what is published
+//! while the daemon restarts, and acknowledge a message only once it is in
+//! the pipeline's queue.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -23,7 +36,12 @@ pub struct MqttSource {
     pub topics: Vec<String>,
     pub qos: u8,
     pub stream: StreamName,
+    pub max_message_bytes: usize,
 }
+
+/// The largest packet MQTT can carry (remaining length 268,435,455 plus
+/// the fixed header): what the client reads, so nothing can disconnect it.
+pub const MQTT_MAX_PACKET: usize = 268_435_455 + 5;
 
 /// Names a message's stream from its topic.
 pub fn stream_of(topic: &str, how: &StreamName) -> String {
@@ -48,8 +66,10 @@ impl Source for MqttSource {
             broker.port,
         );
         opts.set_keep_alive(Duration::from_secs(15));
-        opts.set_clean_session(true);
-        opts.set_max_packet_size(16 * 1024 * 1024, 16 * 1024 * 1024);
+        let persistent = self.qos == 1;
+        opts.set_clean_session(!persistent);
+        opts.set_manual_acks(persistent);
+        opts.set_max_packet_size(MQTT_MAX_PACKET, 16 * 1024 * 1024);
         let qos = if self.qos == 1 {
             QoS::AtLeastOnce
         } else {
@@ -60,7 +80,7 @@ impl Source for MqttSource {
         // Frames are small and latency matters more than packet count.
         net.set_tcp_nodelay(true);
         eventloop.set_network_options(net);
-        tracing::info!(pipeline = %ctx.pipeline, broker = %format!("{}:{}", broker.host, broker.port), topics = ?self.topics, "mqtt source");
+        tracing::info!(pipeline = %ctx.pipeline, broker = %format!("{}:{}", broker.host, broker.port), topics = ?self.topics, persistent, "mqtt source");
         Ok(tokio::spawn(async move {
             let mut backoff = Duration::from_millis(100);
             loop {
@@ -81,9 +101,27 @@ impl Source for MqttSource {
                         tracing::info!(pipeline = %ctx.pipeline, "mqtt source connected and subscribed");
                     }
                     Ok(Event::Incoming(Packet::Publish(p))) => {
-                        let frame = Frame::new(stream_of(&p.topic, &self.stream), p.payload);
-                        if !ctx.submit(frame).await {
-                            return;
+                        if p.payload.len() > self.max_message_bytes {
+                            ctx.count_drop("too_large",
+                                &format!(
+                                    "topic {}: {} bytes, over max_message_bytes {}",
+                                    p.topic,
+                                    p.payload.len(),
+                                    self.max_message_bytes
+                                ),
+                            );
+                        } else {
+                            let frame =
+                                Frame::new(stream_of(&p.topic, &self.stream), p.payload.clone());
+                            if !ctx.submit(frame).await {
+                                // Not acknowledged: a persistent session gets it again.
+                                return;
+                            }
+                        }
+                        if persistent {
+                            // The request queue is drained by this loop's next poll;
+                            // should it be full, the broker sends the message again.
+                            let _ = client.try_ack(&p);
                         }
                     }
                     Ok(_) => {}

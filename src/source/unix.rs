@@ -1,11 +1,19 @@
 //! Unix-domain stream socket: length-prefixed frames from capture processes
 //! on the same device. Each connection is a stream (`conn-N`) unless named
 //! framing names it per frame.
+//!
+//! Bounded: at most `max_connections` at once (one more is closed and
+//! counted), and the frames being read hold at most `max_buffered_bytes`
+//! together: a frame's length prefix reserves its bytes from that budget
+//! before anything is read (waiting while others hold it), and its buffer
+//! grows only with the bytes that arrive.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::io::AsyncReadExt;
+use tokio::sync::Semaphore;
 
 use super::framing::{FramingError, MAX_FRAME_BYTES, split_named};
 use super::{Frame, Framing, Source, SourceCtx, SourceError};
@@ -13,6 +21,17 @@ use super::{Frame, Framing, Source, SourceCtx, SourceError};
 pub struct UnixSource {
     pub path: PathBuf,
     pub framing: Framing,
+    pub max_connections: usize,
+    pub max_buffered_bytes: usize,
+}
+
+/// What the connections of one source share.
+#[derive(Clone)]
+struct Limits {
+    framing: Framing,
+    /// Bytes of frames being read (one permit a byte).
+    budget: Arc<Semaphore>,
+    max_buffered: usize,
 }
 
 impl Source for UnixSource {
@@ -38,7 +57,12 @@ impl Source for UnixSource {
         let listener =
             tokio::net::UnixListener::from_std(std_l).map_err(|e| setup(e.to_string()))?;
         tracing::info!(pipeline = %ctx.pipeline, path = %self.path.display(), "unix source listening");
-        let framing = self.framing;
+        let limits = Limits {
+            framing: self.framing,
+            budget: Arc::new(Semaphore::new(self.max_buffered_bytes)),
+            max_buffered: self.max_buffered_bytes,
+        };
+        let slots = Arc::new(Semaphore::new(self.max_connections));
         Ok(tokio::spawn(async move {
             let mut conn_no = 0u64;
             loop {
@@ -54,8 +78,22 @@ impl Source for UnixSource {
                     _ = ctx.stopped() => break,
                 };
                 conn_no += 1;
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    ctx.count_drop("too_many_connections",
+                        &format!(
+                            "conn-{conn_no}: {} connections are open; closed",
+                            self.max_connections
+                        ),
+                    );
+                    drop(stream);
+                    continue;
+                };
                 let ctx = ctx.clone();
-                tokio::spawn(connection(stream, format!("conn-{conn_no}"), framing, ctx));
+                let limits = limits.clone();
+                tokio::spawn(async move {
+                    connection(stream, format!("conn-{conn_no}"), limits, ctx).await;
+                    drop(slot);
+                });
             }
             let _ = std::fs::remove_file(&self.path);
         }))
@@ -65,9 +103,10 @@ impl Source for UnixSource {
 async fn connection(
     mut s: tokio::net::UnixStream,
     default_stream: String,
-    framing: Framing,
+    limits: Limits,
     ctx: SourceCtx,
 ) {
+    let framing = limits.framing;
     loop {
         let len = tokio::select! {
             r = s.read_u32_le() => match r {
@@ -77,7 +116,7 @@ async fn connection(
             },
             _ = ctx.stopped() => return,
         };
-        if len > MAX_FRAME_BYTES {
+        if len > MAX_FRAME_BYTES || len > limits.max_buffered {
             let e = FramingError::TooLarge(len);
             ctx.count_drop(
                 e.reason(),
@@ -85,8 +124,16 @@ async fn connection(
             );
             return;
         }
-        let mut body = vec![0u8; len];
-        if s.read_exact(&mut body).await.is_err() {
+        // Room for the whole frame first; nothing is allocated ahead of the bytes.
+        let permits = u32::try_from(len).unwrap_or(u32::MAX);
+        let reserved = tokio::select! {
+            r = limits.budget.acquire_many(permits) => r,
+            _ = ctx.stopped() => return,
+        };
+        let Ok(_reserved) = reserved else { return };
+        let mut body = Vec::new();
+        let read = (&mut s).take(len as u64).read_to_end(&mut body).await;
+        if read.is_err() || body.len() != len {
             ctx.count_drop(
                 "truncated_frame",
                 &format!("{default_stream}: connection closed inside a frame"),

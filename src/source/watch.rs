@@ -7,16 +7,53 @@
 //! processed again; a file not in it is processed. The one window left: a
 //! crash after the outbox commit and before the journal write repeats that
 //! file's record (same content, new id); no crash loses a file or a result.
-//! Files still being written are skipped until their size stops changing.
+//! A file is taken once it is stable: its size and mtime unchanged across
+//! two polls (a writer that pauses for less than that is waited for).
+//! Symlinks, FIFOs, sockets and directories are never read: each is counted
+//! once (`frames_dropped_total{reason="not_a_regular_file"}`) and logged once.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
-use super::{Frame, Source, SourceCtx, SourceError};
+use super::{Frame, FrameErrorKind, Source, SourceCtx, SourceError};
+
+/// Polls a file must look the same across before it is taken.
+const STABLE_POLLS: u32 = 2;
+
+/// What a scan saw of a file, and for how many polls it has not changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    size: u64,
+    mtime: Option<SystemTime>,
+    stable: u32,
+}
+
+/// Records this scan's view of a file; true once it has been the same
+/// across [`STABLE_POLLS`] polls.
+fn is_stable(
+    seen: &mut HashMap<String, Seen>,
+    name: &str,
+    size: u64,
+    mtime: Option<SystemTime>,
+) -> bool {
+    let stable = match seen.get(name) {
+        Some(s) if s.size == size && s.mtime == mtime => s.stable + 1,
+        _ => 0,
+    };
+    seen.insert(
+        name.to_string(),
+        Seen {
+            size,
+            mtime,
+            stable,
+        },
+    );
+    stable >= STABLE_POLLS
+}
 
 pub struct WatchSource {
     pub dir: PathBuf,
@@ -91,19 +128,34 @@ impl Source for WatchSource {
         Ok(tokio::spawn(async move {
             let done_dir = self.dir.join("done");
             let failed_dir = self.dir.join("failed");
-            // name -> size seen at the previous scan (a file is taken once its size is stable).
-            let mut sizes: HashMap<String, u64> = HashMap::new();
+            // What earlier scans saw (a file is taken once it is stable).
+            let mut sizes: HashMap<String, Seen> = HashMap::new();
+            // Entries that are not regular files, already counted and logged.
+            let mut odd: HashSet<String> = HashSet::new();
             loop {
-                let mut files: Vec<(String, PathBuf, u64)> = Vec::new();
+                let mut files: Vec<(String, PathBuf, u64, Option<SystemTime>)> = Vec::new();
+                let mut odd_now = HashSet::new();
                 if let Ok(rd) = std::fs::read_dir(&self.dir) {
                     for e in rd.flatten() {
                         let p = e.path();
+                        // Not followed: a symlink is reported, never read.
                         let Ok(md) = e.metadata() else { continue };
-                        if !md.is_file() {
-                            continue;
-                        }
                         let name = e.file_name().to_string_lossy().into_owned();
                         if name.starts_with('.') {
+                            continue;
+                        }
+                        if !md.is_file() {
+                            if md.is_dir() && (name == "done" || name == "failed") {
+                                continue;
+                            }
+                            if odd.insert(name.clone()) {
+                                let what = file_kind(&md);
+                                ctx.count_drop("not_a_regular_file",
+                                    &format!("{} is a {what}", p.display()),
+                                );
+                                tracing::warn!(pipeline = %ctx.pipeline, path = %p.display(), kind = what, "watched folder: not a regular file; left in place, not read");
+                            }
+                            odd_now.insert(name);
                             continue;
                         }
                         let ext = p
@@ -113,12 +165,14 @@ impl Source for WatchSource {
                         if !self.extensions.is_empty() && !self.extensions.contains(&ext) {
                             continue;
                         }
-                        files.push((name, p, md.len()));
+                        files.push((name, p, md.len(), md.modified().ok()));
                     }
                 }
+                // A name that went away and comes back is reported again.
+                odd.retain(|n| odd_now.contains(n));
                 files.sort();
                 let mut seen = HashSet::new();
-                for (name, path, size) in files {
+                for (name, path, size, mtime) in files {
                     seen.insert(name.clone());
                     if journal.done.contains(&name) {
                         // Processed before a restart; only the move was missing.
@@ -127,8 +181,8 @@ impl Source for WatchSource {
                         }
                         continue;
                     }
-                    if sizes.insert(name.clone(), size) != Some(size) {
-                        continue; // new or still growing: look again next scan
+                    if !is_stable(&mut sizes, &name, size, mtime) {
+                        continue; // new or still being written: look again next scan
                     }
                     let payload = match std::fs::read(&path) {
                         Ok(b) => Bytes::from(b),
@@ -165,6 +219,11 @@ impl Source for WatchSource {
                                 tracing::warn!(file = %path.display(), error = %e, "cannot move to done/");
                             }
                         }
+                        Err(reason) if reason.kind == FrameErrorKind::Unavailable => {
+                            // Outbox full or disk full: the file waits for a later scan.
+                            tracing::warn!(pipeline = %ctx.pipeline, file = %name, %reason, "file not stored now; it stays for a later scan");
+                            continue;
+                        }
                         Err(reason) => {
                             match move_into(&path, &failed_dir) {
                                 Ok(to) => {
@@ -190,5 +249,39 @@ impl Source for WatchSource {
                 }
             }
         }))
+    }
+}
+
+fn file_kind(md: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = md.file_type();
+    if t.is_symlink() {
+        "symlink"
+    } else if t.is_dir() {
+        "directory"
+    } else if t.is_fifo() {
+        "fifo"
+    } else if t.is_socket() {
+        "socket"
+    } else {
+        "device or other special file"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_taken_after_two_unchanged_polls() {
+        let mut m = HashMap::new();
+        let t = Some(SystemTime::UNIX_EPOCH);
+        assert!(!is_stable(&mut m, "a", 10, t));
+        assert!(!is_stable(&mut m, "a", 10, t));
+        assert!(is_stable(&mut m, "a", 10, t));
+        // A change starts over.
+        let t2 = Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1));
+        assert!(!is_stable(&mut m, "a", 10, t2));
+        assert!(!is_stable(&mut m, "a", 20, t2));
     }
 }

@@ -315,6 +315,24 @@ impl Collector for DaemonCollector {
             "Failed group commits",
             &[(none.clone(), o.flush_errors_total)],
         )?;
+        gauge(
+            &mut enc,
+            "outpost_outbox_unavailable",
+            "1 while the outbox refuses records (disk full, I/O error) and recovers",
+            &[(none.clone(), f64::from(u8::from(o.unavailable.is_some())))],
+        )?;
+        counter(
+            &mut enc,
+            "outpost_outbox_reopens",
+            "Outbox databases reopened after a write error",
+            &[(none.clone(), o.reopens_total)],
+        )?;
+        counter(
+            &mut enc,
+            "outpost_outbox_lost",
+            "Records appended before a write error that a reopen could not put back",
+            &[(none.clone(), o.lost_total)],
+        )?;
         counter(
             &mut enc,
             "outpost_outbox_quarantined",

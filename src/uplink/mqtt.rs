@@ -361,7 +361,15 @@ impl Conn {
                     && p.topic == *topic
                 {
                     if tx.try_send(p.payload.to_vec()).is_err() {
-                        tracing::warn!(%topic, "uplink: update command dropped: the OTA agent has not taken the previous ones");
+                        // A flood (junk, most likely): counted; a line per power of two.
+                        let n = ctx
+                            .stats
+                            .commands_dropped_total
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                            + 1;
+                        if n.is_power_of_two() {
+                            tracing::warn!(%topic, dropped_total = n, "uplink: update command dropped: the OTA agent has not taken the previous ones");
+                        }
                     }
                 } else {
                     tracing::debug!(topic = %p.topic, "uplink: message on a topic not subscribed to");

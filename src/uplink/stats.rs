@@ -29,6 +29,9 @@ pub struct UplinkStats {
     /// Records in messages not yet acknowledged.
     pub inflight: AtomicU64,
     pub errors_total: AtomicU64,
+    /// Command-topic messages dropped because the OTA agent had not taken
+    /// the previous ones (a flood): counted, logged at a limited rate.
+    pub commands_dropped_total: AtomicU64,
     last_error: Mutex<Option<(SystemTime, String)>>,
 }
 
@@ -125,6 +128,11 @@ impl MetricSource for UplinkStats {
                 "outpost_uplink_errors",
                 "Errors (connection, HTTP, outbox)",
                 &self.errors_total,
+            ),
+            (
+                "outpost_uplink_commands_dropped",
+                "Command-topic messages dropped while the OTA agent was busy",
+                &self.commands_dropped_total,
             ),
         ] {
             counter(enc, name, help, &[(l(), g(c))])?;

@@ -189,7 +189,22 @@ impl Daemon {
             .replace("{DIR}", &dir.path().display().to_string());
         let cfg = dir.path().join("outpost.toml");
         std::fs::write(&cfg, text).unwrap();
-        let mut child = outpost()
+        let mut cmd = outpost();
+        if let Some(prefix) = WRAP.with(|w| w.borrow_mut().take()) {
+            // Run it under a wrapper (e.g. `prlimit --nofile=256:256 --`).
+            let program = cmd.get_program().to_owned();
+            let mut wrapped = Command::new(&prefix[0]);
+            wrapped.args(&prefix[1..]).arg(program);
+            for (k, v) in cmd.get_envs() {
+                match v {
+                    Some(v) => wrapped.env(k, v),
+                    None => wrapped.env_remove(k),
+                };
+            }
+            wrapped.current_dir(root());
+            cmd = wrapped;
+        }
+        let mut child = cmd
             .arg("--config")
             .arg(&cfg)
             .args(["run", "--print-records"])
@@ -329,4 +344,14 @@ format = "json"
 length = 16
 "#
     )
+}
+
+thread_local! {
+    /// A wrapper command for the next daemon this thread starts.
+    static WRAP: std::cell::RefCell<Option<Vec<String>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The next `Daemon::start*` on this thread runs `prefix... outpost ...`.
+pub fn wrap_next_daemon(prefix: &[&str]) {
+    WRAP.with(|w| *w.borrow_mut() = Some(prefix.iter().map(|s| s.to_string()).collect()));
 }

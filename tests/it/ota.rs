@@ -25,15 +25,15 @@ struct Served {
 type RequestLog = Arc<Mutex<Vec<(String, Option<String>)>>>;
 
 /// The fleet: a std HTTP/1.1 server on loopback.
-struct Fleet {
+pub(crate) struct Fleet {
     addr: String,
     files: Arc<Mutex<HashMap<String, Served>>>,
     /// (path, Range header) of every GET.
-    log: RequestLog,
+    pub(crate) log: RequestLog,
 }
 
 impl Fleet {
-    fn start() -> Fleet {
+    pub(crate) fn start() -> Fleet {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         let files: Arc<Mutex<HashMap<String, Served>>> = Arc::default();
@@ -48,7 +48,7 @@ impl Fleet {
         Fleet { addr, files, log }
     }
 
-    fn put(&self, path: &str, body: Vec<u8>) {
+    pub(crate) fn put(&self, path: &str, body: Vec<u8>) {
         self.files.lock().unwrap().insert(
             path.to_string(),
             Served {
@@ -68,12 +68,12 @@ impl Fleet {
     }
 
     /// The manifest document with these entries.
-    fn offer(&self, entries: &[serde_json::Value]) {
+    pub(crate) fn offer(&self, entries: &[serde_json::Value]) {
         let doc = serde_json::json!({ "bundles": entries });
         self.put("/manifest.json", serde_json::to_vec(&doc).unwrap());
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}/manifest.json", self.addr)
     }
 
@@ -180,7 +180,7 @@ fn cli(args: &[&str]) -> String {
 }
 
 /// A key pair; returns (private key path, public key text).
-fn keygen(dir: &Path, name: &str) -> (PathBuf, String) {
+pub(crate) fn keygen(dir: &Path, name: &str) -> (PathBuf, String) {
     let k = dir.join(name);
     cli(&["keygen", "--out", k.to_str().unwrap()]);
     let p = std::fs::read_to_string(dir.join(format!("{name}.pub"))).unwrap();
@@ -223,7 +223,12 @@ fn bundle(
     e
 }
 
-fn model_bundle(fleet: &Fleet, key: &Path, dir: &Path, version: &str) -> serde_json::Value {
+pub(crate) fn model_bundle(
+    fleet: &Fleet,
+    key: &Path,
+    dir: &Path,
+    version: &str,
+) -> serde_json::Value {
     let m = model_version(dir, &format!("v{version}"), version);
     let check = ref_check();
     bundle(
@@ -235,7 +240,7 @@ fn model_bundle(fleet: &Fleet, key: &Path, dir: &Path, version: &str) -> serde_j
     )
 }
 
-fn config(fleet: &Fleet, pubkey: &str, extra: &str) -> String {
+pub(crate) fn config(fleet: &Fleet, pubkey: &str, extra: &str) -> String {
     format!(
         r#"
 data_dir = "{{DATA}}"
@@ -264,7 +269,7 @@ min_runs = 5
 }
 
 /// A daemon folder with sensor_mlp 1.0.0 in its model dir.
-fn device_dir() -> tempfile::TempDir {
+pub(crate) fn device_dir() -> tempfile::TempDir {
     let d = tempfile::tempdir().unwrap();
     copy_model("sensor_mlp", &d.path().join("models"));
     d
@@ -281,7 +286,7 @@ fn device_env(dir: &tempfile::TempDir) -> [(&'static str, String); 1] {
 }
 
 /// Starts a device daemon on its own model dir; waits for /readyz.
-fn start(cfg: &str, dir: tempfile::TempDir) -> Daemon {
+pub(crate) fn start(cfg: &str, dir: tempfile::TempDir) -> Daemon {
     let env = device_env(&dir);
     let d = Daemon::start_full(cfg, dir, &env, true);
     assert!(
@@ -293,7 +298,7 @@ fn start(cfg: &str, dir: tempfile::TempDir) -> Daemon {
     d
 }
 
-fn wait_log(d: &Daemon, needle: &str, timeout: Duration) -> String {
+pub(crate) fn wait_log(d: &Daemon, needle: &str, timeout: Duration) -> String {
     let t0 = Instant::now();
     loop {
         let log = d.log();
@@ -308,7 +313,7 @@ fn wait_log(d: &Daemon, needle: &str, timeout: Duration) -> String {
     }
 }
 
-fn serving(d: &Daemon) -> String {
+pub(crate) fn serving(d: &Daemon) -> String {
     d.status()["pipelines"][0]["model"]
         .as_str()
         .unwrap()
@@ -318,7 +323,7 @@ fn serving(d: &Daemon) -> String {
 const SAMPLE: &str = "[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.3,1.4,1.5,1.6]";
 
 /// One inference through the API; returns the model of its record.
-fn infer_ok(d: &Daemon) {
+pub(crate) fn infer_ok(d: &Daemon) {
     let (code, body) = http(
         "POST",
         &d.api,
@@ -859,7 +864,7 @@ fn probation_rolls_back_a_model_that_breaks_its_latency_threshold() {
 }
 
 /// Publishes one MQTT message at QoS 1 and waits for its PUBACK.
-fn publish(port: u16, topic: &str, payload: Vec<u8>) {
+pub(crate) fn publish(port: u16, topic: &str, payload: Vec<u8>) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -885,7 +890,7 @@ fn publish(port: u16, topic: &str, payload: Vec<u8>) {
 }
 
 /// A metric's value from /metrics (0 when absent).
-fn metric(d: &Daemon, line_start: &str) -> f64 {
+pub(crate) fn metric(d: &Daemon, line_start: &str) -> f64 {
     let (_, body) = http("GET", &d.api, "/metrics", b"").unwrap();
     String::from_utf8_lossy(&body)
         .lines()
@@ -977,7 +982,7 @@ min_runs = 5
 
     // A stranger's signature.
     publish(broker.port, topic, command(&stranger, "gw-7", &[], &up));
-    wait_log(&d, "step=\"command_refused\"", Duration::from_secs(10));
+    wait_log(&d, "step=\"commands_refused\"", Duration::from_secs(10));
     assert_eq!(metric(&d, &refused("signature")), 1.0);
     // Garbage.
     publish(broker.port, topic, b"not a command".to_vec());

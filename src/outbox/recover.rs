@@ -1,0 +1,149 @@
+//! The flusher's side of the store: group commits and, after a write error,
+//! reopening the database (see "A full disk, an I/O error" in the module
+//! header).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::commit::{Attempt, Broken, Disk, Target, lock};
+use super::record::{KEY_LEN, Key};
+use super::{OutboxError, Shared, entry_size, open};
+
+/// The trees appends and reads go to (replaced by a reopen).
+pub struct Store {
+    pub records: sled::Tree,
+    pub dead: sled::Tree,
+}
+
+/// First wait before trying again after a failure; it doubles up to [`RETRY_MAX`].
+const RETRY_MIN: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// Owned by the flusher thread.
+pub struct Flusher {
+    shared: Arc<Shared>,
+    /// None once a broken database was closed and not yet reopened.
+    disk: Option<Disk>,
+    next_try: Instant,
+    backoff: Duration,
+}
+
+impl Flusher {
+    pub fn new(shared: Arc<Shared>, disk: Disk) -> Flusher {
+        Flusher {
+            shared,
+            disk: Some(disk),
+            next_try: Instant::now(),
+            backoff: RETRY_MIN,
+        }
+    }
+
+    fn failed(&mut self, e: OutboxError, reopen: bool) -> Attempt {
+        self.shared.commit.set_broken(e.to_string(), reopen);
+        self.next_try = Instant::now() + self.backoff;
+        self.backoff = (self.backoff * 2).min(RETRY_MAX);
+        Attempt::Failed(e)
+    }
+
+    /// Closes the broken database and opens it again; puts back the
+    /// records appended since the last good commit.
+    fn reopen(&mut self) -> Result<(), OutboxError> {
+        let s = &*self.shared;
+        // Appends wait on this lock; the order (append, then store) is theirs.
+        let seq = lock(&s.append);
+        let mut store = s.store.write().unwrap_or_else(|p| p.into_inner());
+        // What sled held in memory only: read it while the old handle lives.
+        let from = Key(s.boot, s.durable_seq.load(Ordering::SeqCst)).to_bytes();
+        let mut unsaved: Vec<(sled::IVec, sled::IVec)> = Vec::new();
+        let mut unreadable = 0u64;
+        if let Some(st) = store.as_ref() {
+            for kv in st.records.range(from..) {
+                match kv {
+                    Ok(kv) => unsaved.push(kv),
+                    Err(_) => unreadable += 1,
+                }
+            }
+        }
+        // Every sled handle must go before sled's file lock is free.
+        *store = None;
+        self.disk = None;
+        let mut attempt = open::load(&s.dir, &s.cfg);
+        for _ in 0..40 {
+            if !matches!(attempt, Err(open::Failure::InUse(_))) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+            attempt = open::load(&s.dir, &s.cfg);
+        }
+        let loaded = attempt.map_err(|f| f.into_error(&s.dir))?;
+        let mut disk = Disk::new(loaded.db.clone(), &s.dir)?;
+        let (mut n, mut bytes) = (loaded.records_n, loaded.records_bytes);
+        let mut put_back = 0u64;
+        for (k, v) in &unsaved {
+            if k.len() != KEY_LEN {
+                continue;
+            }
+            let had = loaded
+                .records
+                .insert(k, v.clone())
+                .map_err(OutboxError::db("put back"))?;
+            if had.is_none() {
+                n += 1;
+                bytes += entry_size(k, v);
+                put_back += 1;
+            }
+        }
+        disk.flush()?;
+        s.records_n.store(n, Ordering::SeqCst);
+        s.records_bytes.store(bytes, Ordering::SeqCst);
+        s.dead_n.store(loaded.dead_n, Ordering::SeqCst);
+        s.dead_bytes.store(loaded.dead_bytes, Ordering::SeqCst);
+        s.durable_seq.store(*seq, Ordering::SeqCst);
+        s.lost_total.fetch_add(unreadable, Ordering::Relaxed);
+        s.reopens_total.fetch_add(1, Ordering::Relaxed);
+        *store = Some(Store {
+            records: loaded.records,
+            dead: loaded.dead,
+        });
+        self.disk = Some(disk);
+        tracing::info!(
+            path = %s.dir.display(),
+            records = n,
+            put_back,
+            lost = unreadable,
+            "outbox database reopened after a write error"
+        );
+        Ok(())
+    }
+}
+
+impl Target for Flusher {
+    fn commit(&mut self, broken: Option<&Broken>) -> Attempt {
+        if let Some(b) = broken {
+            if Instant::now() < self.next_try {
+                return Attempt::Waiting;
+            }
+            if b.reopen || self.disk.is_none() {
+                if let Err(e) = self.reopen() {
+                    return self.failed(e, true);
+                }
+            }
+        }
+        // Every seq below this is in the flush that starts now.
+        let seq = *lock(&self.shared.append);
+        let Some(disk) = self.disk.as_mut() else {
+            let e = OutboxError::Unavailable("the database is closed".into());
+            return self.failed(e, true);
+        };
+        if let Err(e) = disk.flush_log() {
+            return self.failed(e, true);
+        }
+        if let Err(e) = disk.sync_blobs() {
+            return self.failed(e, false);
+        }
+        self.shared.durable_seq.store(seq, Ordering::SeqCst);
+        self.backoff = RETRY_MIN;
+        Attempt::Done
+    }
+}

@@ -6,7 +6,10 @@
 pub const EXAMPLE: &str = r#"# outpost.toml: every key is optional unless marked required.
 # ${VAR} is replaced from the environment (EnvironmentFile=/etc/default/outpost); $$ is a dollar.
 
-device = "site-0001-gw1"            # name in result ids and topics (default: host name)
+# This device: its name in result ids and topics (default: host name) and the
+# rollout groups it belongs to (manifest entries may list groups). The name
+# alone may be given as `device = "site-0001-gw1"`.
+device = { name = "site-0001-gw1", groups = ["site-a", "pilot"] }
 data_dir = "/var/lib/outpost"       # outbox, engine caches, OTA staging
 model_dir = "/var/lib/outpost/models"
 
@@ -123,6 +126,7 @@ UPLINK_HTTP
 # daemon_probation = "60s"      # a new daemon slot serves this long before it is good
 # daemon_ready_timeout = "15m"  # ... and must be READY within this
 # daemon_max_attempts = 3       # starts before the launcher falls back
+# require_signed_manifest = true   # refuse manifest documents not signed as a whole (staged rollouts)
 "#;
 
 const MQTT: &str = r#"# Results to the fleet broker: QoS 1, deleted from the outbox on PUBACK.

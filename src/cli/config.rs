@@ -142,7 +142,8 @@ topic = "outpost/{device}/{pipeline}/{stream}"
 status_topic = "outpost/{device}/status"   # retained online / offline (last will)
 command_topic = "outpost/{device}/cmd"     # signed update commands (with [ota]); "" = none
 batch = 1
-payload = "json"                    # or "cbor"
+payload = "json"                    # or "cbor", or "sparkplug_b" (needs batch = 1)
+# sparkplug_group = "outpost"       # Sparkplug B group id: spBv1.0/{group}/NBIRTH/{device}...
 max_bytes_per_s = 0                 # cap for metered links; 0 = none
 backoff_min = "200ms"
 backoff_max = "30s""#;

@@ -374,3 +374,638 @@ fn staged_rollout_widens_by_signed_waves_and_no_unsigned_edit_moves_a_device() {
     wait_log_count(&daemons[2], "a replay", before, Duration::from_secs(30));
     assert!(metric(&daemons[2], "outpost_ota_documents_total", "replay") >= 1.0);
 }
+
+// ---- NATS: the MQTT gateway with JetStream ----------------------------------
+
+/// A real nats-server (Debian package nats-server) with JetStream and its
+/// MQTT listener on loopback; stopped and restarted on the same store.
+struct Nats {
+    child: Option<std::process::Child>,
+    mqtt: u16,
+    dir: PathBuf,
+}
+
+impl Nats {
+    fn start(dir: &Path) -> Nats {
+        std::fs::create_dir_all(dir).unwrap();
+        let conf = dir.join("nats.conf");
+        let mqtt = free_port();
+        std::fs::write(
+            &conf,
+            format!(
+                "server_name: outpost_test\nlisten: 127.0.0.1:{}\n\
+                 jetstream {{ store_dir: \"{}/js\" }}\nmqtt {{ listen: 127.0.0.1:{mqtt} }}\n",
+                free_port(),
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let mut n = Nats {
+            child: None,
+            mqtt,
+            dir: dir.to_path_buf(),
+        };
+        n.restart();
+        n
+    }
+
+    fn restart(&mut self) {
+        assert!(self.child.is_none());
+        let child = std::process::Command::new("nats-server")
+            .arg("-c")
+            .arg(self.dir.join("nats.conf"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(self.dir.join("nats.log")).unwrap())
+            .spawn()
+            .expect("nats-server (Debian package nats-server) is needed for the NATS tests");
+        self.child = Some(child);
+        let t0 = Instant::now();
+        while !std::fs::read_to_string(self.dir.join("nats.log"))
+            .unwrap_or_default()
+            .contains("Listening for MQTT clients")
+            || std::net::TcpStream::connect(("127.0.0.1", self.mqtt)).is_err()
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "nats-server did not listen:\n{}",
+                std::fs::read_to_string(self.dir.join("nats.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM; JetStream keeps the sessions, retained messages and queues.
+    fn stop(&mut self) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(c.id().to_string())
+            .status();
+        let t0 = Instant::now();
+        while c.try_wait().unwrap().is_none() {
+            if t0.elapsed() > Duration::from_secs(15) {
+                let _ = c.kill();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// (topic, payload, retain) of each publish a subscriber received.
+type Got = Arc<Mutex<Vec<(String, Vec<u8>, bool)>>>;
+
+/// A rumqttc subscriber (QoS 1; persistent session unless `clean`) on one
+/// filter; reconnects by itself.
+struct Subscriber {
+    got: Got,
+    subacks: Arc<std::sync::atomic::AtomicUsize>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Subscriber {
+    fn start(port: u16, id: &str, filter: &str, clean: bool) -> Subscriber {
+        use std::sync::atomic::Ordering;
+        let got: Got = Arc::default();
+        let subacks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (g, s, st, id, filter) = (
+            got.clone(),
+            subacks.clone(),
+            stop.clone(),
+            id.to_string(),
+            filter.to_string(),
+        );
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let mut o = rumqttc::MqttOptions::new(id, "127.0.0.1", port);
+                o.set_clean_session(clean)
+                    .set_keep_alive(Duration::from_secs(5))
+                    .set_max_packet_size(4 << 20, 4 << 20);
+                let (client, mut ev) = rumqttc::AsyncClient::new(o, 100);
+                let poll = tokio::spawn(async move {
+                    loop {
+                        match ev.poll().await {
+                            Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_))) => {
+                                let _ = client.try_subscribe(&filter, rumqttc::QoS::AtLeastOnce);
+                            }
+                            Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_))) => {
+                                s.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
+                                g.lock()
+                                    .unwrap()
+                                    .push((p.topic.clone(), p.payload.to_vec(), p.retain));
+                            }
+                            Ok(_) => {}
+                            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                        }
+                    }
+                });
+                while !st.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                poll.abort();
+            });
+        });
+        let sub = Subscriber {
+            got,
+            subacks,
+            stop,
+            thread: Some(thread),
+        };
+        sub.wait_subscribed(0);
+        sub
+    }
+
+    /// Waits for more than `before` SUBACKs.
+    fn wait_subscribed(&self, before: usize) {
+        let t0 = Instant::now();
+        while self.subacks.load(std::sync::atomic::Ordering::SeqCst) <= before {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the subscriber never subscribed"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn snapshot(&self) -> Vec<(String, Vec<u8>, bool)> {
+        self.got.lock().unwrap().clone()
+    }
+
+    /// Waits until `pred` holds for what was received.
+    fn wait(&self, what: &str, timeout: Duration, pred: impl Fn(&[(String, Vec<u8>, bool)]) -> bool) {
+        let t0 = Instant::now();
+        while !pred(&self.snapshot()) {
+            assert!(t0.elapsed() < timeout, "{what}: not within {timeout:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Publishes one message at QoS 1 and waits for its PUBACK.
+fn publish(port: u16, topic: &str, payload: Vec<u8>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let o = rumqttc::MqttOptions::new(format!("fleet-pub-{}", free_port()), "127.0.0.1", port);
+        let (client, mut ev) = rumqttc::AsyncClient::new(o, 10);
+        client
+            .publish(topic, rumqttc::QoS::AtLeastOnce, false, payload)
+            .await
+            .unwrap();
+        let t0 = Instant::now();
+        loop {
+            assert!(t0.elapsed() < Duration::from_secs(20), "no PUBACK");
+            if let Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_)))) =
+                tokio::time::timeout(Duration::from_secs(1), ev.poll()).await
+            {
+                break;
+            }
+        }
+        let _ = client.disconnect().await;
+    });
+}
+
+/// `n` sensor frames (16 values as JSON) over two streams.
+fn recording(dir: &Path, n: usize) -> PathBuf {
+    use outpost::source::replay::{Recorded, write};
+    let frames: Vec<Recorded> = (0..n)
+        .map(|i| Recorded {
+            t_us: i as u64 * 100,
+            stream: format!("s{}", i % 2),
+            payload: serde_json::to_vec(
+                &(0..16)
+                    .map(|j| ((i * 16 + j) % 23) as f32 / 7.0 - 1.5)
+                    .collect::<Vec<f32>>(),
+            )
+            .unwrap(),
+        })
+        .collect();
+    let p = dir.join("frames.rec");
+    write(&p, &frames).unwrap();
+    p
+}
+
+/// The MQTT uplink against NATS: records made while the broker is down
+/// are all delivered after it restarts, to a fleet subscriber whose
+/// persistent session JetStream kept across the restart; the retained
+/// status says online, and the will says offline after a SIGKILL.
+#[test]
+fn nats_uplink_delivers_everything_across_a_broker_restart_with_retained_status_and_will() {
+    const N: usize = 3000;
+    let work = tempfile::tempdir().unwrap();
+    let mut nats = Nats::start(&work.path().join("nats"));
+    let fleet = Subscriber::start(nats.mqtt, "fleet-ingest", "outpost/#", false);
+    nats.stop();
+    let dir = tempfile::tempdir().unwrap();
+    recording(dir.path(), N);
+    let cfg = format!(
+        r#"
+device = "gw-nats"
+data_dir = "{{DATA}}"
+[api]
+listen = "{{API}}"
+[scheduler]
+workers = 1
+[[pipelines]]
+name = "sensors"
+model = "sensor_mlp"
+when_full = "block"
+source = {{ type = "replay", file = "{{DIR}}/frames.rec", speed = "max" }}
+[pipelines.preprocess]
+type = "sensor"
+length = 16
+format = "json"
+[uplink]
+type = "mqtt"
+host = "127.0.0.1"
+port = {}
+batch = 20
+backoff_min = "100ms"
+backoff_max = "1s"
+keep_alive = "5s"
+connect_timeout = "2s"
+"#,
+        nats.mqtt
+    );
+    let mut d = Daemon::start_in(&cfg, dir);
+    // Everything is made (and kept in the outbox) while the broker is down.
+    d.records_until(Duration::from_secs(120), |r| r.len() >= N);
+    assert_eq!(d.seen.len(), N);
+    let want: std::collections::HashSet<String> = d
+        .seen
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect();
+    let subs = fleet.subacks.load(std::sync::atomic::Ordering::SeqCst);
+    nats.restart();
+    fleet.wait_subscribed(subs);
+    let ids = |got: &[(String, Vec<u8>, bool)]| -> std::collections::HashSet<String> {
+        got.iter()
+            .filter(|(t, _, _)| t.starts_with("outpost/gw-nats/sensors/"))
+            .flat_map(|(_, p, _)| {
+                let v: serde_json::Value = serde_json::from_slice(p).unwrap();
+                match v {
+                    serde_json::Value::Array(a) => a,
+                    v => vec![v],
+                }
+            })
+            .map(|v| v["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    fleet.wait("every record at the fleet", Duration::from_secs(120), |g| {
+        ids(g).is_superset(&want)
+    });
+    assert_eq!(ids(&fleet.snapshot()), want, "nothing but what was made");
+    let t0 = Instant::now();
+    while d.status()["outbox"]["records"] != 0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "outbox not drained");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A newcomer gets the retained status: online.
+    let watcher = Subscriber::start(nats.mqtt, "fleet-status", "outpost/+/status", true);
+    watcher.wait("retained online", Duration::from_secs(20), |g| {
+        g.iter()
+            .any(|(t, p, r)| t == "outpost/gw-nats/status" && p == b"online" && *r)
+    });
+    // SIGKILL: the broker publishes the will.
+    d.child.kill().unwrap();
+    let _ = d.child.wait();
+    watcher.wait("the will: offline", Duration::from_secs(30), |g| {
+        g.iter()
+            .any(|(t, p, _)| t == "outpost/gw-nats/status" && p == b"offline")
+    });
+}
+
+/// Signed commands through NATS: a stranger's is refused; one sent while
+/// the device is down waits in its persistent session and installs when it
+/// comes back; its replay is refused.
+#[test]
+fn nats_signed_commands_wait_in_the_session_and_replays_are_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let nats = Nats::start(&w.join("nats"));
+    let key = w.join("fleet");
+    cli(&["keygen", "--out", key.to_str().unwrap()]);
+    let stranger = w.join("stranger");
+    cli(&["keygen", "--out", stranger.to_str().unwrap()]);
+    let pubkey = std::fs::read_to_string(w.join("fleet.pub"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let files = Files::start();
+    let bundle = model_bundle(w, &key, "1.1.0");
+    files.put("/sensor_mlp-1.1.0.tar", std::fs::read(&bundle).unwrap());
+    let url = files.url("/sensor_mlp-1.1.0.tar");
+    let command = |key: &Path| -> Vec<u8> {
+        cli(&[
+            "bundle",
+            "command",
+            "--key",
+            key.to_str().unwrap(),
+            "--device",
+            "gw-cmd",
+            "--expires-in",
+            "10m",
+            "--url",
+            &url,
+            bundle.to_str().unwrap(),
+        ])
+        .trim()
+        .as_bytes()
+        .to_vec()
+    };
+    let cfg = format!(
+        r#"
+device = "gw-cmd"
+data_dir = "{{DATA}}"
+model_dir = "{{DIR}}/models"
+[api]
+listen = "{{API}}"
+[[pipelines]]
+name = "sensors"
+model = "sensor_mlp"
+source = {{ type = "http" }}
+[pipelines.preprocess]
+type = "sensor"
+format = "json"
+length = 16
+[uplink]
+type = "mqtt"
+host = "127.0.0.1"
+port = {}
+backoff_min = "100ms"
+backoff_max = "1s"
+[ota]
+trusted_keys = ["{pubkey}"]
+probation = "1s"
+min_runs = 0
+"#,
+        nats.mqtt
+    );
+    let topic = "outpost/gw-cmd/cmd";
+    let d = start_device(&cfg);
+    wait_log_count(&d, "subscribed to update commands", 0, Duration::from_secs(30));
+    publish(nats.mqtt, topic, command(&stranger));
+    let t0 = Instant::now();
+    while metric(&d, "outpost_ota_commands_total", "signature") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(serving(&d), "sensor_mlp@1.0.0");
+
+    // Down (SIGTERM: a clean disconnect, the session stays at the broker).
+    let env = [(
+        "OUTPOST_MODEL_DIR",
+        d.dir.path().join("models").display().to_string(),
+    )];
+    let dir = d.stop_keep_dir();
+    let update = command(&key);
+    publish(nats.mqtt, topic, update.clone());
+    let d = Daemon::start_full(&cfg, dir, &env, true);
+    wait_log_count(&d, "step=\"installed\"", 0, Duration::from_secs(60));
+    assert_eq!(serving(&d), "sensor_mlp@1.1.0");
+    publish(nats.mqtt, topic, update);
+    let t0 = Instant::now();
+    while metric(&d, "outpost_ota_commands_total", "replay") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(count(&d, "step=\"downloading\""), 1);
+}
+
+// ---- Sparkplug B --------------------------------------------------------------
+
+/// Leaves of a record's outputs as docs/fleet.md names them:
+/// `{stream}/{path}` (null skipped), numbers as f64.
+fn leaves(v: &serde_json::Value, path: String, out: &mut HashMap<String, serde_json::Value>) {
+    match v {
+        serde_json::Value::Null => {}
+        serde_json::Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                leaves(x, format!("{path}/{i}"), out);
+            }
+        }
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                leaves(x, format!("{path}/{k}"), out);
+            }
+        }
+        serde_json::Value::Number(n) => {
+            out.insert(path, serde_json::json!(n.as_f64().unwrap()));
+        }
+        v => {
+            out.insert(path, v.clone());
+        }
+    }
+}
+
+/// The Sparkplug B uplink, decoded by an independent subscriber (Python's
+/// protobuf runtime with message classes built from the published
+/// sparkplug_b.proto field numbers) on a real mosquitto: NBIRTH with bdSeq
+/// at seq 0, a DBIRTH before the data, one DDATA per record whose metrics
+/// are the record's outputs, seq 0..255 wrapping, and the NDEATH will with
+/// the NBIRTH's bdSeq after a SIGKILL.
+#[test]
+fn sparkplug_b_uplink_decoded_independently() {
+    const N: usize = 300;
+    let work = tempfile::tempdir().unwrap();
+    let broker = crate::uplink::Mosquitto::start(&work.path().join("mosquitto"));
+    let script = root().join("tests/fleet/sparkplug_sub.py");
+    let mut sub = KillOnDrop(
+        std::process::Command::new("python3")
+            .arg(&script)
+            .arg(broker.port.to_string())
+            .arg("spBv1.0/#")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3"),
+    );
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let out = sub.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let first = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+    assert_eq!(
+        first, "SUBSCRIBED",
+        "the Sparkplug subscriber did not start (python3 with protobuf and paho-mqtt from models/requirements.txt is needed)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    recording(dir.path(), N);
+    let cfg = format!(
+        r#"
+device = "gw-sp"
+data_dir = "{{DATA}}"
+[api]
+listen = "{{API}}"
+[scheduler]
+workers = 1
+[[pipelines]]
+name = "sensors"
+model = "sensor_mlp"
+when_full = "block"
+source = {{ type = "replay", file = "{{DIR}}/frames.rec", speed = "max" }}
+[pipelines.preprocess]
+type = "sensor"
+length = 16
+format = "json"
+[pipelines.postprocess]
+type = "softmax_topk"
+output = "probs"
+k = 2
+[uplink]
+type = "mqtt"
+host = "127.0.0.1"
+port = {}
+payload = "sparkplug_b"
+sparkplug_group = "plant"
+"#,
+        broker.port
+    );
+    let mut d = Daemon::start_in(&cfg, dir);
+    d.records_until(Duration::from_secs(120), |r| r.len() >= N);
+    let mut msgs: Vec<serde_json::Value> = Vec::new();
+    let t0 = Instant::now();
+    while msgs
+        .iter()
+        .filter(|m| m["topic"] == "spBv1.0/plant/DDATA/gw-sp/sensors")
+        .count()
+        < N
+    {
+        assert!(t0.elapsed() < Duration::from_secs(120), "only {} messages", msgs.len());
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+            msgs.push(serde_json::from_str(&l).unwrap());
+        }
+    }
+    // NBIRTH first, seq 0, with bdSeq and the rebirth control.
+    assert_eq!(msgs[0]["topic"], "spBv1.0/plant/NBIRTH/gw-sp");
+    assert_eq!(msgs[0]["seq"], 0);
+    let names: Vec<&str> = msgs[0]["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["bdSeq", "Node Control/Rebirth"]);
+    let bd_seq = msgs[0]["metrics"][0]["value"].clone();
+    assert_eq!(msgs[0]["metrics"][0]["datatype"], 8, "bdSeq is UInt64");
+    // Sequence numbers: one more per message, wrapping after 255.
+    for w in msgs.windows(2) {
+        let (a, b) = (w[0]["seq"].as_u64().unwrap(), w[1]["seq"].as_u64().unwrap());
+        assert_eq!(b, (a + 1) % 256, "{} then {}", w[0], w[1]);
+    }
+    assert!(msgs.len() > 256, "the sequence wrapped");
+    // A DBIRTH comes before the first DDATA and declares its metrics.
+    let dbirth = msgs
+        .iter()
+        .position(|m| m["topic"] == "spBv1.0/plant/DBIRTH/gw-sp/sensors")
+        .expect("a DBIRTH");
+    let ddata = msgs
+        .iter()
+        .position(|m| m["topic"] == "spBv1.0/plant/DDATA/gw-sp/sensors")
+        .unwrap();
+    assert!(dbirth < ddata);
+    let born: std::collections::HashSet<String> = msgs
+        .iter()
+        .filter(|m| m["topic"] == "spBv1.0/plant/DBIRTH/gw-sp/sensors")
+        .flat_map(|m| m["metrics"].as_array().unwrap().clone())
+        .map(|m| m["name"].as_str().unwrap().to_string())
+        .collect();
+    // Every record arrived as one DDATA with its outputs as metrics.
+    let by_id: HashMap<String, &serde_json::Value> = d
+        .seen
+        .iter()
+        .map(|r| (r["id"].as_str().unwrap().to_string(), r))
+        .collect();
+    let mut seen_ids = std::collections::HashSet::new();
+    for m in msgs
+        .iter()
+        .filter(|m| m["topic"] == "spBv1.0/plant/DDATA/gw-sp/sensors")
+    {
+        let metrics: HashMap<String, serde_json::Value> = m["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| (x["name"].as_str().unwrap().to_string(), x.clone()))
+            .collect();
+        let id_metric = metrics
+            .iter()
+            .find(|(k, _)| k.ends_with("/id"))
+            .map(|(_, v)| v["value"].as_str().unwrap().to_string())
+            .expect("an id metric");
+        let r = by_id[&id_metric];
+        let stream = r["stream"].as_str().unwrap();
+        let mut want = HashMap::new();
+        leaves(&r["outputs"], stream.to_string(), &mut want);
+        assert!(!want.is_empty());
+        for (name, v) in &want {
+            let got = &metrics
+                .get(name)
+                .unwrap_or_else(|| panic!("{name} missing in {m}"))["value"];
+            assert_eq!(got, v, "{name}");
+            assert!(born.contains(name), "{name} never born");
+        }
+        assert_eq!(metrics[&format!("{stream}/seq")]["value"], r["seq"]);
+        assert_eq!(metrics[&format!("{stream}/seq")]["datatype"], 8);
+        assert_eq!(metrics[&format!("{stream}/model")]["value"], r["model"]);
+        seen_ids.insert(id_metric);
+    }
+    assert_eq!(seen_ids.len(), N, "every record once");
+    // SIGKILL: the broker publishes the will, NDEATH with the same bdSeq.
+    d.child.kill().unwrap();
+    let _ = d.child.wait();
+    let t0 = Instant::now();
+    let death = loop {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no NDEATH");
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+            let v: serde_json::Value = serde_json::from_str(&l).unwrap();
+            if v["topic"] == "spBv1.0/plant/NDEATH/gw-sp" {
+                break v;
+            }
+        }
+    };
+    assert_eq!(death["metrics"][0]["name"], "bdSeq");
+    assert_eq!(death["metrics"][0]["value"], bd_seq);
+    assert!(death["seq"].is_null(), "NDEATH carries no seq");
+}
+
+/// A child process killed when the test ends, however it ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

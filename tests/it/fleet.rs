@@ -1009,3 +1009,99 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+// ---- outpost fleet status -----------------------------------------------------
+
+/// `outpost fleet status` on a real mosquitto: a device online with the
+/// version its records name, then offline (its will) after a SIGKILL.
+#[test]
+fn fleet_status_lists_devices_online_with_versions_then_offline() {
+    let work = tempfile::tempdir().unwrap();
+    let broker = crate::uplink::Mosquitto::start(&work.path().join("mosquitto"));
+    let cfg = format!(
+        r#"
+device = "gw-status"
+data_dir = "{{DATA}}"
+[api]
+listen = "{{API}}"
+[[pipelines]]
+name = "sensors"
+model = "sensor_mlp"
+source = {{ type = "http" }}
+[pipelines.preprocess]
+type = "sensor"
+format = "json"
+length = 16
+[uplink]
+type = "mqtt"
+host = "127.0.0.1"
+port = {}
+"#,
+        broker.port
+    );
+    let mut d = Daemon::start(&cfg);
+    let t0 = Instant::now();
+    while metric(&d, "outpost_uplink_connected", "mqtt") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let broker_addr = format!("127.0.0.1:{}", broker.port);
+    let mut cli = KillOnDrop(
+        outpost()
+            .args(["fleet", "status", "--json", "--listen", "20s", "--broker", &broker_addr])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // Once it listens, make a record.
+    let mut err = BufReader::new(cli.0.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.starts_with("listening on outpost/#"), "{line}");
+    let sample = "[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.3,1.4,1.5,1.6]";
+    let (code, _) = http("POST", &d.api, "/v1/pipelines/sensors/infer", sample.as_bytes()).unwrap();
+    assert_eq!(code, 200);
+    let out = cli.0.wait_with_output_kept();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let dev = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["device"] == "gw-status")
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(dev["status"], "online");
+    assert_eq!(dev["models"]["sensor_mlp"], "1.0.0");
+    assert!(dev["records"].as_u64().unwrap() >= 1);
+
+    d.child.kill().unwrap();
+    let _ = d.child.wait();
+    // The will is published once the broker notices the dead connection.
+    let t0 = Instant::now();
+    loop {
+        let o = run(outpost().args(["fleet", "status", "--listen", "1s", "--broker", &broker_addr]));
+        assert!(o.status.success(), "{}", stderr(&o));
+        let table = stdout(&o);
+        let row = table.lines().find(|l| l.starts_with("gw-status")).unwrap_or("");
+        if row.contains("offline") {
+            assert!(table.starts_with("DEVICE"));
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "{table}");
+    }
+}
+
+trait WaitKept {
+    /// Waits for the exit; returns stdout (asserting success).
+    fn wait_with_output_kept(&mut self) -> String;
+}
+
+impl WaitKept for std::process::Child {
+    fn wait_with_output_kept(&mut self) -> String {
+        use std::io::Read;
+        let mut s = String::new();
+        self.stdout.take().unwrap().read_to_string(&mut s).unwrap();
+        assert!(self.wait().unwrap().success());
+        s
+    }
+}

@@ -19,14 +19,19 @@ struct Files {
 
 impl Files {
     fn start() -> Files {
+        Self::start_in(None)
+    }
+
+    /// Also serves the files of `dir` (read at each request).
+    fn start_in(dir: Option<PathBuf>) -> Files {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         let files: Arc<Mutex<HashMap<String, Vec<u8>>>> = Arc::default();
         let f = files.clone();
         std::thread::spawn(move || {
             for s in l.incoming().flatten() {
-                let f = f.clone();
-                std::thread::spawn(move || serve(s, &f));
+                let (f, dir) = (f.clone(), dir.clone());
+                std::thread::spawn(move || serve(s, &f, dir.as_deref()));
             }
         });
         Files { addr, files }
@@ -41,7 +46,7 @@ impl Files {
     }
 }
 
-fn serve(mut s: std::net::TcpStream, files: &Mutex<HashMap<String, Vec<u8>>>) {
+fn serve(mut s: std::net::TcpStream, files: &Mutex<HashMap<String, Vec<u8>>>, dir: Option<&Path>) {
     let mut r = BufReader::new(s.try_clone().unwrap());
     let mut line = String::new();
     if r.read_line(&mut line).is_err() {
@@ -54,7 +59,9 @@ fn serve(mut s: std::net::TcpStream, files: &Mutex<HashMap<String, Vec<u8>>>) {
             break;
         }
     }
-    let body = files.lock().unwrap().get(&path).cloned();
+    let body = files.lock().unwrap().get(&path).cloned().or_else(|| {
+        dir.and_then(|d| std::fs::read(d.join(path.trim_start_matches('/'))).ok())
+    });
     let _ = match body {
         Some(b) => s
             .write_all(
@@ -1103,5 +1110,237 @@ impl WaitKept for std::process::Child {
         self.stdout.take().unwrap().read_to_string(&mut s).unwrap();
         assert!(self.wait().unwrap().success());
         s
+    }
+}
+
+// ---- outpost fleet rollout ----------------------------------------------------
+
+fn rollout_device(name: &str, manifest: &str, pubkey: &str, broker: u16) -> Daemon {
+    let cfg = device_config(name, &["pilot"], manifest, pubkey)
+        + &format!(
+            "[uplink]\ntype = \"mqtt\"\nhost = \"127.0.0.1\"\nport = {broker}\nbackoff_min = \"100ms\"\nbackoff_max = \"1s\"\n"
+        );
+    // [uplink] after [ota] in the file is fine: both are top-level tables.
+    start_device(&cfg)
+}
+
+/// The plan file for a rollout of `bundle` over `waves` (TOML lines).
+#[allow(clippy::too_many_arguments)]
+fn plan_file(
+    w: &Path,
+    tag: &str,
+    bundle: &Path,
+    key: &Path,
+    out: &Path,
+    broker: u16,
+    rollback: Option<&Path>,
+    waves: &str,
+) -> PathBuf {
+    let rb = rollback
+        .map(|r| {
+            format!(
+                "[rollback]\nbundle = \"{}\"\nurl = \"{}\"\n",
+                r.display(),
+                r.file_name().unwrap().to_str().unwrap()
+            )
+        })
+        .unwrap_or_default();
+    let text = format!(
+        "bundle = \"{}\"\nurl = \"{}\"\nkey = \"{}\"\nsalt = \"{tag}\"\nout_dir = \"{}\"\nbroker = \"127.0.0.1:{broker}\"\nstate = \"{}\"\n{rb}[abort]\nmin_finished = 1\nmax_failure_percent = 0\n{waves}",
+        bundle.display(),
+        bundle.file_name().unwrap().to_str().unwrap(),
+        key.display(),
+        out.display(),
+        w.join(format!("{tag}.state.json")).display(),
+    );
+    let p = w.join(format!("{tag}.toml"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Bundles the folder's model with check data whose expected outputs are
+/// wrong: it fails its check on every device.
+fn failing_bundle(dir: &Path, key: &Path, version: &str) -> PathBuf {
+    let check = dir.join("bad-check");
+    copy_dir(&model_dir().join("sensor_mlp/ref"), &check);
+    for e in std::fs::read_dir(check.join("out")).unwrap().flatten() {
+        let mut b = std::fs::read(e.path()).unwrap();
+        let n = b.len();
+        // The last value (f32 little-endian) becomes 1e6.
+        b[n - 4..].copy_from_slice(&1.0e6f32.to_le_bytes());
+        std::fs::write(e.path(), b).unwrap();
+    }
+    let m = copy_model("sensor_mlp", &dir.join(format!("v{version}")));
+    let mf = m.join("manifest.toml");
+    let t = std::fs::read_to_string(&mf)
+        .unwrap()
+        .replace("version = \"1.0.0\"", &format!("version = \"{version}\""));
+    std::fs::write(&mf, t).unwrap();
+    let out = dir.join(format!("sensor_mlp-{version}.tar"));
+    let o = out.to_str().unwrap();
+    cli(&["bundle", "build", "--out", o, "--model-dir", m.to_str().unwrap(), "--check", check.to_str().unwrap()]);
+    cli(&["bundle", "sign", "--key", key.to_str().unwrap(), o]);
+    out
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let t = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &t);
+        } else {
+            std::fs::copy(e.path(), &t).unwrap();
+        }
+    }
+}
+
+/// `outpost fleet rollout` over three real daemons: waves of 50 % and
+/// 100 % complete; then a bundle that fails its check on the device stops
+/// the rollout after its first wave, the signed rollback is published, and
+/// no device outside that wave ever downloads it.
+#[test]
+fn fleet_rollout_completes_in_waves_then_a_failing_bundle_stops_itself() {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let broker = crate::uplink::Mosquitto::start(&w.join("mosquitto"));
+    let key = w.join("fleet");
+    cli(&["keygen", "--out", key.to_str().unwrap()]);
+    let pubkey = std::fs::read_to_string(w.join("fleet.pub")).unwrap().trim().to_string();
+    let out = w.join("www");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("manifest.json"), br#"{"bundles": []}"#).unwrap();
+    let files = Files::start_in(Some(out.clone()));
+    let good = model_bundle(w, &key, "1.1.0");
+    std::fs::copy(&good, out.join("sensor_mlp-1.1.0.tar")).unwrap();
+    // Devices picked by bucket: one in the first wave of each rollout, two outside.
+    let (s1, s2) = ("roll-1.1.0", "roll-1.2.0");
+    let name = |pred: &dyn Fn(u8, u8) -> bool, tag: &str| {
+        (0..5000)
+            .map(|i| format!("{tag}-{i}"))
+            .find(|n| pred(bucket(s1, n), bucket(s2, n)))
+            .unwrap()
+    };
+    let first = name(&|a, b| a < 50 && b < 34, "gw-first");
+    let later = [
+        name(&|a, b| a >= 50 && b >= 34, "gw-later"),
+        name(&|a, b| a >= 50 && b >= 34, "gw-late2"),
+    ];
+    let manifest = files.url("/manifest.json");
+    let daemons: Vec<Daemon> = std::iter::once(&first)
+        .chain(later.iter())
+        .map(|n| rollout_device(n, &manifest, &pubkey, broker.port))
+        .collect();
+    for d in &daemons {
+        wait_log_count(d, "uplink: connected", 0, Duration::from_secs(30));
+    }
+
+    let plan = plan_file(
+        w,
+        s1,
+        &good,
+        &key,
+        &out,
+        broker.port,
+        None,
+        "[[waves]]\npercent = 50\nmin_devices = 1\nsoak = \"1s\"\n[[waves]]\npercent = 100\nmin_devices = 3\nsoak = \"1s\"\n",
+    );
+    let o = run_within(outpost().args(["fleet", "rollout"]).arg(&plan), w);
+    assert!(o.status.success(), "{}\n{}", stderr(&o), daemons[1].log());
+    assert!(stdout(&o).contains("done: 3 device(s) finished, 0 failed"), "{}", stdout(&o));
+    assert!(out.join("wave-1.json").is_file() && out.join("wave-2.json").is_file());
+    for d in &daemons {
+        assert_eq!(serving(d), "sensor_mlp@1.1.0");
+    }
+    // The first wave reached only the first device.
+    let first_install = count(&daemons[0], "step=\"installed\"");
+    assert_eq!(first_install, 1);
+    assert!(daemons[1].log().contains("outside the wave"));
+    // Done is done: a second run does nothing.
+    let again = run_within(outpost().args(["fleet", "rollout"]).arg(&plan), w);
+    assert!(again.status.success() && stdout(&again).contains("already over"));
+
+    // A bundle that fails its check: stops after the first wave, rolls back.
+    let bad = failing_bundle(w, &key, "1.2.0");
+    std::fs::copy(&bad, out.join("sensor_mlp-1.2.0.tar")).unwrap();
+    let rb_model = copy_model("sensor_mlp", &w.join("rb"));
+    let mf = rb_model.join("manifest.toml");
+    let t = std::fs::read_to_string(&mf).unwrap().replace("version = \"1.0.0\"", "version = \"1.1.0\"");
+    std::fs::write(&mf, t).unwrap();
+    let rb = w.join("sensor_mlp-1.1.0-rb.tar");
+    let check = model_dir().join("sensor_mlp/ref");
+    cli(&["bundle", "build", "--out", rb.to_str().unwrap(), "--model-dir", rb_model.to_str().unwrap(), "--check", check.to_str().unwrap(), "--rollback"]);
+    cli(&["bundle", "sign", "--key", key.to_str().unwrap(), rb.to_str().unwrap()]);
+    std::fs::copy(&rb, out.join("sensor_mlp-1.1.0-rb.tar")).unwrap();
+    let plan = plan_file(
+        w,
+        s2,
+        &bad,
+        &key,
+        &out,
+        broker.port,
+        Some(&rb),
+        "[[waves]]\npercent = 34\nmin_devices = 1\nsoak = \"1s\"\n[[waves]]\npercent = 100\nmin_devices = 3\nsoak = \"1s\"\n",
+    );
+    let o = run_within(outpost().args(["fleet", "rollout"]).arg(&plan), w);
+    assert!(!o.status.success(), "it must stop itself: {}", stdout(&o));
+    let err = stderr(&o);
+    assert!(err.contains("aborted in wave 1") && err.contains("1 of 1 finished devices failed"), "{err}");
+    assert_eq!(
+        std::fs::read(out.join("rollback.json")).unwrap(),
+        std::fs::read(out.join("manifest.json")).unwrap(),
+        "the rollback is what devices poll now"
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("rollback.json")).unwrap()).unwrap();
+    let inner: serde_json::Value = serde_json::from_str(doc["document"].as_str().unwrap()).unwrap();
+    assert_eq!(inner["bundles"][0]["rollback"], true);
+    assert_eq!(inner["bundles"][0]["version"], "1.1.0");
+    wait_log_count(&daemons[0], "step=\"check_failed\"", 0, Duration::from_secs(10));
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(w.join(format!("{s2}.state.json"))).unwrap()).unwrap();
+    assert!(state["finished"].as_str().unwrap().starts_with("aborted"), "{state}");
+    assert_eq!(state["wave"], 0, "no second wave: {state}");
+    for d in &daemons {
+        assert_eq!(serving(d), "sensor_mlp@1.1.0");
+    }
+    for d in &daemons[1..] {
+        assert_eq!(
+            count(d, "step=\"downloading\" name=sensor_mlp version=1.2.0"),
+            0,
+            "{}",
+            d.log()
+        );
+        assert!(count(d, "step=\"not_selected\" name=sensor_mlp version=1.2.0") >= 1);
+    }
+}
+
+/// Runs a command to its end, killing it after 5 minutes (a rollout that
+/// hangs fails the test instead of blocking it).
+fn run_within(c: &mut std::process::Command, dir: &Path) -> std::process::Output {
+    let n = free_port();
+    let (o, e) = (dir.join(format!("out-{n}")), dir.join(format!("err-{n}")));
+    let mut child = c
+        .stdout(std::fs::File::create(&o).unwrap())
+        .stderr(std::fs::File::create(&e).unwrap())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > Duration::from_secs(300) {
+            let _ = child.kill();
+            panic!(
+                "still running after 5 min:\n{}",
+                std::fs::read_to_string(&e).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::process::Output {
+        status,
+        stdout: std::fs::read(&o).unwrap(),
+        stderr: std::fs::read(&e).unwrap(),
     }
 }

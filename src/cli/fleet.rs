@@ -126,8 +126,8 @@ fn publish_document(out_dir: &std::path::Path, name: &str, doc: &str) -> anyhow:
 
 fn rollout(plan_path: &std::path::Path) -> anyhow::Result<()> {
     use crate::fleet::rollout::{self, Decision, Plan, State};
-    let text = std::fs::read_to_string(plan_path)
-        .with_context(|| plan_path.display().to_string())?;
+    let text =
+        std::fs::read_to_string(plan_path).with_context(|| plan_path.display().to_string())?;
     let plan: Plan = toml::from_str(&text)
         .with_context(|| format!("{}: not a rollout plan", plan_path.display()))?;
     let problems = plan.validate();

@@ -275,7 +275,11 @@ pub fn sign_document(
 }
 
 /// The manifest-document entry of a signed bundle.
-pub fn entry(bundle: &Path, url: &str, rollback: bool) -> anyhow::Result<crate::ota::machine::Offer> {
+pub fn entry(
+    bundle: &Path,
+    url: &str,
+    rollback: bool,
+) -> anyhow::Result<crate::ota::machine::Offer> {
     let m = bundle::read_manifest(bundle)?;
     let sig = sig_path(bundle);
     let line = std::fs::read_to_string(&sig)

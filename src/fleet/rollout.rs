@@ -134,7 +134,12 @@ impl Plan {
                 self.abort.max_failure_percent
             ));
         }
-        if self.broker.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()).is_none() {
+        if self
+            .broker
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u16>().ok())
+            .is_none()
+        {
             p.push(format!("broker: `{}` is not HOST:PORT", self.broker));
         }
         p
@@ -154,7 +159,10 @@ pub enum Outcome {
 
 impl Outcome {
     fn finished(self) -> bool {
-        matches!(self, Outcome::Succeeded | Outcome::Failed | Outcome::TimedOut)
+        matches!(
+            self,
+            Outcome::Succeeded | Outcome::Failed | Outcome::TimedOut
+        )
     }
 }
 
@@ -228,7 +236,8 @@ pub fn observe(s: &mut State, device: &str, step: &str, now_ms: u64) {
     // A finished device stays finished (a late `downloading` retry after a
     // failure does not reopen it), except that a later success wins over a
     // time-out.
-    let keep = d.outcome.finished() && !(d.outcome == Outcome::TimedOut && outcome == Outcome::Succeeded);
+    let keep =
+        d.outcome.finished() && !(d.outcome == Outcome::TimedOut && outcome == Outcome::Succeeded);
     if !keep && d.outcome != outcome {
         d.outcome = outcome;
         d.wave = wave;
@@ -352,7 +361,11 @@ device_timeout = "1m"
             ..State::default()
         };
         observe(&mut s, "a", "check_failed", 1000);
-        assert_eq!(decide(&p, &s, 1000), Decision::Wait, "one finished is under min_finished");
+        assert_eq!(
+            decide(&p, &s, 1000),
+            Decision::Wait,
+            "one finished is under min_finished"
+        );
         observe(&mut s, "b", "installed", 1000);
         assert!(matches!(decide(&p, &s, 1000), Decision::Abort(r) if r.contains("1 of 2")));
         // A failed device stays failed when it retries.

@@ -151,7 +151,10 @@ impl Fleet {
                 ]
             })
             .collect();
-        let head = ["DEVICE", "STATUS", "MODELS", "LAST OTA", "RECORDS", "BACKLOG"].map(String::from);
+        let head = [
+            "DEVICE", "STATUS", "MODELS", "LAST OTA", "RECORDS", "BACKLOG",
+        ]
+        .map(String::from);
         let mut w = head.clone().map(|h| h.len());
         for r in &rows {
             for (i, c) in r.iter().enumerate() {

@@ -252,7 +252,11 @@ impl Session {
         } else {
             &r["event"]
         };
-        flatten(body, &mut prefix.trim_end_matches('/').to_string(), &mut values);
+        flatten(
+            body,
+            &mut prefix.trim_end_matches('/').to_string(),
+            &mut values,
+        );
         let dev = self.devices.entry(pipeline.clone()).or_default();
         for (name, v) in &values {
             match dev.metrics.get(name) {
@@ -288,10 +292,7 @@ impl Session {
             payload: Payload {
                 timestamp: Some(now_ms),
                 seq: Some(seq),
-                metrics: values
-                    .into_iter()
-                    .map(|(n, v)| metric(&n, ts, v))
-                    .collect(),
+                metrics: values.into_iter().map(|(n, v)| metric(&n, ts, v)).collect(),
                 ..Payload::default()
             }
             .encode_to_vec(),
@@ -378,7 +379,14 @@ mod tests {
         assert_eq!(p.metrics[0].value, Some(Value::Long(7)));
         assert_eq!(p.metrics[0].datatype, Some(datatype::UINT64));
         let out = s
-            .record(&rec("s0", 1, serde_json::json!({"probs": [0.25, 0.75], "alarm": true})), 2000)
+            .record(
+                &rec(
+                    "s0",
+                    1,
+                    serde_json::json!({"probs": [0.25, 0.75], "alarm": true}),
+                ),
+                2000,
+            )
             .unwrap();
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].topic, "spBv1.0/plant/DBIRTH/gw-1/sensors");
@@ -391,22 +399,48 @@ mod tests {
         n.sort();
         assert_eq!(
             n,
-            ["s0/alarm", "s0/id", "s0/latency_us", "s0/model", "s0/probs/0", "s0/probs/1", "s0/seq"]
+            [
+                "s0/alarm",
+                "s0/id",
+                "s0/latency_us",
+                "s0/model",
+                "s0/probs/0",
+                "s0/probs/1",
+                "s0/seq"
+            ]
         );
-        let probs1 = d.metrics.iter().find(|m| m.name.as_deref() == Some("s0/probs/1")).unwrap();
+        let probs1 = d
+            .metrics
+            .iter()
+            .find(|m| m.name.as_deref() == Some("s0/probs/1"))
+            .unwrap();
         assert_eq!(probs1.value, Some(Value::Double(0.75)));
         assert_eq!(probs1.datatype, Some(datatype::DOUBLE));
         // The record's time: 2026-11-30T12:00:00.250Z.
         assert_eq!(probs1.timestamp, Some(1_796_040_000_250));
         // Same metrics: no new birth.
         let out = s
-            .record(&rec("s0", 2, serde_json::json!({"probs": [0.5, 0.5], "alarm": false})), 3000)
+            .record(
+                &rec(
+                    "s0",
+                    2,
+                    serde_json::json!({"probs": [0.5, 0.5], "alarm": false}),
+                ),
+                3000,
+            )
             .unwrap();
         assert_eq!(out.len(), 1);
         assert_eq!(decode(&out[0]).seq, Some(3));
         // A new stream brings new metrics: a DBIRTH with all of them.
         let out = s
-            .record(&rec("s1", 3, serde_json::json!({"probs": [0.1, 0.9], "alarm": false})), 4000)
+            .record(
+                &rec(
+                    "s1",
+                    3,
+                    serde_json::json!({"probs": [0.1, 0.9], "alarm": false}),
+                ),
+                4000,
+            )
             .unwrap();
         assert_eq!(out.len(), 2);
         let b = decode(&out[0]);
@@ -415,7 +449,10 @@ mod tests {
         let mut s2 = Session::new(topics(), 8);
         assert_eq!(decode(&s2.nbirth(5000)).seq, Some(0));
         let out = s2
-            .record(&rec("s0", 4, serde_json::json!({"probs": [0.5, 0.5]})), 6000)
+            .record(
+                &rec("s0", 4, serde_json::json!({"probs": [0.5, 0.5]})),
+                6000,
+            )
             .unwrap();
         assert_eq!(out.len(), 2);
     }
@@ -426,7 +463,9 @@ mod tests {
         assert_eq!(decode(&s.nbirth(0)).metrics[0].value, Some(Value::Long(44)));
         let mut last = 0;
         for i in 0..600u64 {
-            let out = s.record(&rec("s0", i, serde_json::json!({"x": 1})), 0).unwrap();
+            let out = s
+                .record(&rec("s0", i, serde_json::json!({"x": 1})), 0)
+                .unwrap();
             let p = decode(out.last().unwrap());
             let seq = p.seq.unwrap();
             assert!(seq < 256);
@@ -445,10 +484,21 @@ mod tests {
     fn a_changed_type_is_born_again_and_bad_records_are_errors() {
         let mut s = Session::new(topics(), 0);
         s.nbirth(0);
-        assert_eq!(s.record(&rec("s0", 1, serde_json::json!({"x": 1})), 0).unwrap().len(), 2);
-        assert_eq!(s.record(&rec("s0", 2, serde_json::json!({"x": "a"})), 0).unwrap().len(), 2);
+        assert_eq!(
+            s.record(&rec("s0", 1, serde_json::json!({"x": 1})), 0)
+                .unwrap()
+                .len(),
+            2
+        );
+        assert_eq!(
+            s.record(&rec("s0", 2, serde_json::json!({"x": "a"})), 0)
+                .unwrap()
+                .len(),
+            2
+        );
         assert!(s.record(b"nope", 0).is_err());
-        let bad = serde_json::to_vec(&serde_json::json!({"pipeline": "a/b", "outputs": {}})).unwrap();
+        let bad =
+            serde_json::to_vec(&serde_json::json!({"pipeline": "a/b", "outputs": {}})).unwrap();
         assert!(s.record(&bad, 0).is_err());
     }
 }

@@ -59,9 +59,12 @@ fn serve(mut s: std::net::TcpStream, files: &Mutex<HashMap<String, Vec<u8>>>, di
             break;
         }
     }
-    let body = files.lock().unwrap().get(&path).cloned().or_else(|| {
-        dir.and_then(|d| std::fs::read(d.join(path.trim_start_matches('/'))).ok())
-    });
+    let body = files
+        .lock()
+        .unwrap()
+        .get(&path)
+        .cloned()
+        .or_else(|| dir.and_then(|d| std::fs::read(d.join(path.trim_start_matches('/'))).ok()));
     let _ = match body {
         Some(b) => s
             .write_all(
@@ -515,9 +518,11 @@ impl Subscriber {
                                 s.fetch_add(1, Ordering::SeqCst);
                             }
                             Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
-                                g.lock()
-                                    .unwrap()
-                                    .push((p.topic.clone(), p.payload.to_vec(), p.retain));
+                                g.lock().unwrap().push((
+                                    p.topic.clone(),
+                                    p.payload.to_vec(),
+                                    p.retain,
+                                ));
                             }
                             Ok(_) => {}
                             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -557,7 +562,12 @@ impl Subscriber {
     }
 
     /// Waits until `pred` holds for what was received.
-    fn wait(&self, what: &str, timeout: Duration, pred: impl Fn(&[(String, Vec<u8>, bool)]) -> bool) {
+    fn wait(
+        &self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&[(String, Vec<u8>, bool)]) -> bool,
+    ) {
         let t0 = Instant::now();
         while !pred(&self.snapshot()) {
             assert!(t0.elapsed() < timeout, "{what}: not within {timeout:?}");
@@ -780,7 +790,12 @@ min_runs = 0
     );
     let topic = "outpost/gw-cmd/cmd";
     let d = start_device(&cfg);
-    wait_log_count(&d, "subscribed to update commands", 0, Duration::from_secs(30));
+    wait_log_count(
+        &d,
+        "subscribed to update commands",
+        0,
+        Duration::from_secs(30),
+    );
     publish(nats.mqtt, topic, command(&stranger));
     let t0 = Instant::now();
     while metric(&d, "outpost_ota_commands_total", "signature") < 1.0 {
@@ -910,7 +925,11 @@ sparkplug_group = "plant"
         .count()
         < N
     {
-        assert!(t0.elapsed() < Duration::from_secs(120), "only {} messages", msgs.len());
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "only {} messages",
+            msgs.len()
+        );
         if let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
             msgs.push(serde_json::from_str(&l).unwrap());
         }
@@ -1055,7 +1074,15 @@ port = {}
     let broker_addr = format!("127.0.0.1:{}", broker.port);
     let mut cli = KillOnDrop(
         outpost()
-            .args(["fleet", "status", "--json", "--listen", "20s", "--broker", &broker_addr])
+            .args([
+                "fleet",
+                "status",
+                "--json",
+                "--listen",
+                "20s",
+                "--broker",
+                &broker_addr,
+            ])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -1067,7 +1094,13 @@ port = {}
     err.read_line(&mut line).unwrap();
     assert!(line.starts_with("listening on outpost/#"), "{line}");
     let sample = "[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.3,1.4,1.5,1.6]";
-    let (code, _) = http("POST", &d.api, "/v1/pipelines/sensors/infer", sample.as_bytes()).unwrap();
+    let (code, _) = http(
+        "POST",
+        &d.api,
+        "/v1/pipelines/sensors/infer",
+        sample.as_bytes(),
+    )
+    .unwrap();
     assert_eq!(code, 200);
     let out = cli.0.wait_with_output_kept();
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -1086,10 +1119,20 @@ port = {}
     // The will is published once the broker notices the dead connection.
     let t0 = Instant::now();
     loop {
-        let o = run(outpost().args(["fleet", "status", "--listen", "1s", "--broker", &broker_addr]));
+        let o = run(outpost().args([
+            "fleet",
+            "status",
+            "--listen",
+            "1s",
+            "--broker",
+            &broker_addr,
+        ]));
         assert!(o.status.success(), "{}", stderr(&o));
         let table = stdout(&o);
-        let row = table.lines().find(|l| l.starts_with("gw-status")).unwrap_or("");
+        let row = table
+            .lines()
+            .find(|l| l.starts_with("gw-status"))
+            .unwrap_or("");
         if row.contains("offline") {
             assert!(table.starts_with("DEVICE"));
             break;
@@ -1178,7 +1221,16 @@ fn failing_bundle(dir: &Path, key: &Path, version: &str) -> PathBuf {
     std::fs::write(&mf, t).unwrap();
     let out = dir.join(format!("sensor_mlp-{version}.tar"));
     let o = out.to_str().unwrap();
-    cli(&["bundle", "build", "--out", o, "--model-dir", m.to_str().unwrap(), "--check", check.to_str().unwrap()]);
+    cli(&[
+        "bundle",
+        "build",
+        "--out",
+        o,
+        "--model-dir",
+        m.to_str().unwrap(),
+        "--check",
+        check.to_str().unwrap(),
+    ]);
     cli(&["bundle", "sign", "--key", key.to_str().unwrap(), o]);
     out
 }
@@ -1206,7 +1258,10 @@ fn fleet_rollout_completes_in_waves_then_a_failing_bundle_stops_itself() {
     let broker = crate::uplink::Mosquitto::start(&w.join("mosquitto"));
     let key = w.join("fleet");
     cli(&["keygen", "--out", key.to_str().unwrap()]);
-    let pubkey = std::fs::read_to_string(w.join("fleet.pub")).unwrap().trim().to_string();
+    let pubkey = std::fs::read_to_string(w.join("fleet.pub"))
+        .unwrap()
+        .trim()
+        .to_string();
     let out = w.join("www");
     std::fs::create_dir_all(&out).unwrap();
     std::fs::write(out.join("manifest.json"), br#"{"bundles": []}"#).unwrap();
@@ -1247,7 +1302,11 @@ fn fleet_rollout_completes_in_waves_then_a_failing_bundle_stops_itself() {
     );
     let o = run_within(outpost().args(["fleet", "rollout"]).arg(&plan), w);
     assert!(o.status.success(), "{}\n{}", stderr(&o), daemons[1].log());
-    assert!(stdout(&o).contains("done: 3 device(s) finished, 0 failed"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("done: 3 device(s) finished, 0 failed"),
+        "{}",
+        stdout(&o)
+    );
     assert!(out.join("wave-1.json").is_file() && out.join("wave-2.json").is_file());
     for d in &daemons {
         assert_eq!(serving(d), "sensor_mlp@1.1.0");
@@ -1265,12 +1324,30 @@ fn fleet_rollout_completes_in_waves_then_a_failing_bundle_stops_itself() {
     std::fs::copy(&bad, out.join("sensor_mlp-1.2.0.tar")).unwrap();
     let rb_model = copy_model("sensor_mlp", &w.join("rb"));
     let mf = rb_model.join("manifest.toml");
-    let t = std::fs::read_to_string(&mf).unwrap().replace("version = \"1.0.0\"", "version = \"1.1.0\"");
+    let t = std::fs::read_to_string(&mf)
+        .unwrap()
+        .replace("version = \"1.0.0\"", "version = \"1.1.0\"");
     std::fs::write(&mf, t).unwrap();
     let rb = w.join("sensor_mlp-1.1.0-rb.tar");
     let check = model_dir().join("sensor_mlp/ref");
-    cli(&["bundle", "build", "--out", rb.to_str().unwrap(), "--model-dir", rb_model.to_str().unwrap(), "--check", check.to_str().unwrap(), "--rollback"]);
-    cli(&["bundle", "sign", "--key", key.to_str().unwrap(), rb.to_str().unwrap()]);
+    cli(&[
+        "bundle",
+        "build",
+        "--out",
+        rb.to_str().unwrap(),
+        "--model-dir",
+        rb_model.to_str().unwrap(),
+        "--check",
+        check.to_str().unwrap(),
+        "--rollback",
+    ]);
+    cli(&[
+        "bundle",
+        "sign",
+        "--key",
+        key.to_str().unwrap(),
+        rb.to_str().unwrap(),
+    ]);
     std::fs::copy(&rb, out.join("sensor_mlp-1.1.0-rb.tar")).unwrap();
     let plan = plan_file(
         w,
@@ -1285,20 +1362,33 @@ fn fleet_rollout_completes_in_waves_then_a_failing_bundle_stops_itself() {
     let o = run_within(outpost().args(["fleet", "rollout"]).arg(&plan), w);
     assert!(!o.status.success(), "it must stop itself: {}", stdout(&o));
     let err = stderr(&o);
-    assert!(err.contains("aborted in wave 1") && err.contains("1 of 1 finished devices failed"), "{err}");
+    assert!(
+        err.contains("aborted in wave 1") && err.contains("1 of 1 finished devices failed"),
+        "{err}"
+    );
     assert_eq!(
         std::fs::read(out.join("rollback.json")).unwrap(),
         std::fs::read(out.join("manifest.json")).unwrap(),
         "the rollback is what devices poll now"
     );
-    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("rollback.json")).unwrap()).unwrap();
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("rollback.json")).unwrap()).unwrap();
     let inner: serde_json::Value = serde_json::from_str(doc["document"].as_str().unwrap()).unwrap();
     assert_eq!(inner["bundles"][0]["rollback"], true);
     assert_eq!(inner["bundles"][0]["version"], "1.1.0");
-    wait_log_count(&daemons[0], "step=\"check_failed\"", 0, Duration::from_secs(10));
+    wait_log_count(
+        &daemons[0],
+        "step=\"check_failed\"",
+        0,
+        Duration::from_secs(10),
+    );
     let state: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(w.join(format!("{s2}.state.json"))).unwrap()).unwrap();
-    assert!(state["finished"].as_str().unwrap().starts_with("aborted"), "{state}");
+        serde_json::from_slice(&std::fs::read(w.join(format!("{s2}.state.json"))).unwrap())
+            .unwrap();
+    assert!(
+        state["finished"].as_str().unwrap().starts_with("aborted"),
+        "{state}"
+    );
     assert_eq!(state["wave"], 0, "no second wave: {state}");
     for d in &daemons {
         assert_eq!(serving(d), "sensor_mlp@1.1.0");

@@ -2,7 +2,9 @@
 //! the scheduler that runs them. A daemon runs many; they share loaded models.
 
 pub mod queue;
-pub mod record;
+/// The result record is a leaf room of its own; `pipeline::record` stays as
+/// a path to it.
+pub use crate::record;
 pub mod scheduler;
 pub mod worker;
 
@@ -14,11 +16,11 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 pub use self::queue::WhenFull;
-pub use self::record::ResultRecord;
 pub use self::scheduler::{Priority, Scheduler};
 pub use self::worker::Pipeline;
 use crate::postprocess::PostprocessConfig;
 use crate::preprocess::PreprocessConfig;
+pub use crate::record::ResultRecord;
 use crate::source::SourceConfig;
 
 /// `[[pipelines]]` in the config.

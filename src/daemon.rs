@@ -463,7 +463,14 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
                 ready: ready.clone(),
                 restart: restart_tx.clone(),
             });
-            let agent = crate::ota::start(o, host, &device, cmd_rx, global_stop_rx.clone())?;
+            let agent = crate::ota::start(
+                o,
+                host,
+                &device,
+                cfg.device_groups(),
+                cmd_rx,
+                global_stop_rx.clone(),
+            )?;
             extra.push(agent.stats.clone());
             Some(agent)
         }

@@ -6,6 +6,7 @@ pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod fleet;
 pub mod model;
 pub mod ota;
 pub mod outbox;

@@ -6,7 +6,10 @@
 pub const EXAMPLE: &str = r#"# outpost.toml: every key is optional unless marked required.
 # ${VAR} is replaced from the environment (EnvironmentFile=/etc/default/outpost); $$ is a dollar.
 
-device = "site-0001-gw1"            # name in result ids and topics (default: host name)
+# This device: its name in result ids and topics (default: host name) and the
+# rollout groups it belongs to (manifest entries may list groups). The name
+# alone may be given as `device = "site-0001-gw1"`.
+device = { name = "site-0001-gw1", groups = ["site-a", "pilot"] }
 data_dir = "/var/lib/outpost"       # outbox, engine caches, OTA staging
 model_dir = "/var/lib/outpost/models"
 
@@ -132,6 +135,7 @@ UPLINK_HTTP
 # daemon_max_attempts = 3       # starts before the launcher falls back
 # max_bundle_bytes = 2147483648 # larger entries are skipped before any download
 # max_command_skew = "10m"      # commands dated further ahead are refused
+# require_signed_manifest = true   # refuse manifest documents not signed as a whole (staged rollouts)
 "#;
 
 const MQTT: &str = r#"# Results to the fleet broker: QoS 1, deleted from the outbox on PUBACK.
@@ -147,7 +151,8 @@ topic = "outpost/{device}/{pipeline}/{stream}"
 status_topic = "outpost/{device}/status"   # retained online / offline (last will)
 command_topic = "outpost/{device}/cmd"     # signed update commands (with [ota]); "" = none
 batch = 1
-payload = "json"                    # or "cbor"
+payload = "json"                    # or "cbor", or "sparkplug_b" (needs batch = 1)
+# sparkplug_group = "outpost"       # Sparkplug B group id: spBv1.0/{group}/NBIRTH/{device}...
 max_bytes_per_s = 0                 # cap for metered links; 0 = none
 backoff_min = "200ms"
 backoff_max = "30s""#;

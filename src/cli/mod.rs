@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod check;
 pub mod config;
+pub mod fleet;
 pub mod infer;
 pub mod models;
 pub mod ota;
@@ -72,6 +73,9 @@ pub enum Command {
     /// Build, sign and verify OTA bundles.
     #[command(subcommand)]
     Bundle(ota::BundleCommand),
+    /// The operator's side: devices on the fleet broker (`fleet status`).
+    #[command(subcommand)]
+    Fleet(fleet::FleetCommand),
 }
 
 /// Options shared by the commands that run models.
@@ -153,5 +157,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Outbox(c) => outbox::run(&cli, c),
         Command::Keygen(a) => ota::keygen(a),
         Command::Bundle(c) => ota::run(&cli, c),
+        Command::Fleet(c) => fleet::run(c),
     }
 }

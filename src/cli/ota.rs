@@ -1,4 +1,4 @@
-//! `outpost keygen` and `outpost bundle build|sign|verify|entry|command`:
+//! `outpost keygen` and `outpost bundle build|sign|verify|entry|document|command`:
 //! making and checking signed OTA bundles and update commands (see docs/ota.md).
 
 use std::path::{Path, PathBuf};
@@ -43,7 +43,28 @@ pub enum BundleCommand {
         /// Mark the entry as a rollback (the bundle must be built with --rollback).
         #[arg(long)]
         rollback: bool,
+        /// Staged rollout: share of the fleet (0..=100) that takes it (needs --salt).
+        #[arg(long, requires = "salt", value_parser = clap::value_parser!(u8).range(0..=100))]
+        percent: Option<u8>,
+        /// Names the rollout: a device's place in it depends on salt and device name.
+        #[arg(long, requires = "percent")]
+        salt: Option<String>,
+        /// Only devices in this `[device] groups` group take it; repeat for several.
+        #[arg(long = "group", value_name = "GROUP")]
+        groups: Vec<String>,
         bundle: PathBuf,
+    },
+    /// Sign a manifest document (`{"bundles": [entries]}`) as a whole, as
+    /// staged rollouts need: prints (or writes) the signed document.
+    Document {
+        /// Private key (from `outpost keygen`).
+        #[arg(long, value_name = "FILE")]
+        key: PathBuf,
+        /// Write the signed document here (atomically) instead of printing it.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// The plain document (JSON); `-` reads standard input.
+        document: PathBuf,
     },
     /// Print a signed update command for a device's MQTT command topic
     /// (`outpost/{device}/cmd`): install BUNDLE (update or --rollback), or --poll.
@@ -158,10 +179,40 @@ pub fn run(cli: &super::Cli, cmd: &BundleCommand) -> anyhow::Result<()> {
         BundleCommand::Entry {
             url,
             rollback,
+            percent,
+            salt,
+            groups,
             bundle,
         } => {
-            let entry = entry(bundle, url, *rollback)?;
+            let mut entry = entry(bundle, url, *rollback)?;
+            if let (Some(percent), Some(salt)) = (percent, salt) {
+                entry.rollout = Some(crate::ota::rollout::Rollout {
+                    percent: *percent,
+                    salt: salt.clone(),
+                });
+            }
+            entry.groups = groups.clone();
             println!("{}", serde_json::to_string(&entry)?);
+            Ok(())
+        }
+        BundleCommand::Document { key, out, document } => {
+            let k = sign::read_signing_key(key)?;
+            let text = if document.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin()).context("standard input")?
+            } else {
+                std::fs::read_to_string(document).with_context(|| document.display().to_string())?
+            };
+            let plain: crate::ota::document::Document = serde_json::from_str(&text)
+                .with_context(|| format!("{}: not a manifest document", document.display()))?;
+            let signed = sign_document(&k, plain.bundles)?;
+            match out {
+                Some(p) => {
+                    crate::ota::install::write_atomic(p, signed.as_bytes())
+                        .with_context(|| p.display().to_string())?;
+                    eprintln!("{}", p.display());
+                }
+                None => println!("{signed}"),
+            }
             Ok(())
         }
         BundleCommand::Command {
@@ -200,8 +251,35 @@ pub fn run(cli: &super::Cli, cmd: &BundleCommand) -> anyhow::Result<()> {
     }
 }
 
+/// A manifest document signed as a whole, issued now (JSON text).
+pub fn sign_document(
+    key: &ed25519_dalek::SigningKey,
+    bundles: Vec<crate::ota::machine::Offer>,
+) -> anyhow::Result<String> {
+    use crate::ota::{command::unix_ms_now, document, rollout};
+    for o in &bundles {
+        let p = rollout::validate(o);
+        if !p.is_empty() {
+            bail!("entry {}: {}", o.id(), p.join("; "));
+        }
+    }
+    let env = document::seal(
+        key,
+        &document::SignedDocument {
+            issued_ms: unix_ms_now(),
+            bundles,
+        },
+    )
+    .map_err(anyhow::Error::msg)?;
+    Ok(serde_json::to_string(&env)?)
+}
+
 /// The manifest-document entry of a signed bundle.
-fn entry(bundle: &Path, url: &str, rollback: bool) -> anyhow::Result<crate::ota::machine::Offer> {
+pub fn entry(
+    bundle: &Path,
+    url: &str,
+    rollback: bool,
+) -> anyhow::Result<crate::ota::machine::Offer> {
     let m = bundle::read_manifest(bundle)?;
     let sig = sig_path(bundle);
     let line = std::fs::read_to_string(&sig)
@@ -216,6 +294,8 @@ fn entry(bundle: &Path, url: &str, rollback: bool) -> anyhow::Result<crate::ota:
         size,
         signature: line.trim().to_string(),
         rollback,
+        rollout: None,
+        groups: Vec::new(),
     })
 }
 

@@ -19,9 +19,11 @@ use crate::uplink::UplinkConfig;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// This device's name in result ids and topics; default: the host name.
-    #[serde(default)]
-    pub device: Option<String>,
+    /// This device: `device = "gw-7"` (its name in result ids and topics;
+    /// default: the host name), or a table `[device]` with `name` and the
+    /// rollout `groups` it belongs to.
+    #[serde(default, deserialize_with = "device_either")]
+    pub device: Option<DeviceConfig>,
     /// Where the outbox, engine caches and staged updates live.
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
@@ -51,6 +53,61 @@ pub struct Config {
     /// Signed over-the-air updates of models and of the daemon.
     #[serde(default)]
     pub ota: Option<crate::ota::OtaConfig>,
+}
+
+/// `device = "name"` or `[device] name = "..." groups = [...]`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceConfig {
+    /// Name in result ids and topics; default: the host name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Rollout groups (e.g. `["site-a", "pilot"]`): a manifest entry that
+    /// lists groups is taken only by devices in one of them.
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+impl DeviceConfig {
+    /// Reads the plain string form or the table.
+    fn from_either<'de, D: serde::Deserializer<'de>>(d: D) -> Result<DeviceConfig, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = DeviceConfig;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a device name, or a table with `name` and `groups`")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<DeviceConfig, E> {
+                Ok(DeviceConfig {
+                    name: Some(v.to_string()),
+                    groups: Vec::new(),
+                })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                m: A,
+            ) -> Result<DeviceConfig, A::Error> {
+                #[derive(Deserialize)]
+                #[serde(deny_unknown_fields)]
+                struct Table {
+                    #[serde(default)]
+                    name: Option<String>,
+                    #[serde(default)]
+                    groups: Vec<String>,
+                }
+                let t = Table::deserialize(serde::de::value::MapAccessDeserializer::new(m))?;
+                Ok(DeviceConfig {
+                    name: t.name,
+                    groups: t.groups,
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+fn device_either<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<DeviceConfig>, D::Error> {
+    DeviceConfig::from_either(d).map(Some)
 }
 
 /// The inference worker pool.
@@ -344,10 +401,17 @@ impl Config {
     /// Every problem, each naming its key.
     pub fn validate(&self) -> Vec<String> {
         let mut p = Vec::new();
-        if let Some(d) = &self.device
+        if let Some(d) = self.device.as_ref().and_then(|d| d.name.as_ref())
             && (d.is_empty() || d.contains(['/', '+', '#', ' ']))
         {
             p.push(format!("device: `{d}` must be non-empty without '/', '+', '#' or spaces (it is used in ids and topics)"));
+        }
+        for g in self.device_groups() {
+            if g.is_empty() || g.contains(['/', '+', '#', ' ']) {
+                p.push(format!(
+                    "device.groups: `{g}` must be non-empty without '/', '+', '#' or spaces"
+                ));
+            }
         }
         let r = &self.runtime;
         if r.providers.is_empty() {
@@ -432,9 +496,14 @@ impl Config {
         p
     }
 
+    /// This device's rollout groups (`[device] groups`).
+    pub fn device_groups(&self) -> &[String] {
+        self.device.as_ref().map_or(&[], |d| &d.groups)
+    }
+
     /// This device's name: the config's, else the host name.
     pub fn device_name(&self) -> String {
-        if let Some(d) = &self.device {
+        if let Some(d) = self.device.as_ref().and_then(|d| d.name.as_ref()) {
             return d.clone();
         }
         std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -465,6 +534,39 @@ mod tests {
         let err = interpolate("a = \"${NOPE}\"\nb = \"${ALSO}\"\n", env).unwrap_err();
         assert_eq!(err.len(), 2);
         assert!(err[1].starts_with("line 2"));
+    }
+
+    #[test]
+    fn device_is_a_name_or_a_table_with_groups() {
+        let c = Config::from_toml("device = \"gw-7\"\n", "t", |_| None).unwrap();
+        assert_eq!(c.device_name(), "gw-7");
+        assert!(c.device_groups().is_empty());
+        let c = Config::from_toml(
+            "[device]\nname = \"gw-8\"\ngroups = [\"site-a\", \"pilot\"]\n",
+            "t",
+            |_| None,
+        )
+        .unwrap();
+        assert_eq!(c.device_name(), "gw-8");
+        assert_eq!(c.device_groups(), ["site-a", "pilot"]);
+        let c = Config::from_toml("device = { groups = [\"x\"] }\n", "t", |_| None).unwrap();
+        assert_eq!(c.device_groups(), ["x"]);
+        assert!(c.device.as_ref().unwrap().name.is_none());
+        let Err(ConfigError::Invalid { problems, .. }) =
+            Config::from_toml("[device]\nname = \"a\"\ngroup = [\"x\"]\n", "t", |_| None)
+        else {
+            panic!("an unknown key in [device] must be refused");
+        };
+        assert!(problems[0].contains("group"), "{problems:?}");
+        let Err(ConfigError::Invalid { problems, .. }) = Config::from_toml(
+            "[device]\nname = \"a b\"\ngroups = [\"\", \"site/a\"]\n",
+            "t",
+            |_| None,
+        ) else {
+            panic!("expected invalid");
+        };
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(Config::from_toml("device = 3\n", "t", |_| None).is_err());
     }
 
     #[test]

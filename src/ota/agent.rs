@@ -27,6 +27,8 @@ pub const FAILPOINT_ENV: &str = "OUTPOST_OTA_FAILPOINT";
 /// Where the agent's inputs come from and its figures go.
 pub struct Wiring {
     pub device: String,
+    /// `[device] groups`: which targeted entries this device takes.
+    pub groups: Vec<String>,
     /// Payloads of the uplink's command topic.
     pub commands: Option<tokio::sync::mpsc::Receiver<Vec<u8>>>,
     pub stats: Arc<OtaStats>,
@@ -56,6 +58,9 @@ pub struct Agent {
     /// Junk on the command topic since the last aggregate report, by reason.
     junk: BTreeMap<&'static str, u64>,
     junk_reported: Option<Instant>,
+    /// Entries already reported as not for this device (so each is told
+    /// upstream once, not at every poll).
+    not_selected: std::collections::HashSet<String>,
 }
 
 /// How often junk on the command topic is reported (log and status event).
@@ -96,6 +101,7 @@ impl Agent {
             skipped: HashSet::new(),
             junk: BTreeMap::new(),
             junk_reported: None,
+            not_selected: Default::default(),
         }
     }
 
@@ -183,6 +189,7 @@ impl Agent {
                 StateFile::default()
             }
         };
+        self.fetcher.set_last_signed(self.state.last_manifest);
         self.recover_daemon();
         let Some(j) = self.state.journal.take() else {
             return;
@@ -288,8 +295,9 @@ impl Agent {
             }
             if poll_now {
                 match self.fetcher.poll().await {
-                    Ok(offers) => {
-                        for offer in offers {
+                    Ok(opened) => {
+                        self.document_taken(&opened);
+                        for offer in opened.offers {
                             if *self.shutdown.borrow() {
                                 return;
                             }
@@ -301,10 +309,18 @@ impl Agent {
                             {
                                 continue;
                             }
+                            if !self.selected(&offer) {
+                                continue;
+                            }
                             self.update(offer).await;
                         }
                     }
-                    Err(e) => tracing::warn!(error = %e, "OTA: manifest poll failed"),
+                    Err(e) => {
+                        if let super::fetch::PollError::Document(d) = &e {
+                            self.wiring.stats.document(d.reason());
+                        }
+                        tracing::warn!(error = %e, "OTA: manifest poll failed");
+                    }
                 }
             }
             let wait = self.cfg.poll_interval + jitter(self.cfg.poll_jitter);
@@ -434,10 +450,61 @@ impl Agent {
                     });
                     return false;
                 }
+                if !self.selected(&offer) {
+                    return false;
+                }
                 self.update(offer).await;
                 false
             }
         }
+    }
+
+    /// Counts an accepted document, logs what it left out, and keeps the
+    /// issue time of a signed one (later documents must not be older).
+    fn document_taken(&mut self, opened: &super::document::Opened) {
+        self.wiring.stats.document(if opened.signed.is_some() {
+            "signed"
+        } else {
+            "plain"
+        });
+        for (id, why) in &opened.skipped {
+            self.wiring.stats.skipped("invalid");
+            tracing::warn!(bundle = %id, reason = %why, "OTA: manifest entry skipped");
+        }
+        let last = self.fetcher.last_signed();
+        if last.is_some() && last != self.state.last_manifest {
+            self.state.last_manifest = last;
+            self.save();
+        }
+    }
+
+    /// Whether this device takes the offer (rollout percent and groups);
+    /// tells the fleet once when it does not.
+    fn selected(&mut self, offer: &Offer) -> bool {
+        let s = super::rollout::select(offer, &self.wiring.device, &self.wiring.groups);
+        let Some(reason) = s.reason() else {
+            return true;
+        };
+        let key = format!(
+            "{}|{:?}|{:?}",
+            offer.sha256.to_ascii_lowercase(),
+            offer.rollout,
+            offer.groups
+        );
+        if self.not_selected.insert(key) {
+            self.wiring.stats.skipped(match s {
+                super::rollout::Selection::OtherGroups => "other_groups",
+                _ => "outside_wave",
+            });
+            self.emit(&Status {
+                step: "not_selected",
+                name: offer.name.clone(),
+                version: offer.version.clone(),
+                from: None,
+                detail: Some(reason),
+            });
+        }
+        false
     }
 
     /// A daemon slot on trial: once READY and `daemon_probation` later, it

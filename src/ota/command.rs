@@ -249,6 +249,8 @@ mod tests {
             size: 10,
             signature: "ed25519:x:y".into(),
             rollback: false,
+            rollout: None,
+            groups: Vec::new(),
         }
     }
 

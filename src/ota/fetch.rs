@@ -6,25 +6,27 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use reqwest::header::{CONTENT_RANGE, ETAG, IF_NONE_MATCH, RANGE};
-use serde::Deserialize;
-
+use super::document::{self, DocumentError, Opened};
 use super::machine::Offer;
-
-/// The manifest document served at `manifest_url`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Document {
-    #[serde(default)]
-    pub bundles: Vec<Offer>,
-}
+use reqwest::header::{CONTENT_RANGE, ETAG, IF_NONE_MATCH, RANGE};
 
 pub struct Fetcher {
     client: reqwest::Client,
     /// The manifest document; None when updates arrive only as commands.
     url: Option<reqwest::Url>,
     etag: Option<String>,
-    last: Document,
+    last: Opened,
+    /// How documents are taken (signatures, replays).
+    policy: document::Policy,
+}
+
+/// Why a poll gave no offers.
+#[derive(Debug, thiserror::Error)]
+pub enum PollError {
+    #[error("{0}")]
+    Fetch(String),
+    #[error(transparent)]
+    Document(#[from] DocumentError),
 }
 
 fn chain(e: &dyn std::error::Error) -> String {
@@ -86,43 +88,73 @@ impl Fetcher {
             client,
             url,
             etag: None,
-            last: Document::default(),
+            last: Opened::default(),
+            policy: document::Policy::default(),
         })
     }
 
-    /// The offers now (the last document again on 304 Not Modified).
-    pub async fn poll(&mut self) -> Result<Vec<Offer>, String> {
+    /// The keys that sign documents, and whether plain ones are refused.
+    pub fn set_document_policy(
+        &mut self,
+        trusted: Vec<ed25519_dalek::VerifyingKey>,
+        require_signed: bool,
+    ) {
+        self.policy.trusted = trusted;
+        self.policy.require_signed = require_signed;
+    }
+
+    /// `issued_ms` of the last signed document accepted (from state.json).
+    pub fn set_last_signed(&mut self, last: Option<u64>) {
+        self.policy.last_signed = last;
+    }
+
+    pub fn last_signed(&self) -> Option<u64> {
+        self.policy.last_signed
+    }
+
+    /// The document's offers now (the last document again on 304 Not
+    /// Modified); a new document's skipped entries are listed once.
+    pub async fn poll(&mut self) -> Result<Opened, PollError> {
         let Some(url) = self.url.clone() else {
-            return Err("no manifest_url configured".into());
+            return Err(PollError::Fetch("no manifest_url configured".into()));
         };
         let mut req = self.client.get(url);
         if let Some(e) = &self.etag {
             req = req.header(IF_NONE_MATCH, e);
         }
-        let resp = req.send().await.map_err(|e| chain(&e))?;
+        let resp = req.send().await.map_err(|e| PollError::Fetch(chain(&e)))?;
         let status = resp.status();
         if status == reqwest::StatusCode::NOT_MODIFIED {
-            return Ok(self.resolved(&self.last));
+            return Ok(Opened {
+                skipped: Vec::new(),
+                ..self.last.clone()
+            });
         }
         if !status.is_success() {
-            return Err(format!("manifest: HTTP {status}"));
+            return Err(PollError::Fetch(format!("manifest: HTTP {status}")));
         }
         let etag = resp
             .headers()
             .get(ETAG)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let body = resp.bytes().await.map_err(|e| chain(&e))?;
-        let doc: Document =
-            serde_json::from_slice(&body).map_err(|e| format!("manifest document: {e}"))?;
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| PollError::Fetch(chain(&e)))?;
+        let mut opened = document::open(&body, &self.policy)?;
+        if opened.signed.is_some() {
+            self.policy.last_signed = opened.signed;
+        }
+        opened.offers = self.resolved(&opened.offers);
         self.etag = etag;
-        self.last = doc;
-        Ok(self.resolved(&self.last))
+        self.last = opened.clone();
+        Ok(opened)
     }
 
     /// Offers with their URLs made absolute against the document's.
-    fn resolved(&self, doc: &Document) -> Vec<Offer> {
-        doc.bundles
+    fn resolved(&self, offers: &[Offer]) -> Vec<Offer> {
+        offers
             .iter()
             .filter_map(|o| match self.resolve(o.clone()) {
                 Ok(o) => Some(o),

@@ -39,6 +39,9 @@ pub struct StateFile {
     pub journal: Option<Journal>,
     /// `issued_ms` of the last update command accepted (older ones are replays).
     pub last_command: Option<u64>,
+    /// `issued_ms` of the last signed manifest document accepted (older
+    /// ones are replays; plain ones are refused from then on).
+    pub last_manifest: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -44,6 +44,13 @@ pub struct Offer {
     /// bundle says so too.
     #[serde(default)]
     pub rollback: bool,
+    /// Staged rollout: only devices whose bucket is under the percent take
+    /// it (see `rollout.rs`; honoured only from a signed document or command).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<super::rollout::Rollout>,
+    /// Only devices in one of these `[device] groups` take it (empty: all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
 }
 
 impl Offer {
@@ -581,6 +588,8 @@ mod tests {
             size: 10,
             signature: String::new(),
             rollback: false,
+            rollout: None,
+            groups: Vec::new(),
         }
     }
 

@@ -36,10 +36,12 @@ pub mod agent;
 pub mod bundle;
 pub mod check;
 pub mod command;
+pub mod document;
 pub mod fetch;
 pub mod host;
 pub mod install;
 pub mod machine;
+pub mod rollout;
 pub mod sign;
 pub mod slots;
 pub mod stats;
@@ -109,6 +111,12 @@ pub struct OtaConfig {
     /// How far ahead of this device's clock a signed command may be dated.
     #[serde(default = "default_max_command_skew", with = "humantime_serde")]
     pub max_command_skew: Duration,
+    /// Refuse manifest documents that are not signed as a whole (see
+    /// docs/ota.md). A device refuses them anyway once it has accepted a
+    /// signed one; set this where staged rollouts are used, so that not even
+    /// a new device can be offered an update by an edit of a plain document.
+    #[serde(default)]
+    pub require_signed_manifest: bool,
 }
 
 /// Default `max_bundle_bytes`: 2 GiB (a large vision model with its engine).
@@ -218,11 +226,13 @@ pub struct OtaAgent {
 
 /// Starts the OTA agent on the current tokio runtime; it runs until
 /// `shutdown` turns true. Settles what a crash left before it returns.
-/// `commands` carries the payloads of the uplink's command topic.
+/// `commands` carries the payloads of the uplink's command topic; `groups`
+/// are the device's rollout groups (`[device] groups`).
 pub fn start(
     cfg: &OtaConfig,
     host: Arc<dyn host::ModelHost>,
     device: &str,
+    groups: &[String],
     commands: Option<tokio::sync::mpsc::Receiver<Vec<u8>>>,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<OtaAgent, OtaError> {
@@ -236,8 +246,10 @@ pub fn start(
         .map(|k| sign::parse_public_key(k))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| OtaError::Setup(e.to_string()))?;
-    let fetcher = fetch::Fetcher::new(cfg.manifest_url.as_deref(), cfg.ca.as_deref(), cfg.timeout)
-        .map_err(OtaError::Setup)?;
+    let mut fetcher =
+        fetch::Fetcher::new(cfg.manifest_url.as_deref(), cfg.ca.as_deref(), cfg.timeout)
+            .map_err(OtaError::Setup)?;
+    fetcher.set_document_policy(trusted.clone(), cfg.require_signed_manifest);
     let running = slots::running_slot();
     let boot = slots::Slots::new(&host.data_dir())
         .load()
@@ -266,6 +278,7 @@ pub fn start(
         fetcher,
         agent::Wiring {
             device: device.to_string(),
+            groups: groups.to_vec(),
             commands,
             stats: stats.clone(),
             running_slot: running,

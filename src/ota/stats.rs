@@ -17,6 +17,8 @@ pub struct OtaStats {
     pub download_size: AtomicU64,
     steps: Mutex<BTreeMap<&'static str, u64>>,
     commands: Mutex<BTreeMap<&'static str, u64>>,
+    documents: Mutex<BTreeMap<&'static str, u64>>,
+    skipped: Mutex<BTreeMap<&'static str, u64>>,
     /// (version, slot) of the running daemon.
     pub daemon: Mutex<(String, String)>,
 }
@@ -40,12 +42,40 @@ impl OtaStats {
             .or_default() += 1;
     }
 
+    /// A polled manifest document, by result (`signed`, `plain`, or why refused).
+    pub fn document(&self, result: &'static str) {
+        bump(&self.documents, result);
+    }
+
+    /// An entry this device did not take, by reason.
+    pub fn skipped(&self, reason: &'static str) {
+        bump(&self.skipped, reason);
+    }
+
     pub fn commands(&self) -> BTreeMap<&'static str, u64> {
         self.commands
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
+}
+
+fn bump(m: &Mutex<BTreeMap<&'static str, u64>>, k: &'static str) {
+    *m.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(k)
+        .or_default() += 1;
+}
+
+fn labelled(
+    m: &Mutex<BTreeMap<&'static str, u64>>,
+    label: &'static str,
+) -> Vec<(Vec<(&'static str, String)>, u64)> {
+    m.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(k, v)| (vec![(label, k.to_string())], *v))
+        .collect()
 }
 
 impl MetricSource for OtaStats {
@@ -96,6 +126,18 @@ impl MetricSource for OtaStats {
             "outpost_ota_commands",
             "Update commands received, by result (accepted or why refused)",
             &cmds,
+        )?;
+        counter(
+            enc,
+            "outpost_ota_documents",
+            "Manifest documents polled, by result (signed, plain, or why refused)",
+            &labelled(&self.documents, "result"),
+        )?;
+        counter(
+            enc,
+            "outpost_ota_offers_skipped",
+            "Manifest entries this device did not take, by reason (outside_wave, other_groups, invalid)",
+            &labelled(&self.skipped, "reason"),
         )
     }
 }

@@ -102,7 +102,8 @@ impl Source for MqttSource {
                     }
                     Ok(Event::Incoming(Packet::Publish(p))) => {
                         if p.payload.len() > self.max_message_bytes {
-                            ctx.count_drop("too_large",
+                            ctx.count_drop(
+                                "too_large",
                                 &format!(
                                     "topic {}: {} bytes, over max_message_bytes {}",
                                     p.topic,

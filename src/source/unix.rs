@@ -79,7 +79,8 @@ impl Source for UnixSource {
                 };
                 conn_no += 1;
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    ctx.count_drop("too_many_connections",
+                    ctx.count_drop(
+                        "too_many_connections",
                         &format!(
                             "conn-{conn_no}: {} connections are open; closed",
                             self.max_connections

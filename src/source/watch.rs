@@ -150,7 +150,8 @@ impl Source for WatchSource {
                             }
                             if odd.insert(name.clone()) {
                                 let what = file_kind(&md);
-                                ctx.count_drop("not_a_regular_file",
+                                ctx.count_drop(
+                                    "not_a_regular_file",
                                     &format!("{} is a {what}", p.display()),
                                 );
                                 tracing::warn!(pipeline = %ctx.pipeline, path = %p.display(), kind = what, "watched folder: not a regular file; left in place, not read");

@@ -26,6 +26,10 @@ pub enum PayloadFormat {
     Json,
     /// CBOR (RFC 8949) of the same value (a CBOR array when batching).
     Cbor,
+    /// Sparkplug B (protobuf, `spBv1.0/{group}/...` topics; see
+    /// `sparkplug.rs`). Messages carry the stored JSON until the publish,
+    /// where the connection's Sparkplug session encodes them.
+    SparkplugB,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,7 +168,7 @@ pub struct Batcher {
 /// One record, encoded for the wire on its own.
 fn encode_one(format: PayloadFormat, record: &[u8]) -> Result<Vec<u8>, String> {
     match format {
-        PayloadFormat::Json => Ok(record.to_vec()),
+        PayloadFormat::Json | PayloadFormat::SparkplugB => Ok(record.to_vec()),
         PayloadFormat::Cbor => {
             let v: serde_json::Value =
                 serde_json::from_slice(record).map_err(|e| format!("not a JSON record: {e}"))?;
@@ -208,7 +212,7 @@ impl Batcher {
         }
         match self.format {
             // [a,b,c]
-            PayloadFormat::Json => bytes + n.saturating_sub(1) + 2,
+            PayloadFormat::Json | PayloadFormat::SparkplugB => bytes + n.saturating_sub(1) + 2,
             PayloadFormat::Cbor => bytes + cbor_array_head(n).len(),
         }
     }
@@ -219,7 +223,7 @@ impl Batcher {
         } else {
             let mut p = Vec::with_capacity(self.framed_len(o.items.len(), o.bytes));
             match self.format {
-                PayloadFormat::Json => {
+                PayloadFormat::Json | PayloadFormat::SparkplugB => {
                     p.push(b'[');
                     for (i, it) in o.items.iter().enumerate() {
                         if i > 0 {

@@ -22,6 +22,7 @@ mod inflight;
 mod message;
 mod mqtt;
 mod pace;
+pub mod sparkplug;
 mod stats;
 mod tls;
 
@@ -87,8 +88,13 @@ pub struct MqttConfig {
     /// Records of one topic per message (a JSON/CBOR array when > 1).
     #[serde(default = "default_batch")]
     pub batch: usize,
+    /// `json`, `cbor`, or `sparkplug_b` (Sparkplug B births, data and death
+    /// on `spBv1.0/{sparkplug_group}/...`; needs batch = 1).
     #[serde(default)]
     pub payload: PayloadFormat,
+    /// Sparkplug B group id (with `payload = "sparkplug_b"`).
+    #[serde(default = "default_sparkplug_group")]
+    pub sparkplug_group: String,
     /// Bytes per second at most (metered links); 0 = no cap.
     #[serde(default)]
     pub max_bytes_per_s: u64,
@@ -141,6 +147,10 @@ pub struct HttpConfig {
 fn default_topic() -> String {
     "outpost/{device}/{pipeline}/{stream}".into()
 }
+fn default_sparkplug_group() -> String {
+    "outpost".into()
+}
+
 fn default_status_topic() -> String {
     "outpost/{device}/status".into()
 }
@@ -233,6 +243,20 @@ impl UplinkConfig {
                 }
                 if let Err(e) = Template::parse(&c.status_topic, STATUS_VARS) {
                     p.push(format!("uplink.status_topic: {e}"));
+                }
+                if c.payload == PayloadFormat::SparkplugB {
+                    if c.batch != 1 {
+                        p.push(format!(
+                            "uplink.batch must be 1 with payload = \"sparkplug_b\" (one DDATA per record), not {}",
+                            c.batch
+                        ));
+                    }
+                    if sparkplug::bad_id(&c.sparkplug_group) {
+                        p.push(format!(
+                            "uplink.sparkplug_group: `{}` must be non-empty without '/', '+' or '#'",
+                            c.sparkplug_group
+                        ));
+                    }
                 }
                 if !(1..=10_000).contains(&c.batch) {
                     p.push(format!("uplink.batch must be 1..=10000, not {}", c.batch));

@@ -24,8 +24,11 @@ use tokio::sync::{mpsc, watch};
 use super::inflight::InFlight;
 use super::message::{Batcher, Message, Template};
 use super::pace::{Backoff, TokenBucket};
+use super::sparkplug::{self, Session, Topics};
 use super::stats::UplinkStats;
-use super::{MqttConfig, STATUS_VARS, TOPIC_VARS, UplinkError, sleep_or_stop, stopped, tls};
+use super::{
+    MqttConfig, PayloadFormat, STATUS_VARS, TOPIC_VARS, UplinkError, sleep_or_stop, stopped, tls,
+};
 use crate::outbox::{Key, Outbox};
 
 /// How long a stop waits for the PUBACKs of what is in flight and of the
@@ -44,6 +47,8 @@ struct Ctx {
     tls: Option<Arc<rustls::ClientConfig>>,
     /// Records read from the outbox at a time.
     page: usize,
+    /// With `payload = "sparkplug_b"`: this edge node's topics.
+    sparkplug: Option<Topics>,
 }
 
 pub(super) fn spawn(
@@ -83,7 +88,12 @@ pub(super) fn spawn(
         format: cfg.payload,
         max_payload: cfg.max_packet_bytes,
     };
+    let sparkplug = (cfg.payload == PayloadFormat::SparkplugB).then(|| Topics {
+        group: cfg.sparkplug_group.clone(),
+        node: device.to_string(),
+    });
     let ctx = Ctx {
+        sparkplug,
         client_id: cfg
             .client_id
             .clone()
@@ -110,11 +120,15 @@ async fn run(ctx: Ctx, mut shutdown: watch::Receiver<bool>) {
     let mut backoff = Backoff::new(ctx.cfg.backoff_min, ctx.cfg.backoff_max);
     let mut bucket = TokenBucket::new(ctx.cfg.max_bytes_per_s, Instant::now());
     let broker = format!("{}:{}", ctx.cfg.host, ctx.port());
+    // Sparkplug's bdSeq: one more with every CONNECT (mod 256).
+    let mut bd_seq: u64 = 0;
     loop {
         if *shutdown.borrow() {
             break;
         }
-        match connection(&ctx, &mut bucket, &mut shutdown).await {
+        let this = bd_seq;
+        bd_seq = (bd_seq + 1) % 256;
+        match connection(&ctx, &mut bucket, &mut shutdown, this).await {
             End::Stopped => break,
             End::Lost { connected, reason } => {
                 ctx.stats.set_connected(false);
@@ -149,20 +163,25 @@ impl Ctx {
             .unwrap_or(if self.cfg.tls { 8883 } else { 1883 })
     }
 
-    fn options(&self) -> MqttOptions {
+    fn options(&self, bd_seq: u64) -> MqttOptions {
         let c = &self.cfg;
+        // Sparkplug: the will is the NDEATH of this connection's bdSeq.
+        let will = match &self.sparkplug {
+            Some(t) => LastWill::new(
+                t.node("NDEATH"),
+                sparkplug::ndeath(bd_seq, unix_ms()),
+                QoS::AtLeastOnce,
+                false,
+            ),
+            None => LastWill::new(self.status_topic.clone(), "offline", QoS::AtLeastOnce, true),
+        };
         let mut o = MqttOptions::new(self.client_id.clone(), c.host.clone(), self.port());
         o.set_clean_session(false)
             .set_keep_alive(c.keep_alive)
             .set_inflight(c.max_inflight.max(1))
             // Room for the topic and the fixed header on top of the payload.
             .set_max_packet_size(64 * 1024, c.max_packet_bytes + 64 * 1024)
-            .set_last_will(LastWill::new(
-                self.status_topic.clone(),
-                "offline",
-                QoS::AtLeastOnce,
-                true,
-            ));
+            .set_last_will(will);
         if let Some(u) = &c.username {
             o.set_credentials(u.clone(), c.password.clone().unwrap_or_default());
         }
@@ -191,10 +210,11 @@ async fn connection(
     ctx: &Ctx,
     bucket: &mut TokenBucket,
     shutdown: &mut watch::Receiver<bool>,
+    bd_seq: u64,
 ) -> End {
     // Room for every message in flight plus the two status messages, so
     // `try_publish` never finds the channel full.
-    let (client, mut el) = AsyncClient::new(ctx.options(), ctx.cfg.max_inflight as usize + 4);
+    let (client, mut el) = AsyncClient::new(ctx.options(bd_seq), ctx.cfg.max_inflight as usize + 4);
     let mut net = NetworkOptions::new();
     net.set_tcp_nodelay(true);
     net.set_connection_timeout(ctx.cfg.connect_timeout.as_secs().max(1));
@@ -209,7 +229,11 @@ async fn connection(
             }
         }
     }));
-    let mut c = Conn::default();
+    let mut c = Conn {
+        sparkplug: ctx.sparkplug.clone().map(|t| Session::new(t, bd_seq)),
+        bd_seq,
+        ..Conn::default()
+    };
     let notify = ctx.outbox.notified();
     loop {
         let mut rate_wait = None;
@@ -249,6 +273,9 @@ struct Conn {
     cursor: Option<Key>,
     /// The last read found nothing newer: wait for an append.
     caught_up: bool,
+    /// Sparkplug B births and sequence numbers of this connection.
+    sparkplug: Option<Session>,
+    bd_seq: u64,
 }
 
 impl Conn {
@@ -294,6 +321,33 @@ impl Conn {
                 break;
             };
             let (n, bytes) = (m.keys.len() as u64, m.payload.len() as u64);
+            if let Some(sp) = self.sparkplug.as_mut() {
+                let outs = match sp.record(&m.payload, unix_ms()) {
+                    Ok(o) => o,
+                    Err(reason) => {
+                        for key in m.keys {
+                            tracing::warn!(%key, %reason, "uplink: record cannot go out as Sparkplug B; moved to the dead letters");
+                            ctx.outbox
+                                .dead_letter(key, &reason)
+                                .map_err(|e| format!("outbox dead letter: {e}"))?;
+                            UplinkStats::add(&ctx.stats.dead_letters_total, 1);
+                        }
+                        continue;
+                    }
+                };
+                let mut keys = Some(m.keys);
+                for o in outs {
+                    client
+                        .try_publish(o.topic, QoS::AtLeastOnce, false, o.payload)
+                        .map_err(|e| format!("publish request refused: {e}"))?;
+                    // A birth carries no record: its PUBACK acks nothing.
+                    let k = if o.data { keys.take() } else { None };
+                    self.flight.requested(k.unwrap_or_default());
+                }
+                UplinkStats::add(&ctx.stats.sent_total, n);
+                UplinkStats::add(&ctx.stats.bytes_total, bytes);
+                continue;
+            }
             client
                 .try_publish(m.topic, QoS::AtLeastOnce, false, m.payload)
                 .map_err(|e| format!("publish request refused: {e}"))?;
@@ -345,6 +399,13 @@ impl Conn {
                     .try_publish(ctx.status_topic.clone(), QoS::AtLeastOnce, true, "online")
                     .map_err(|e| format!("publish request refused: {e}"))?;
                 self.flight.requested(Vec::new());
+                if let Some(sp) = self.sparkplug.as_mut() {
+                    let b = sp.nbirth(unix_ms());
+                    client
+                        .try_publish(b.topic, QoS::AtLeastOnce, false, b.payload)
+                        .map_err(|e| format!("publish request refused: {e}"))?;
+                    self.flight.requested(Vec::new());
+                }
                 if let Some((topic, _)) = &ctx.commands {
                     client
                         .try_subscribe(topic.clone(), QoS::AtLeastOnce)
@@ -411,6 +472,19 @@ impl Conn {
         {
             self.flight.requested(Vec::new());
         }
+        // Sparkplug: a clean disconnect fires no will, so say NDEATH.
+        if let Some(t) = &ctx.sparkplug
+            && client
+                .try_publish(
+                    t.node("NDEATH"),
+                    QoS::AtLeastOnce,
+                    false,
+                    sparkplug::ndeath(self.bd_seq, unix_ms()),
+                )
+                .is_ok()
+        {
+            self.flight.requested(Vec::new());
+        }
         let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
         while self.flight.messages() > 0 {
             tokio::select! {
@@ -439,4 +513,11 @@ impl Conn {
         );
         End::Stopped
     }
+}
+
+/// Unix milliseconds now (Sparkplug timestamps).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -3,6 +3,7 @@
 
 mod common;
 mod errors;
+mod fleet;
 mod hardening;
 mod ota;
 mod outbox;

@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod model;
 pub mod ota;
 pub mod outbox;
+pub mod output;
 pub mod pipeline;
 pub mod plan;
 pub mod postprocess;

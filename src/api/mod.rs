@@ -216,6 +216,7 @@ pub fn status_json(s: &ApiState) -> serde_json::Value {
                 "batches": PipelineStats::get(&st.batches),
                 "batch_items": PipelineStats::get(&st.batch_items),
                 "drops": st.drops(),
+                "outputs": p.outputs().status(),
                 "e2e_latency": st.e2e_us.summary(),
                 "inference_latency": st.inference_us.summary(),
                 "stage_latency": {

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::Provider;
 use crate::backend::ort::TensorRtOptions;
 use crate::outbox::OutboxConfig;
+pub use crate::pipeline::SchedulerConfig;
 use crate::pipeline::PipelineConfig;
 use crate::source::SourceConfig;
 use crate::source::mqtt::{EmbeddedBrokerConfig, SiteBrokerConfig};
@@ -50,26 +51,6 @@ pub struct Config {
     /// Signed over-the-air updates of models and of the daemon.
     #[serde(default)]
     pub ota: Option<crate::ota::OtaConfig>,
-}
-
-/// The inference worker pool.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SchedulerConfig {
-    /// Inference threads; 0 = one per CPU core.
-    pub workers: usize,
-}
-
-impl SchedulerConfig {
-    pub fn worker_count(&self) -> usize {
-        if self.workers > 0 {
-            self.workers
-        } else {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(2)
-        }
-    }
 }
 
 /// The local HTTP API.
@@ -322,6 +303,7 @@ impl Config {
         {
             p.push(format!("api.token_file: {} does not exist", t.display()));
         }
+        p.extend(self.scheduler.validate());
         for (i, pc) in self.pipelines.iter().enumerate() {
             let at = format!("pipelines[{i}] ({})", pc.name);
             p.extend(pc.validate(&at));

@@ -2,6 +2,7 @@
 //! the scheduler that runs them. A daemon runs many; they share loaded models.
 
 pub mod queue;
+pub mod realtime;
 pub mod record;
 pub mod scheduler;
 pub mod worker;
@@ -15,8 +16,9 @@ use serde::{Deserialize, Serialize};
 
 pub use self::queue::WhenFull;
 pub use self::record::ResultRecord;
-pub use self::scheduler::{Priority, Scheduler};
+pub use self::scheduler::{Priority, Scheduler, SchedulerConfig};
 pub use self::worker::Pipeline;
+use crate::output::OutputConfig;
 use crate::postprocess::PostprocessConfig;
 use crate::preprocess::PreprocessConfig;
 use crate::source::SourceConfig;
@@ -52,6 +54,10 @@ pub struct PipelineConfig {
     /// How long a worker waits for a batch to fill.
     #[serde(default = "default_max_delay", with = "humantime_serde")]
     pub max_delay: Duration,
+    /// Local consumers that get each record straight from the inference
+    /// thread (site MQTT, UDP, unix socket), apart from the outbox.
+    #[serde(default)]
+    pub outputs: Vec<OutputConfig>,
 }
 
 fn default_queue() -> usize {
@@ -91,6 +97,12 @@ impl PipelineConfig {
             ));
         }
         p.extend(self.source.validate(&format!("{at}.source")));
+        for (i, o) in self.outputs.iter().enumerate() {
+            p.extend(o.validate(&format!("{at}.outputs[{i}]")));
+            if self.outputs[..i].contains(o) {
+                p.push(format!("{at}.outputs[{i}]: listed twice"));
+            }
+        }
         if let Some(pre) = &self.preprocess {
             p.extend(
                 pre.validate()
@@ -262,7 +274,9 @@ impl RateLimitedLog {
 
 /// Where records go once made: the outbox (and, for demos, stdout).
 pub trait RecordSink: Send + Sync {
-    fn store(&self, record: &ResultRecord) -> Result<(), String>;
+    /// Stores a record; `json` is its JSON encoding (made once per record
+    /// and shared with the local outputs).
+    fn store(&self, record: &ResultRecord, json: &[u8]) -> Result<(), String>;
 }
 
 /// Ids `<device>/<boot>/<seq>`: one sequence per daemon start.

@@ -1,10 +1,12 @@
 //! Integration tests: the real `outpost` binary, real ONNX Runtime, real
 //! models fetched by `models/fetch` and built by `models/build`.
 
+mod batching;
 mod common;
 mod errors;
 mod ota;
 mod outbox;
+mod outputs;
 mod plan;
 mod preprocess;
 mod providers;

@@ -472,8 +472,13 @@ mod tests {
     #[test]
     fn concat_and_split_on_an_inner_axis_round_trip() {
         // Two streams' silero-like states [2, 1, 3] become [2, 2, 3] and back.
-        let a = Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[2, 1, 3]), (0..6).map(|x| x as f32).collect()).unwrap());
-        let b = Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[2, 1, 3]), (10..16).map(|x| x as f32).collect()).unwrap());
+        let a = Tensor::F32(
+            ArrayD::from_shape_vec(IxDyn(&[2, 1, 3]), (0..6).map(|x| x as f32).collect()).unwrap(),
+        );
+        let b = Tensor::F32(
+            ArrayD::from_shape_vec(IxDyn(&[2, 1, 3]), (10..16).map(|x| x as f32).collect())
+                .unwrap(),
+        );
         let ab = Tensor::concat(&[&a, &b], 1).unwrap();
         assert_eq!(ab.shape(), &[2, 2, 3]);
         assert_eq!(ab.to_f64_vec()[..6], [0.0, 1.0, 2.0, 10.0, 11.0, 12.0]);

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use crate::backend::Provider;
 use crate::backend::ort::TensorRtOptions;
 use crate::outbox::OutboxConfig;
-pub use crate::pipeline::SchedulerConfig;
 use crate::pipeline::PipelineConfig;
+pub use crate::pipeline::SchedulerConfig;
 use crate::source::SourceConfig;
 use crate::source::mqtt::{EmbeddedBrokerConfig, SiteBrokerConfig};
 use crate::uplink::UplinkConfig;
@@ -378,6 +378,43 @@ int8_calibration_table = "/nonexistent/table"
             panic!("expected invalid");
         };
         assert_eq!(problems.len(), 5, "{problems:?}");
+    }
+
+    #[test]
+    fn outputs_and_realtime_settings_are_validated() {
+        let text = r#"
+[scheduler]
+cpus = [1, 1]
+realtime_priority = 120
+lock_memory = true
+[[pipelines]]
+name = "vad"
+model = "silero_vad"
+source = { type = "udp", listen = "127.0.0.1:9000" }
+outputs = [
+  { type = "mqtt", topic = "site/#" },
+  { type = "unix", path = "" },
+  { type = "udp", to = "127.0.0.1:9500", payload = "cbor" },
+]
+"#;
+        let Err(ConfigError::Invalid { problems, .. }) =
+            Config::from_toml(text, "t.toml", |_| None)
+        else {
+            panic!("expected invalid");
+        };
+        assert_eq!(problems.len(), 4, "{problems:?}");
+        assert!(problems.iter().any(|p| p.contains("outputs[0].topic")));
+        assert!(problems.iter().any(|p| p.contains("outputs[1].path")));
+        assert!(problems.iter().any(|p| p.contains("realtime_priority")));
+        assert!(problems.iter().any(|p| p.contains("cpus")));
+        let ok = text
+            .replace("[1, 1]", "[1]")
+            .replace("120", "50")
+            .replace("site/#", "site/{stream}")
+            .replace("path = \"\"", "path = \"/run/outpost/vad.sock\"");
+        let c = Config::from_toml(&ok, "t.toml", |_| None).unwrap();
+        assert_eq!(c.scheduler.realtime_priority, Some(50));
+        assert_eq!(c.pipelines[0].outputs.len(), 3);
     }
 
     #[test]

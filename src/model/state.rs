@@ -168,8 +168,9 @@ impl StreamStates {
             .first()
             .and_then(|(_, t)| t.shape().first().copied())
             .unwrap_or(1);
-        let state = self.streams.entry(stream.to_string()).or_insert_with(|| {
-            pairs
+        // Looked up by &str first: a stream's name is copied once, at its first frame.
+        if !self.streams.contains_key(stream) {
+            let zeros = pairs
                 .iter()
                 .map(|p| {
                     let spec = model.manifest.inputs.iter().find(|i| i.name == p.input);
@@ -179,8 +180,12 @@ impl StreamStates {
                         .unwrap_or_default();
                     Tensor::filled(dtype, &shape, 0.0)
                 })
-                .collect()
-        });
+                .collect();
+            self.streams.insert(stream.to_string(), zeros);
+        }
+        let Some(state) = self.streams.get_mut(stream) else {
+            return Err(RunError::Engine(format!("no state for stream {stream}")));
+        };
         let mut all: Vec<(&str, &Tensor)> = inputs.to_vec();
         for (p, t) in pairs.iter().zip(state.iter()) {
             all.push((p.input.as_str(), t));

@@ -34,7 +34,10 @@ impl RealtimeStats {
     }
 
     pub fn errors(&self) -> BTreeMap<&'static str, u64> {
-        self.errors.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 

@@ -154,15 +154,12 @@ impl Pipeline {
                     .iter()
                     .any(|d| matches!(d, Dim::Symbolic(s) if is_batch_name(s)))
         });
-        let stateful_axes = if !m.state.is_empty()
-            && cfg.max_batch > 1
-            && has_batch_axis
-            && constants_unbatched
-        {
-            StreamStates::batch_axes(&model)
-        } else {
-            None
-        };
+        let stateful_axes =
+            if !m.state.is_empty() && cfg.max_batch > 1 && has_batch_axis && constants_unbatched {
+                StreamStates::batch_axes(&model)
+            } else {
+                None
+            };
         let copies = if serial { 1 } else { workers.max(1) };
         let base = model.path.parent().unwrap_or(model_dir).to_path_buf();
         let mut pre = Vec::with_capacity(copies);
@@ -465,7 +462,8 @@ impl Pipeline {
         for run in &runs {
             for chunk in run.chunks(self.cfg.max_batch.max(1)) {
                 let parts: Vec<&Tensor> = chunk.iter().map(|w| &work[*w].1.tensor).collect();
-                let streams: Vec<&str> = chunk.iter().map(|w| &*frames[work[*w].0].stream).collect();
+                let streams: Vec<&str> =
+                    chunk.iter().map(|w| &*frames[work[*w].0].stream).collect();
                 let fail = |answers: &mut [Result<Vec<ResultRecord>, String>],
                             reason: &'static str,
                             e: String| {

@@ -167,7 +167,10 @@ impl Collector for DaemonCollector {
                     ("pipeline", p.name().to_string()),
                     ("output", output.to_string()),
                 ];
-                sent.push((l.clone(), st.sent.load(std::sync::atomic::Ordering::Relaxed)));
+                sent.push((
+                    l.clone(),
+                    st.sent.load(std::sync::atomic::Ordering::Relaxed),
+                ));
                 connected.push((l.clone(), if up { 1.0 } else { 0.0 }));
                 for (reason, n) in st.drops() {
                     let mut l = l.clone();

@@ -69,7 +69,12 @@ listen = "127.0.0.1:{broker}"
     ));
     // Both pipelines' subscriptions in place before the first chunk.
     let t0 = std::time::Instant::now();
-    while d.log().matches("mqtt source connected and subscribed").count() < 2 {
+    while d
+        .log()
+        .matches("mqtt source connected and subscribed")
+        .count()
+        < 2
+    {
         assert!(t0.elapsed() < Duration::from_secs(30), "{}", d.log());
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -83,7 +88,15 @@ listen = "127.0.0.1:{broker}"
         let mut o = rumqttc::MqttOptions::new("mics-publisher", "127.0.0.1", broker);
         o.set_keep_alive(Duration::from_secs(10));
         let (client, mut ev) = rumqttc::AsyncClient::new(o, 1000);
-        let poller = tokio::spawn(async move { while ev.poll().await.is_ok() {} });
+        let acked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let acks = acked.clone();
+        let poller = tokio::spawn(async move {
+            while let Ok(e) = ev.poll().await {
+                if let rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_)) = e {
+                    acks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        });
         let chunks: Vec<Vec<&[i16]>> = mics.iter().map(|m| m.chunks(sec(0.02)).collect()).collect();
         let longest = chunks.iter().map(|c| c.len()).max().unwrap();
         for k in 0..longest {
@@ -91,19 +104,36 @@ listen = "127.0.0.1:{broker}"
                 if let Some(chunk) = c.get(k) {
                     let bytes: Vec<u8> = chunk.iter().flat_map(|s| s.to_le_bytes()).collect();
                     client
-                        .publish(format!("site/mic-{m}/audio"), rumqttc::QoS::AtLeastOnce, false, bytes)
+                        .publish(
+                            format!("site/mic-{m}/audio"),
+                            rumqttc::QoS::AtLeastOnce,
+                            false,
+                            bytes,
+                        )
                         .await
                         .unwrap();
                 }
             }
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Every chunk acknowledged by the broker before the publisher leaves.
+        let sent: usize = chunks.iter().map(|c| c.len()).sum();
+        let t0 = std::time::Instant::now();
+        while acked.load(std::sync::atomic::Ordering::SeqCst) < sent {
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "broker did not ack every chunk"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         client.disconnect().await.ok();
         poller.abort();
     });
 
     // Wait until both pipelines took every frame.
-    let total: u64 = mics.iter().map(|m| m.chunks(sec(0.02)).count() as u64).sum();
+    let total: u64 = mics
+        .iter()
+        .map(|m| m.chunks(sec(0.02)).count() as u64)
+        .sum();
     let t0 = std::time::Instant::now();
     let st = loop {
         let st = d.status();
@@ -134,13 +164,22 @@ listen = "127.0.0.1:{broker}"
     assert_eq!(single.len(), 4, "every microphone spoke: {single:#?}");
     for (m, ev) in &single {
         let ends = ev.iter().filter(|e| e.contains("\"end\"")).count();
-        assert!(ends >= 2, "{m}: two utterances, at least two segments: {ev:#?}");
+        assert!(
+            ends >= 2,
+            "{m}: two utterances, at least two segments: {ev:#?}"
+        );
     }
     assert_eq!(batched, single, "batched events differ from unbatched ones");
     // The batched pipeline did batch: more items than runs, and at most 8 per run.
     let p = &st["pipelines"][1];
-    let (runs, items) = (p["batches"].as_u64().unwrap(), p["batch_items"].as_u64().unwrap());
+    let (runs, items) = (
+        p["batches"].as_u64().unwrap(),
+        p["batch_items"].as_u64().unwrap(),
+    );
     assert!(items > runs, "no run took more than one stream: {p}");
-    assert_eq!(st["pipelines"][0]["batches"], st["pipelines"][0]["batch_items"]);
+    assert_eq!(
+        st["pipelines"][0]["batches"],
+        st["pipelines"][0]["batch_items"]
+    );
     assert!(p["drops"].as_object().unwrap().is_empty(), "{p}");
 }

@@ -115,9 +115,10 @@ impl Sub {
                         Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)))) => {
                             s.store(true, Ordering::SeqCst)
                         }
-                        Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)))) => {
-                            g.lock().unwrap().push((p.topic.clone(), p.payload.to_vec()))
-                        }
+                        Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)))) => g
+                            .lock()
+                            .unwrap()
+                            .push((p.topic.clone(), p.payload.to_vec())),
                         Ok(Ok(_)) | Err(_) => {}
                         Ok(Err(_)) => tokio::time::sleep(Duration::from_millis(50)).await,
                     }
@@ -173,7 +174,10 @@ impl Broker {
             .expect("mosquitto (Debian package mosquitto) is needed");
         let t0 = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(t0.elapsed() < Duration::from_secs(10), "mosquitto did not listen");
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "mosquitto did not listen"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         Broker(child)
@@ -235,7 +239,9 @@ fn records_reach_every_local_output_with_the_outbox_id() {
         ),
     ));
     let sub = Sub::start(broker, "site/#");
-    wait_until("mqtt output connects", &d, || output(&d, 0)["connected"] == true);
+    wait_until("mqtt output connects", &d, || {
+        output(&d, 0)["connected"] == true
+    });
     let mut reader = UnixStream::connect(d.dir.path().join("out.sock")).unwrap();
     reader
         .set_read_timeout(Some(Duration::from_secs(20)))
@@ -262,7 +268,10 @@ fn records_reach_every_local_output_with_the_outbox_id() {
     let got_mqtt = sub.wait(n);
     assert_eq!(ids(got_mqtt.iter().map(|(_, v)| v)), want);
     for (t, v) in &got_mqtt {
-        assert_eq!(t, &format!("site/sensors/{}", v["stream"].as_str().unwrap()));
+        assert_eq!(
+            t,
+            &format!("site/sensors/{}", v["stream"].as_str().unwrap())
+        );
     }
     // The outbox has the same ids (printed as stored).
     let printed = d.records_until(Duration::from_secs(20), |r| r.len() >= n);
@@ -316,7 +325,11 @@ fn an_output_whose_peer_is_gone_drops_and_inference_goes_on_until_it_is_back() {
     assert_eq!(o[2]["drops"]["no_reader"], n, "{o}");
     let udp_refused = o[1]["drops"]["refused"].as_u64().unwrap_or(0);
     assert!(udp_refused > 0, "refused datagrams are counted: {o}");
-    assert_eq!(o[1]["sent"].as_u64().unwrap() + udp_refused, n as u64, "{o}");
+    assert_eq!(
+        o[1]["sent"].as_u64().unwrap() + udp_refused,
+        n as u64,
+        "{o}"
+    );
     assert_eq!(
         metric(
             &d,

@@ -35,6 +35,8 @@ use crate::config::Config;
 use crate::model::manifest::Manifest;
 use crate::model::registry::{LoadedModel, open_model_arg};
 use crate::outbox::Outbox;
+use crate::output::{OutputConfig, OutputCtx};
+use crate::pipeline::realtime::RealtimeStats;
 use crate::pipeline::{IdGen, Pipeline, RecordSink, ResultRecord, Scheduler};
 use crate::source::http::HttpIngress;
 use crate::source::mqtt::{BrokerAddr, start_embedded_broker};
@@ -60,10 +62,8 @@ struct OutboxSink {
 }
 
 impl RecordSink for OutboxSink {
-    fn store(&self, record: &ResultRecord) -> Result<(), FrameError> {
-        let bytes = serde_json::to_vec(record)
-            .map_err(|e| FrameError::new(FrameErrorKind::Store, e.to_string()))?;
-        self.outbox.append(&record.stream, &bytes).map_err(|e| {
+    fn store(&self, record: &ResultRecord, bytes: &[u8]) -> Result<(), FrameError> {
+        self.outbox.append(&record.stream, bytes).map_err(|e| {
             let kind = if e.is_transient() {
                 FrameErrorKind::Unavailable
             } else {
@@ -73,7 +73,7 @@ impl RecordSink for OutboxSink {
         })?;
         if self.print {
             let mut out = std::io::stdout().lock();
-            let _ = out.write_all(&bytes);
+            let _ = out.write_all(bytes);
             let _ = out.write_all(b"\n");
             let _ = out.flush();
         }
@@ -147,6 +147,8 @@ struct Core {
     /// Loaded models by name, with the sha256 their manifest had.
     models: HashMap<String, (String, Arc<LoadedModel>)>,
     broker_started: Option<std::net::SocketAddr>,
+    /// Refused real-time settings (process-wide, across generations).
+    realtime: Arc<RealtimeStats>,
 }
 
 /// One config's pipelines, workers and sources.
@@ -155,6 +157,9 @@ struct Generation {
     workers: Vec<std::thread::JoinHandle<()>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     stop: tokio::sync::watch::Sender<bool>,
+    /// Local outputs stop after the workers, so the last frames' records reach them.
+    outputs: Vec<tokio::task::JoinHandle<()>>,
+    outputs_stop: tokio::sync::watch::Sender<bool>,
     ingress: HashMap<String, SourceCtx>,
 }
 
@@ -251,9 +256,14 @@ impl Core {
         }
         self.models = models;
 
-        let mqtt = if sources
+        let mqtt_outputs = pipelines
             .iter()
-            .any(|s| matches!(s, SourceConfig::Mqtt { .. }))
+            .flat_map(|p| &p.cfg.outputs)
+            .any(|o| matches!(o, OutputConfig::Mqtt { .. }));
+        let mqtt = if mqtt_outputs
+            || sources
+                .iter()
+                .any(|s| matches!(s, SourceConfig::Mqtt { .. }))
         {
             let prefix = format!("outpost-{}", self.device);
             match &cfg.site_broker {
@@ -289,7 +299,7 @@ impl Core {
                 scheduler: Scheduler::new(pipelines),
                 sources,
                 mqtt,
-                workers,
+                sched: cfg.scheduler.clone(),
                 data_dir: cfg.data_dir.clone(),
             },
             refused,
@@ -302,15 +312,42 @@ impl Core {
             scheduler,
             sources,
             mqtt,
-            workers,
+            sched,
             data_dir,
         } = p;
         let worker_handles = scheduler
-            .start_workers(workers)
+            .start_workers(&sched, &self.realtime)
             .context("starting inference workers")?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let (outputs_stop, outputs_rx) = tokio::sync::watch::channel(false);
         let mut ingress = HashMap::new();
         let mut tasks = Vec::new();
+        let mut outputs = Vec::new();
+        // Outputs before sources: a record of the first frame finds them open.
+        for p in scheduler.pipelines() {
+            let ctx = OutputCtx {
+                device: self.device.clone(),
+                pipeline: p.name().to_string(),
+                mqtt: mqtt.clone(),
+                shutdown: outputs_rx.clone(),
+            };
+            match p.outputs().start(&ctx) {
+                Ok(t) => outputs.extend(t),
+                Err(e) => {
+                    let g = Generation {
+                        scheduler,
+                        workers: worker_handles,
+                        tasks,
+                        stop: stop_tx,
+                        outputs,
+                        outputs_stop,
+                        ingress,
+                    };
+                    g.stop().await;
+                    return Err(e.into());
+                }
+            }
+        }
         for (i, src) in sources.iter().enumerate() {
             let ctx = SourceCtx {
                 pipeline: scheduler.pipelines()[i].name().to_string(),
@@ -332,6 +369,8 @@ impl Core {
                         workers: worker_handles,
                         tasks,
                         stop: stop_tx,
+                        outputs,
+                        outputs_stop,
                         ingress,
                     };
                     g.stop().await;
@@ -344,6 +383,8 @@ impl Core {
             workers: worker_handles,
             tasks,
             stop: stop_tx,
+            outputs,
+            outputs_stop,
             ingress,
         })
     }
@@ -354,7 +395,7 @@ struct Prepared {
     scheduler: Scheduler,
     sources: Vec<SourceConfig>,
     mqtt: Option<BrokerAddr>,
-    workers: usize,
+    sched: crate::config::SchedulerConfig,
     data_dir: PathBuf,
 }
 
@@ -371,11 +412,14 @@ impl Generation {
     /// A generation with nothing in it (between stopping one and starting the next).
     fn empty() -> Generation {
         let (stop, _) = tokio::sync::watch::channel(true);
+        let (outputs_stop, _) = tokio::sync::watch::channel(true);
         Generation {
             scheduler: Scheduler::new(Vec::new()),
             workers: Vec::new(),
             tasks: Vec::new(),
             stop,
+            outputs: Vec::new(),
+            outputs_stop,
             ingress: HashMap::new(),
         }
     }
@@ -388,12 +432,20 @@ impl Generation {
         }
         self.scheduler.stop();
         join_workers(self.workers).await;
+        let _ = self.outputs_stop.send(true);
+        for t in self.outputs {
+            let _ = t.await;
+        }
     }
 }
 
 /// Runs until stopped; true when it stopped to restart into a new daemon slot.
 async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
     ready_deadline(&cfg);
+    let realtime = Arc::new(RealtimeStats::default());
+    if cfg.scheduler.lock_memory {
+        crate::pipeline::realtime::lock_memory(&realtime);
+    }
     let device = cfg.device_name();
     let runtime = Runtime::load(cfg.runtime.onnxruntime.as_deref())?;
     std::fs::create_dir_all(&cfg.data_dir)
@@ -417,6 +469,7 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
         sink,
         models: HashMap::new(),
         broker_started: None,
+        realtime: realtime.clone(),
     };
 
     notify(&[NotifyState::Status("loading and warming models")]);
@@ -425,7 +478,7 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
 
     // Process-wide: the uplink and the API outlive generations.
     let (global_stop_tx, global_stop_rx) = tokio::sync::watch::channel(false);
-    let mut extra: Vec<Arc<dyn metrics::MetricSource>> = Vec::new();
+    let mut extra: Vec<Arc<dyn metrics::MetricSource>> = vec![realtime.clone()];
     let (cmd_tx, cmd_rx) = match (&cfg.ota, cfg.command_topic()) {
         (Some(_), Some(_)) => {
             let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);

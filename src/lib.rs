@@ -10,6 +10,7 @@ pub mod fleet;
 pub mod model;
 pub mod ota;
 pub mod outbox;
+pub mod output;
 pub mod pipeline;
 pub mod plan;
 pub mod postprocess;

@@ -224,7 +224,9 @@ pub fn status_json(s: &ApiState) -> serde_json::Value {
                 "records": PipelineStats::get(&st.records),
                 "batches": PipelineStats::get(&st.batches),
                 "batch_items": PipelineStats::get(&st.batch_items),
+                "inference_us_total": PipelineStats::get(&st.inference_us_total),
                 "drops": st.drops(),
+                "outputs": p.outputs().status(),
                 "e2e_latency": st.e2e_us.summary(),
                 "inference_latency": st.inference_us.summary(),
                 "stage_latency": {

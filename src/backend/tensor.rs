@@ -267,9 +267,21 @@ impl Tensor {
     /// Concatenates tensors of one type along axis 0 (micro-batching: items
     /// with a batch axis of 1 become one batch).
     pub fn concat0(parts: &[&Tensor]) -> Result<Tensor, String> {
-        fn cat<T: Clone>(v: Vec<&ArrayD<T>>) -> Result<ArrayD<T>, String> {
+        Self::concat(parts, 0)
+    }
+
+    /// Concatenates tensors of one type along `axis` (stateful batching:
+    /// silero's state is [2, batch, 128], batched on axis 1).
+    pub fn concat(parts: &[&Tensor], axis: usize) -> Result<Tensor, String> {
+        fn cat<T: Clone>(v: Vec<&ArrayD<T>>, axis: usize) -> Result<ArrayD<T>, String> {
+            if let Some(a) = v.iter().find(|a| axis >= a.ndim()) {
+                return Err(format!(
+                    "axis {axis} is beyond a tensor of {} dimensions",
+                    a.ndim()
+                ));
+            }
             let views: Vec<_> = v.iter().map(|a| a.view()).collect();
-            ndarray::concatenate(ndarray::Axis(0), &views).map_err(|e| e.to_string())
+            ndarray::concatenate(ndarray::Axis(axis), &views).map_err(|e| e.to_string())
         }
         let Some(first) = parts.first() else {
             return Err("nothing to concatenate".into());
@@ -289,7 +301,7 @@ impl Tensor {
                         }
                     }
                 }
-                Tensor::$variant(cat(v)?)
+                Tensor::$variant(cat(v, axis)?)
             }};
         }
         Ok(match first {
@@ -307,23 +319,30 @@ impl Tensor {
     /// Splits along axis 0 into `n` equal parts (each keeps the axis, of
     /// size len/n). `None` when axis 0 is not a multiple of n.
     pub fn split0(&self, n: usize) -> Option<Vec<Tensor>> {
-        let len = *self.shape().first()?;
+        self.split(0, n)
+    }
+
+    /// Splits along `axis` into `n` equal parts (each keeps the axis).
+    /// `None` when there is no such axis or it is not a multiple of n.
+    pub fn split(&self, axis: usize, n: usize) -> Option<Vec<Tensor>> {
+        let len = *self.shape().get(axis)?;
         if n == 0 || len % n != 0 {
             return None;
         }
         let step = len / n;
+        let ax = ndarray::Axis(axis);
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
             let s = ndarray::Slice::from(i * step..(i + 1) * step);
             out.push(match self {
-                Tensor::F32(a) => Tensor::F32(a.slice_axis(ndarray::Axis(0), s).to_owned()),
-                Tensor::F16(a) => Tensor::F16(a.slice_axis(ndarray::Axis(0), s).to_owned()),
-                Tensor::F64(a) => Tensor::F64(a.slice_axis(ndarray::Axis(0), s).to_owned()),
-                Tensor::I64(a) => Tensor::I64(a.slice_axis(ndarray::Axis(0), s).to_owned()),
-                Tensor::I32(a) => Tensor::I32(a.slice_axis(ndarray::Axis(0), s).to_owned()),
-                Tensor::I8(a) => Tensor::I8(a.slice_axis(ndarray::Axis(0), s).to_owned()),
-                Tensor::U8(a) => Tensor::U8(a.slice_axis(ndarray::Axis(0), s).to_owned()),
-                Tensor::Bool(a) => Tensor::Bool(a.slice_axis(ndarray::Axis(0), s).to_owned()),
+                Tensor::F32(a) => Tensor::F32(a.slice_axis(ax, s).to_owned()),
+                Tensor::F16(a) => Tensor::F16(a.slice_axis(ax, s).to_owned()),
+                Tensor::F64(a) => Tensor::F64(a.slice_axis(ax, s).to_owned()),
+                Tensor::I64(a) => Tensor::I64(a.slice_axis(ax, s).to_owned()),
+                Tensor::I32(a) => Tensor::I32(a.slice_axis(ax, s).to_owned()),
+                Tensor::I8(a) => Tensor::I8(a.slice_axis(ax, s).to_owned()),
+                Tensor::U8(a) => Tensor::U8(a.slice_axis(ax, s).to_owned()),
+                Tensor::Bool(a) => Tensor::Bool(a.slice_axis(ax, s).to_owned()),
             });
         }
         Some(out)
@@ -449,6 +468,25 @@ fn vec_to_array<T>(v: Vec<T>, shape: &[usize], name: &str) -> Result<ArrayD<T>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn concat_and_split_on_an_inner_axis_round_trip() {
+        // Two streams' silero-like states [2, 1, 3] become [2, 2, 3] and back.
+        let a = Tensor::F32(
+            ArrayD::from_shape_vec(IxDyn(&[2, 1, 3]), (0..6).map(|x| x as f32).collect()).unwrap(),
+        );
+        let b = Tensor::F32(
+            ArrayD::from_shape_vec(IxDyn(&[2, 1, 3]), (10..16).map(|x| x as f32).collect())
+                .unwrap(),
+        );
+        let ab = Tensor::concat(&[&a, &b], 1).unwrap();
+        assert_eq!(ab.shape(), &[2, 2, 3]);
+        assert_eq!(ab.to_f64_vec()[..6], [0.0, 1.0, 2.0, 10.0, 11.0, 12.0]);
+        let parts = ab.split(1, 2).unwrap();
+        assert_eq!(parts, vec![a.clone(), b]);
+        assert!(ab.split(3, 2).is_none());
+        assert!(Tensor::concat(&[&a], 3).is_err());
+    }
 
     /// A minimal version-1.0 .npy writer for tests (numpy's format is documented and tiny).
     fn npy_bytes(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {

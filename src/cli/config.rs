@@ -27,6 +27,9 @@ ep_context = "dump"                 # precompiled EPContext models beside the en
 
 [scheduler]
 workers = 0                         # inference threads; 0 = one per core
+# cpus = [2, 3]                     # pin inference threads (worker i -> cpus[i % len])
+# realtime_priority = 50            # SCHED_FIFO 1..99; needs CAP_SYS_NICE (systemd/outpost-realtime.conf)
+# lock_memory = true                # mlockall; needs CAP_IPC_LOCK or LimitMEMLOCK=infinity
 
 [outbox]
 flush_interval = "10ms"             # a record is durable within this (group commit + fsync)
@@ -59,6 +62,15 @@ when_full = "block"
 # qos = 1: a persistent session (the broker keeps frames while the daemon restarts);
 # max_message_bytes: larger messages are counted (too_large) and dropped.
 source = { type = "mqtt", topics = ["site/+/audio"], qos = 1, stream = { topic_segment = 1 }, max_message_bytes = 16777216 }
+# Local outputs: each record also goes straight from the inference thread to
+# these (best effort: a slow or absent peer drops it, counted in /metrics as
+# outpost_output_dropped_total{pipeline,output,reason}); the outbox and the
+# uplink are not involved. payload = "json" (default) or "cbor".
+outputs = [
+  { type = "mqtt", topic = "site/{pipeline}/{stream}" },  # the site broker (or the embedded one), QoS 0
+  { type = "udp", to = "127.0.0.1:9500" },                # one datagram per record
+  { type = "unix", path = "/run/outpost/vad.sock" },      # u32 LE length + record, to every connected reader
+]
 
 # Sensor vectors as datagrams: `[len][stream name][16 little-endian f32]`.
 [[pipelines]]
@@ -225,6 +237,13 @@ mod tests {
                 cfg.pipelines.iter().map(|p| p.source.kind()).collect();
             assert_eq!(kinds.len(), 6, "every source kind: {kinds:?}");
             assert!(cfg.uplink.is_some());
+            let outputs: std::collections::BTreeSet<&str> = cfg
+                .pipelines
+                .iter()
+                .flat_map(|p| &p.outputs)
+                .map(|o| o.kind())
+                .collect();
+            assert_eq!(outputs.len(), 3, "every output kind: {outputs:?}");
         }
     }
 }

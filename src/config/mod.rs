@@ -11,6 +11,7 @@ use crate::backend::Provider;
 use crate::backend::ort::TensorRtOptions;
 use crate::outbox::OutboxConfig;
 use crate::pipeline::PipelineConfig;
+pub use crate::pipeline::SchedulerConfig;
 use crate::source::SourceConfig;
 use crate::source::mqtt::{EmbeddedBrokerConfig, SiteBrokerConfig};
 use crate::uplink::UplinkConfig;
@@ -108,26 +109,6 @@ impl DeviceConfig {
 
 fn device_either<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<DeviceConfig>, D::Error> {
     DeviceConfig::from_either(d).map(Some)
-}
-
-/// The inference worker pool.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SchedulerConfig {
-    /// Inference threads; 0 = one per CPU core.
-    pub workers: usize,
-}
-
-impl SchedulerConfig {
-    pub fn worker_count(&self) -> usize {
-        if self.workers > 0 {
-            self.workers
-        } else {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(2)
-        }
-    }
 }
 
 /// The local HTTP API.
@@ -473,6 +454,7 @@ impl Config {
         {
             p.push(format!("api.token_file: {} does not exist", t.display()));
         }
+        p.extend(self.scheduler.validate());
         for (i, pc) in self.pipelines.iter().enumerate() {
             let at = format!("pipelines[{i}] ({})", pc.name);
             p.extend(pc.validate(&at));
@@ -585,6 +567,43 @@ int8_calibration_table = "/nonexistent/table"
             panic!("expected invalid");
         };
         assert_eq!(problems.len(), 5, "{problems:?}");
+    }
+
+    #[test]
+    fn outputs_and_realtime_settings_are_validated() {
+        let text = r#"
+[scheduler]
+cpus = [1, 1]
+realtime_priority = 120
+lock_memory = true
+[[pipelines]]
+name = "vad"
+model = "silero_vad"
+source = { type = "udp", listen = "127.0.0.1:9000" }
+outputs = [
+  { type = "mqtt", topic = "site/#" },
+  { type = "unix", path = "" },
+  { type = "udp", to = "127.0.0.1:9500", payload = "cbor" },
+]
+"#;
+        let Err(ConfigError::Invalid { problems, .. }) =
+            Config::from_toml(text, "t.toml", |_| None)
+        else {
+            panic!("expected invalid");
+        };
+        assert_eq!(problems.len(), 4, "{problems:?}");
+        assert!(problems.iter().any(|p| p.contains("outputs[0].topic")));
+        assert!(problems.iter().any(|p| p.contains("outputs[1].path")));
+        assert!(problems.iter().any(|p| p.contains("realtime_priority")));
+        assert!(problems.iter().any(|p| p.contains("cpus")));
+        let ok = text
+            .replace("[1, 1]", "[1]")
+            .replace("120", "50")
+            .replace("site/#", "site/{stream}")
+            .replace("path = \"\"", "path = \"/run/outpost/vad.sock\"");
+        let c = Config::from_toml(&ok, "t.toml", |_| None).unwrap();
+        assert_eq!(c.scheduler.realtime_priority, Some(50));
+        assert_eq!(c.pipelines[0].outputs.len(), 3);
     }
 
     #[test]

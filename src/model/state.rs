@@ -4,11 +4,17 @@
 //! Invariants: each stream has its own state; a stream's first call sees
 //! zeros; a failed call leaves the stream's state as it was, so one bad frame
 //! does not poison the stream.
+//!
+//! Batching across streams (as Triton's sequence batcher does): one run
+//! takes items of distinct streams, each stream's state is gathered into
+//! the state input's batch axis (silero: axis 1 of [2, batch, 128]) and the
+//! returned state scattered back. The caller never puts two items of one
+//! stream in the same run, and runs a stream's items in order.
 
 use std::collections::HashMap;
 
 use super::registry::LoadedModel;
-use crate::backend::{RunError, Tensor};
+use crate::backend::{Dim, RunError, Tensor, is_batch_name};
 
 /// State tensors of every stream of one model.
 #[derive(Default)]
@@ -30,6 +36,121 @@ impl StreamStates {
         self.streams.remove(stream);
     }
 
+    /// The batch axis of each state input (None: a state without one cannot
+    /// be batched across streams).
+    pub fn batch_axes(model: &LoadedModel) -> Option<Vec<usize>> {
+        model
+            .manifest
+            .state
+            .iter()
+            .map(|p| {
+                let spec = model.manifest.inputs.iter().find(|i| i.name == p.input)?;
+                spec.shape
+                    .iter()
+                    .position(|d| matches!(d, Dim::Symbolic(s) if is_batch_name(s)))
+            })
+            .collect()
+    }
+
+    /// A new stream's zero state (batch 1).
+    fn zeros(model: &LoadedModel) -> Vec<Tensor> {
+        model
+            .manifest
+            .state
+            .iter()
+            .map(|p| {
+                let spec = model.manifest.inputs.iter().find(|i| i.name == p.input);
+                // validate() guarantees the state input is declared.
+                let (dtype, shape) = spec
+                    .map(|s| (s.dtype, s.spec().concrete_shape(1)))
+                    .unwrap_or_default();
+                Tensor::filled(dtype, &shape, 0.0)
+            })
+            .collect()
+    }
+
+    /// One run over items of distinct `streams`: `inputs` hold the batched
+    /// main input (axis 0 = `streams.len()`) and constants; each stream's
+    /// state goes into its place on the state's batch axis (`axes`, from
+    /// [`StreamStates::batch_axes`]). Returns each item's outputs (state
+    /// outputs left out), in the order of `streams`.
+    pub fn run_batch(
+        &mut self,
+        model: &LoadedModel,
+        streams: &[&str],
+        axes: &[usize],
+        inputs: &[(&str, &Tensor)],
+    ) -> Result<Vec<Vec<(String, Tensor)>>, RunError> {
+        let pairs = &model.manifest.state;
+        let n = streams.len();
+        for s in streams {
+            if !self.streams.contains_key(*s) {
+                self.streams.insert(s.to_string(), Self::zeros(model));
+            }
+        }
+        let mut batched: Vec<Tensor> = Vec::with_capacity(pairs.len());
+        for (k, axis) in axes.iter().enumerate().take(pairs.len()) {
+            let parts: Vec<&Tensor> = streams
+                .iter()
+                .filter_map(|s| self.streams.get(*s).and_then(|st| st.get(k)))
+                .collect();
+            batched.push(Tensor::concat(&parts, *axis).map_err(RunError::Engine)?);
+        }
+        let mut all: Vec<(&str, &Tensor)> = inputs.to_vec();
+        for (p, t) in pairs.iter().zip(batched.iter()) {
+            all.push((p.input.as_str(), t));
+        }
+        let outputs = model.run(&all)?;
+        let mut per_item: Vec<Vec<(String, Tensor)>> = vec![Vec::new(); n];
+        let mut new_state: Vec<Option<Vec<Tensor>>> = vec![None; pairs.len()];
+        for (name, t) in outputs {
+            if let Some(k) = pairs.iter().position(|p| p.output == name) {
+                let axis = axes.get(k).copied().unwrap_or(0);
+                match t.split(axis, n) {
+                    Some(pieces) if t.shape().get(axis) == Some(&n) => new_state[k] = Some(pieces),
+                    _ => {
+                        return Err(RunError::Engine(format!(
+                            "state output `{name}` of shape {:?} has no batch of {n} on axis {axis}",
+                            t.shape()
+                        )));
+                    }
+                }
+                continue;
+            }
+            match t.split0(n) {
+                Some(pieces) if t.shape().first() == Some(&n) => {
+                    for (item, piece) in per_item.iter_mut().zip(pieces) {
+                        item.push((name.clone(), piece));
+                    }
+                }
+                // An output without the batch axis is the same for every item.
+                _ => {
+                    for item in per_item.iter_mut() {
+                        item.push((name.clone(), t.clone()));
+                    }
+                }
+            }
+        }
+        if new_state.iter().any(Option::is_none) {
+            return Err(RunError::Engine(
+                "the model did not return every declared state output".into(),
+            ));
+        }
+        // Scatter: stream j gets piece j of every state output.
+        let mut columns: Vec<std::vec::IntoIter<Tensor>> = new_state
+            .into_iter()
+            .flatten()
+            .map(|v| v.into_iter())
+            .collect();
+        for s in streams {
+            let st: Vec<Tensor> = columns.iter_mut().filter_map(|c| c.next()).collect();
+            if let Some(slot) = self.streams.get_mut(*s) {
+                *slot = st;
+            }
+        }
+        Ok(per_item)
+    }
+
     /// Runs `model` for `stream` with the caller's inputs plus the stream's
     /// state inputs, and keeps the returned state for the stream's next call.
     /// Outputs that are state are not returned.
@@ -47,8 +168,9 @@ impl StreamStates {
             .first()
             .and_then(|(_, t)| t.shape().first().copied())
             .unwrap_or(1);
-        let state = self.streams.entry(stream.to_string()).or_insert_with(|| {
-            pairs
+        // Looked up by &str first: a stream's name is copied once, at its first frame.
+        if !self.streams.contains_key(stream) {
+            let zeros = pairs
                 .iter()
                 .map(|p| {
                     let spec = model.manifest.inputs.iter().find(|i| i.name == p.input);
@@ -58,8 +180,12 @@ impl StreamStates {
                         .unwrap_or_default();
                     Tensor::filled(dtype, &shape, 0.0)
                 })
-                .collect()
-        });
+                .collect();
+            self.streams.insert(stream.to_string(), zeros);
+        }
+        let Some(state) = self.streams.get_mut(stream) else {
+            return Err(RunError::Engine(format!("no state for stream {stream}")));
+        };
         let mut all: Vec<(&str, &Tensor)> = inputs.to_vec();
         for (p, t) in pairs.iter().zip(state.iter()) {
             all.push((p.input.as_str(), t));

@@ -5,6 +5,7 @@ pub mod queue;
 /// The result record is a leaf room of its own; `pipeline::record` stays as
 /// a path to it.
 pub use crate::record;
+pub mod realtime;
 pub mod scheduler;
 pub mod worker;
 
@@ -16,8 +17,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 pub use self::queue::WhenFull;
-pub use self::scheduler::{Priority, Scheduler};
+pub use self::scheduler::{Priority, Scheduler, SchedulerConfig};
 pub use self::worker::Pipeline;
+use crate::output::OutputConfig;
 use crate::postprocess::PostprocessConfig;
 use crate::preprocess::PreprocessConfig;
 pub use crate::record::ResultRecord;
@@ -54,6 +56,10 @@ pub struct PipelineConfig {
     /// How long a worker waits for a batch to fill.
     #[serde(default = "default_max_delay", with = "humantime_serde")]
     pub max_delay: Duration,
+    /// Local consumers that get each record straight from the inference
+    /// thread (site MQTT, UDP, unix socket), apart from the outbox.
+    #[serde(default)]
+    pub outputs: Vec<OutputConfig>,
 }
 
 fn default_queue() -> usize {
@@ -93,6 +99,12 @@ impl PipelineConfig {
             ));
         }
         p.extend(self.source.validate(&format!("{at}.source")));
+        for (i, o) in self.outputs.iter().enumerate() {
+            p.extend(o.validate(&format!("{at}.outputs[{i}]")));
+            if self.outputs[..i].contains(o) {
+                p.push(format!("{at}.outputs[{i}]: listed twice"));
+            }
+        }
         if let Some(pre) = &self.preprocess {
             p.extend(
                 pre.validate()
@@ -264,8 +276,10 @@ impl RateLimitedLog {
 
 /// Where records go once made: the outbox (and, for demos, stdout).
 pub trait RecordSink: Send + Sync {
-    /// `Unavailable` when the store may take it later (full, disk full).
-    fn store(&self, record: &ResultRecord) -> Result<(), crate::source::FrameError>;
+    /// Stores a record; `json` is its JSON encoding (made once per record
+    /// and shared with the local outputs). `Unavailable` when the store may
+    /// take it later (full, disk full).
+    fn store(&self, record: &ResultRecord, json: &[u8]) -> Result<(), crate::source::FrameError>;
 }
 
 /// Ids `<device>/<boot>/<seq>`: one sequence per daemon start.

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use super::queue::{BoundedQueue, Offer};
+use super::realtime::RealtimeStats;
 use super::worker::Pipeline;
 use crate::source::{Frame, FrameSink};
 
@@ -47,6 +48,60 @@ impl Priority {
             Priority::Normal => "normal",
             Priority::Batch => "batch",
         }
+    }
+}
+
+/// `[scheduler]`: the inference worker pool and its real-time settings.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// Inference threads; 0 = one per CPU core.
+    pub workers: usize,
+    /// CPUs the inference threads are pinned to: worker i runs on
+    /// `cpus[i % len]`. Empty = not pinned. (With `runtime.intra_threads =
+    /// 1` inference runs on these threads; ONNX Runtime's own pool threads
+    /// are not pinned.)
+    pub cpus: Vec<usize>,
+    /// SCHED_FIFO priority (1..=99) of the inference threads; unset = normal
+    /// scheduling. Needs CAP_SYS_NICE, which the systemd unit grants only
+    /// through the drop-in `systemd/outpost-realtime.conf`. Refused: logged,
+    /// counted, and the daemon runs on at normal priority.
+    pub realtime_priority: Option<u32>,
+    /// mlockall(MCL_CURRENT | MCL_FUTURE) at start: no page of the daemon is
+    /// paged out (needs CAP_IPC_LOCK or LimitMEMLOCK=infinity).
+    pub lock_memory: bool,
+}
+
+impl SchedulerConfig {
+    pub fn worker_count(&self) -> usize {
+        if self.workers > 0 {
+            self.workers
+        } else {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2)
+        }
+    }
+
+    /// Every problem, each naming its key.
+    pub fn validate(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if let Some(r) = self.realtime_priority
+            && !(1..=99).contains(&r)
+        {
+            p.push(format!(
+                "scheduler.realtime_priority: {r} is out of range 1..=99"
+            ));
+        }
+        for (i, c) in self.cpus.iter().enumerate() {
+            if *c >= 1024 {
+                p.push(format!("scheduler.cpus: CPU {c} is out of range 0..1024"));
+            }
+            if self.cpus[..i].contains(c) {
+                p.push(format!("scheduler.cpus: CPU {c} listed twice"));
+            }
+        }
+        p
     }
 }
 
@@ -189,8 +244,13 @@ impl Scheduler {
         self.lock().queues.get(idx).map(|q| q.len()).unwrap_or(0)
     }
 
-    /// Starts `n` worker threads.
-    pub fn start_workers(&self, n: usize) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    /// Starts the worker threads, each pinned and prioritised as `cfg` says.
+    pub fn start_workers(
+        &self,
+        cfg: &SchedulerConfig,
+        rt: &Arc<RealtimeStats>,
+    ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+        let n = cfg.worker_count();
         *self
             .inner
             .busy_since
@@ -199,9 +259,20 @@ impl Scheduler {
         (0..n.max(1))
             .map(|w| {
                 let s = self.clone();
+                let cpu = (!cfg.cpus.is_empty()).then(|| cfg.cpus[w % cfg.cpus.len()]);
+                let prio = cfg.realtime_priority;
+                let rt = rt.clone();
                 std::thread::Builder::new()
                     .name(format!("infer-{w}"))
-                    .spawn(move || s.worker(w))
+                    .spawn(move || {
+                        if let Some(c) = cpu {
+                            super::realtime::pin_current_thread(c, &rt);
+                        }
+                        if let Some(p) = prio {
+                            super::realtime::fifo_current_thread(p, &rt);
+                        }
+                        s.worker(w)
+                    })
             })
             .collect()
     }
@@ -300,10 +371,15 @@ impl Scheduler {
             let p = self.inner.pipelines[idx].clone();
             let max = p.take_limit();
             let mut frames = st.queues[idx].take(max);
+            // Held before any wait below releases the lock: no other worker
+            // may take a serial pipeline's frames meanwhile.
+            if p.serial() {
+                st.busy[idx] = true;
+            }
             // Micro-batching: wait up to max_delay for the batch to fill.
-            if p.batchable() && frames.len() < max && !p.cfg.max_delay.is_zero() {
+            if p.batchable() && p.wants_more(&frames) && !p.cfg.max_delay.is_zero() {
                 let deadline = Instant::now() + p.cfg.max_delay;
-                while frames.len() < max && !self.inner.stopping.load(Ordering::SeqCst) {
+                while p.wants_more(&frames) && !self.inner.stopping.load(Ordering::SeqCst) {
                     let now = Instant::now();
                     if now >= deadline {
                         break;
@@ -317,9 +393,6 @@ impl Scheduler {
                     let more = st.queues[idx].take(max - frames.len());
                     frames.extend(more);
                 }
-            }
-            if p.serial() {
-                st.busy[idx] = true;
             }
             drop(st);
             self.inner.spaces[idx].notify_waiters();

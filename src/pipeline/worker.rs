@@ -13,6 +13,7 @@ use super::{IdGen, PipelineConfig, PipelineStats, RateLimitedLog, RecordSink};
 use crate::backend::{Dim, Tensor, is_batch_name};
 use crate::model::registry::LoadedModel;
 use crate::model::state::StreamStates;
+use crate::output::LocalOutputs;
 use crate::postprocess::{PostprocessConfig, Postprocessor};
 use crate::preprocess::{Item, ItemMeta, PreprocessConfig, Preprocessor};
 use crate::record::{ResultRecord, rfc3339};
@@ -43,7 +44,10 @@ pub struct Pipeline {
     states: Mutex<StreamStates>,
     serial: bool,
     batchable: bool,
+    /// Stateful batching across streams: the batch axis of each state input.
+    stateful_axes: Option<Vec<usize>>,
     sink: Arc<dyn RecordSink>,
+    outputs: LocalOutputs,
     ids: Arc<IdGen>,
     log: RateLimitedLog,
 }
@@ -139,6 +143,23 @@ impl Pipeline {
             .and_then(|i| i.shape.first())
             .is_some_and(|d| matches!(d, Dim::Symbolic(s) if is_batch_name(s)));
         let batchable = !serial && cfg.max_batch > 1 && has_batch_axis && constants.is_empty();
+        // A stateful model batches across streams when its main input and
+        // every state have a batch axis and no constant has one (constants
+        // are fed once per run, as they are).
+        let constants_unbatched = m.inputs.iter().all(|i| {
+            i.name == main_input
+                || m.is_state_input(&i.name)
+                || !i
+                    .shape
+                    .iter()
+                    .any(|d| matches!(d, Dim::Symbolic(s) if is_batch_name(s)))
+        });
+        let stateful_axes =
+            if !m.state.is_empty() && cfg.max_batch > 1 && has_batch_axis && constants_unbatched {
+                StreamStates::batch_axes(&model)
+            } else {
+                None
+            };
         let copies = if serial { 1 } else { workers.max(1) };
         let base = model.path.parent().unwrap_or(model_dir).to_path_buf();
         let mut pre = Vec::with_capacity(copies);
@@ -150,6 +171,7 @@ impl Pipeline {
             ));
         }
         Ok(Pipeline {
+            outputs: LocalOutputs::new(&cfg.name, &cfg.outputs),
             cfg,
             model: std::sync::RwLock::new(model),
             stats: PipelineStats::default(),
@@ -160,6 +182,7 @@ impl Pipeline {
             states: Mutex::new(StreamStates::new()),
             serial,
             batchable,
+            stateful_axes,
             sink,
             ids,
             log: RateLimitedLog::new(Duration::from_secs(5)),
@@ -207,18 +230,47 @@ impl Pipeline {
         &self.cfg.name
     }
 
+    /// The pipeline's local outputs (started with the generation).
+    pub fn outputs(&self) -> &LocalOutputs {
+        &self.outputs
+    }
+
     /// Run by one worker at a time (stateful somewhere along the way).
     pub fn serial(&self) -> bool {
         self.serial
     }
 
+    /// Takes several frames at once (micro-batching, or stateful batching
+    /// across streams).
     pub fn batchable(&self) -> bool {
-        self.batchable
+        self.batchable || self.stateful_axes.is_some()
+    }
+
+    /// Whether a batch of `frames` taken so far is worth waiting on: below
+    /// max_batch frames, and for stateful batching also fewer distinct
+    /// streams than the pipeline has seen (a lone stream never waits, since
+    /// its next frame could not join the run anyway).
+    pub fn wants_more(&self, frames: &[Frame]) -> bool {
+        let max = self.take_limit();
+        if frames.len() >= max {
+            return false;
+        }
+        if self.stateful_axes.is_none() {
+            return true;
+        }
+        let known = lock(&self.states).streams();
+        let mut distinct: Vec<&str> = Vec::with_capacity(frames.len());
+        for f in frames {
+            if !distinct.contains(&&*f.stream) {
+                distinct.push(&f.stream);
+            }
+        }
+        distinct.len() < known.min(max)
     }
 
     /// How many frames a worker takes at once.
     pub fn take_limit(&self) -> usize {
-        if self.batchable {
+        if self.batchable() {
             self.cfg.max_batch
         } else {
             1
@@ -275,6 +327,8 @@ impl Pipeline {
             for chunk in work.chunks(self.cfg.max_batch.max(1)) {
                 self.infer_batch(&model, chunk, &frames, &mut results, &mut answers);
             }
+        } else if let Some(axes) = self.stateful_axes.as_ref().filter(|_| work.len() > 1) {
+            self.infer_across_streams(&model, axes, &work, &frames, &mut results, &mut answers);
         } else {
             for (i, item) in &work {
                 let f = &frames[*i];
@@ -333,7 +387,19 @@ impl Pipeline {
                     latency_us: us,
                     outputs: value,
                 };
-                match self.sink.store(&rec) {
+                let json = match serde_json::to_vec(&rec) {
+                    Ok(j) => j,
+                    Err(e) => {
+                        self.count_drop("store_error", &format!("stream {}: {e}", f.stream));
+                        answers[i] = Err(e.to_string());
+                        continue;
+                    }
+                };
+                // Local consumers first: they never wait for the outbox.
+                if !self.outputs.is_empty() {
+                    self.outputs.send(&rec, &json);
+                }
+                match self.sink.store(&rec, &json) {
                     Ok(()) => {
                         self.stats.records.fetch_add(1, Ordering::Relaxed);
                         if let Ok(v) = &mut answers[i] {
@@ -359,6 +425,90 @@ impl Pipeline {
                 let _ = tx.send(a);
             }
         }
+    }
+
+    /// Stateful batching: the k-th item of each stream goes to run k, so a
+    /// run never holds two items of one stream and each stream's items run
+    /// in order; runs go in order; results come back in the items' order.
+    fn infer_across_streams(
+        &self,
+        model: &LoadedModel,
+        axes: &[usize],
+        work: &[(usize, Item)],
+        frames: &[Frame],
+        results: &mut Vec<Inferred>,
+        answers: &mut [Result<Vec<ResultRecord>, String>],
+    ) {
+        let mut runs: Vec<Vec<usize>> = Vec::new();
+        let mut seen: Vec<(&str, usize)> = Vec::new();
+        for (w, (i, _)) in work.iter().enumerate() {
+            let stream: &str = &frames[*i].stream;
+            let k = match seen.iter_mut().find(|(s, _)| *s == stream) {
+                Some((_, n)) => {
+                    *n += 1;
+                    *n - 1
+                }
+                None => {
+                    seen.push((stream, 1));
+                    0
+                }
+            };
+            if runs.len() <= k {
+                runs.push(Vec::new());
+            }
+            runs[k].push(w);
+        }
+        let mut done: Vec<(usize, Inferred)> = Vec::with_capacity(work.len());
+        for run in &runs {
+            for chunk in run.chunks(self.cfg.max_batch.max(1)) {
+                let parts: Vec<&Tensor> = chunk.iter().map(|w| &work[*w].1.tensor).collect();
+                let streams: Vec<&str> =
+                    chunk.iter().map(|w| &*frames[work[*w].0].stream).collect();
+                let fail = |answers: &mut [Result<Vec<ResultRecord>, String>],
+                            reason: &'static str,
+                            e: String| {
+                    for w in chunk {
+                        let i = work[*w].0;
+                        self.count_drop(reason, &format!("stream {}: {e}", frames[i].stream));
+                        answers[i] = Err(e.clone());
+                    }
+                };
+                let batch = match Tensor::concat0(&parts) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        fail(answers, "batch_error", e);
+                        continue;
+                    }
+                };
+                let inputs: Vec<(&str, &Tensor)> =
+                    std::iter::once((self.main_input.as_str(), &batch))
+                        .chain(self.constants.iter().map(|(n, t)| (n.as_str(), t)))
+                        .collect();
+                let t0 = Instant::now();
+                let out = lock(&self.states).run_batch(model, &streams, axes, &inputs);
+                let us = t0.elapsed().as_micros() as u64;
+                self.stats
+                    .inference_us_total
+                    .fetch_add(us, Ordering::Relaxed);
+                self.stats.inference_us.record(us);
+                self.stats.batches.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .batch_items
+                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                self.stats.batch_sizes.record(chunk.len() as u64);
+                match out {
+                    Ok(per_item) => {
+                        for (w, outs) in chunk.iter().zip(per_item) {
+                            let (i, item) = &work[*w];
+                            done.push((*w, (*i, item.meta.clone(), outs, us)));
+                        }
+                    }
+                    Err(e) => fail(answers, "inference_error", e.to_string()),
+                }
+            }
+        }
+        done.sort_by_key(|(w, _)| *w);
+        results.extend(done.into_iter().map(|(_, r)| r));
     }
 
     fn infer_batch(

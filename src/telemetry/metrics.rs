@@ -160,6 +160,43 @@ impl Collector for DaemonCollector {
             "Frames dropped, by reason",
             &drops,
         )?;
+        let (mut sent, mut dropped, mut connected) = (Vec::new(), Vec::new(), Vec::new());
+        for p in pipes {
+            for (output, _, up, st) in p.outputs().stats() {
+                let l = vec![
+                    ("pipeline", p.name().to_string()),
+                    ("output", output.to_string()),
+                ];
+                sent.push((
+                    l.clone(),
+                    st.sent.load(std::sync::atomic::Ordering::Relaxed),
+                ));
+                connected.push((l.clone(), if up { 1.0 } else { 0.0 }));
+                for (reason, n) in st.drops() {
+                    let mut l = l.clone();
+                    l.push(("reason", reason.to_string()));
+                    dropped.push((l, n));
+                }
+            }
+        }
+        counter(
+            &mut enc,
+            "outpost_output_sent",
+            "Records handed to a local output (MQTT queued, UDP sent, unix written to a reader)",
+            &sent,
+        )?;
+        counter(
+            &mut enc,
+            "outpost_output_dropped",
+            "Records a local output dropped, by reason",
+            &dropped,
+        )?;
+        gauge(
+            &mut enc,
+            "outpost_output_connected",
+            "1 while a local output has its peer (MQTT connected, UDP open, a unix reader)",
+            &connected,
+        )?;
         gauge(
             &mut enc,
             "outpost_queue_depth",

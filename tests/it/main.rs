@@ -1,12 +1,14 @@
 //! Integration tests: the real `outpost` binary, real ONNX Runtime, real
 //! models fetched by `models/fetch` and built by `models/build`.
 
+mod batching;
 mod common;
 mod errors;
 mod fleet;
 mod hardening;
 mod ota;
 mod outbox;
+mod outputs;
 mod plan;
 mod preprocess;
 mod providers;

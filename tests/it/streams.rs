@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::common::*;
 
 /// Speech from espeak-ng (22.05 kHz PCM16), with the span where it is loud.
-fn speak(dir: &Path, name: &str, text: &str) -> (Vec<i16>, u32, (usize, usize)) {
+pub(crate) fn speak(dir: &Path, name: &str, text: &str) -> (Vec<i16>, u32, (usize, usize)) {
     let wav = dir.join(format!("{name}.wav"));
     let st = std::process::Command::new("espeak-ng")
         .arg("-w")
@@ -27,7 +27,7 @@ fn speak(dir: &Path, name: &str, text: &str) -> (Vec<i16>, u32, (usize, usize)) 
 }
 
 /// Low noise, like a quiet room through a cheap microphone.
-fn noise(n: usize, seed: &mut u64) -> Vec<i16> {
+pub(crate) fn noise(n: usize, seed: &mut u64) -> Vec<i16> {
     (0..n)
         .map(|_| {
             *seed = seed

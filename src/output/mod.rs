@@ -1,0 +1,432 @@
+//! Local outputs: a pipeline's records straight to consumers on the site (a
+//! PLC gateway, a valve controller, a light), apart from the outbox and the
+//! fleet uplink.
+//!
+//! ```toml
+//! outputs = [
+//!   { type = "mqtt", topic = "site/{pipeline}/{stream}" },  # the site broker (or the embedded one), QoS 0
+//!   { type = "udp", to = "127.0.0.1:9500" },                # one datagram per record
+//!   { type = "unix", path = "/run/outpost/vad.sock" },      # u32 LE length + record, to every connected reader
+//! ]
+//! ```
+//!
+//! Invariants:
+//! - Sending never blocks the inference thread and never waits for the
+//!   outbox or the uplink: the worker hands the record over right after it
+//!   is made (before it is stored). UDP datagrams and unix frames are
+//!   written from the worker itself with non-blocking calls; MQTT publishes
+//!   go to the output's client queue with `try_publish`.
+//! - A slow or absent peer drops the record for that output, counted by
+//!   output and reason (`outpost_output_dropped_total`); nothing is retried
+//!   (the outbox is where a result is kept).
+//! - Each output recovers by itself: the MQTT client reconnects with
+//!   backoff, a UDP peer that comes back gets the next datagram, unix readers
+//!   connect and disconnect at any time.
+//! - The payload is the record the outbox stores (same id), as the same
+//!   JSON bytes, or its CBOR encoding with `payload = "cbor"`.
+//! - A unix reader always sees whole frames: a frame written in part is
+//!   finished before any later one, and later records drop (`slow`) meanwhile.
+
+mod mqtt;
+mod udp;
+mod unix;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::pipeline::{RateLimitedLog, ResultRecord};
+use crate::source::mqtt::BrokerAddr;
+use crate::uplink::PayloadFormat;
+
+/// One entry of a pipeline's `outputs`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OutputConfig {
+    /// Publish each record at QoS 0 to the site broker (`[site_broker]`, or
+    /// the embedded one). `{device}`, `{pipeline}` and `{stream}` are
+    /// replaced in the topic.
+    Mqtt {
+        topic: String,
+        #[serde(default)]
+        payload: PayloadFormat,
+    },
+    /// One datagram per record to this address.
+    Udp {
+        to: SocketAddr,
+        #[serde(default)]
+        payload: PayloadFormat,
+    },
+    /// A Unix stream socket outpost listens on; every connected reader gets
+    /// each record as a u32 little-endian length followed by the record.
+    Unix {
+        path: PathBuf,
+        #[serde(default)]
+        payload: PayloadFormat,
+    },
+}
+
+/// The largest record a UDP output sends (bigger ones drop as `too_large`).
+const MAX_DATAGRAM: usize = 65_507;
+
+impl OutputConfig {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OutputConfig::Mqtt { .. } => "mqtt",
+            OutputConfig::Udp { .. } => "udp",
+            OutputConfig::Unix { .. } => "unix",
+        }
+    }
+
+    pub fn payload(&self) -> PayloadFormat {
+        match self {
+            OutputConfig::Mqtt { payload, .. }
+            | OutputConfig::Udp { payload, .. }
+            | OutputConfig::Unix { payload, .. } => *payload,
+        }
+    }
+
+    /// The `output` label in metrics and status: `kind:target`.
+    pub fn label(&self) -> String {
+        match self {
+            OutputConfig::Mqtt { topic, .. } => format!("mqtt:{topic}"),
+            OutputConfig::Udp { to, .. } => format!("udp:{to}"),
+            OutputConfig::Unix { path, .. } => format!("unix:{}", path.display()),
+        }
+    }
+
+    /// Every problem, prefixed with `at` (e.g. `pipelines[0].outputs[1]`).
+    pub fn validate(&self, at: &str) -> Vec<String> {
+        let mut p = Vec::new();
+        match self {
+            OutputConfig::Mqtt { topic, .. } => {
+                if topic.is_empty() {
+                    p.push(format!("{at}.topic: empty"));
+                }
+                if topic.contains(['+', '#']) {
+                    p.push(format!(
+                        "{at}.topic: `{topic}` has a wildcard ('+' or '#'): a publish topic cannot"
+                    ));
+                }
+                let mut rest = topic.as_str();
+                while let Some(i) = rest.find('{') {
+                    let Some(end) = rest[i..].find('}') else {
+                        p.push(format!("{at}.topic: unterminated `{{` in `{topic}`"));
+                        break;
+                    };
+                    let name = &rest[i + 1..i + end];
+                    if !["device", "pipeline", "stream"].contains(&name) {
+                        p.push(format!(
+                            "{at}.topic: unknown placeholder `{{{name}}}` (use {{device}}, {{pipeline}}, {{stream}})"
+                        ));
+                    }
+                    rest = &rest[i + end + 1..];
+                }
+            }
+            OutputConfig::Udp { to, .. } => {
+                if to.port() == 0 {
+                    p.push(format!("{at}.to: port 0"));
+                }
+            }
+            OutputConfig::Unix { path, .. } => {
+                if path.as_os_str().is_empty() {
+                    p.push(format!("{at}.path: empty"));
+                }
+                // sun_path holds 108 bytes with the terminating NUL.
+                if path.as_os_str().len() > 107 {
+                    p.push(format!(
+                        "{at}.path: {} is longer than a Unix socket path may be (107 bytes)",
+                        path.display()
+                    ));
+                }
+            }
+        }
+        p
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error("pipeline `{pipeline}`, output {output}: {detail}")]
+    Setup {
+        pipeline: String,
+        output: String,
+        detail: String,
+    },
+}
+
+/// Counters of one output.
+#[derive(Default)]
+pub struct OutputStats {
+    pub sent: AtomicU64,
+    drops: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl OutputStats {
+    pub fn drops(&self) -> BTreeMap<&'static str, u64> {
+        self.drops.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn add_drop(&self, reason: &'static str) {
+        *self
+            .drops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(reason)
+            .or_default() += 1;
+    }
+}
+
+/// The result of handing one payload to one output.
+enum Sent {
+    Ok,
+    Dropped(&'static str),
+}
+
+/// The running half of an output (set when the generation starts).
+enum Sink {
+    Mqtt(mqtt::MqttSink),
+    Udp(udp::UdpSink),
+    Unix(unix::UnixSink),
+}
+
+struct Output {
+    cfg: OutputConfig,
+    label: String,
+    stats: OutputStats,
+    sink: OnceLock<Sink>,
+}
+
+/// What starting the outputs needs from the daemon.
+pub struct OutputCtx {
+    pub device: String,
+    pub pipeline: String,
+    /// The site broker (or the embedded one), for mqtt outputs.
+    pub mqtt: Option<BrokerAddr>,
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+/// A pipeline's local outputs.
+pub struct LocalOutputs {
+    outputs: Vec<Output>,
+    log: RateLimitedLog,
+    pipeline: String,
+}
+
+impl LocalOutputs {
+    /// Builds the outputs of a config (no I/O: [`LocalOutputs::start`] opens them).
+    pub fn new(pipeline: &str, cfgs: &[OutputConfig]) -> LocalOutputs {
+        LocalOutputs {
+            outputs: cfgs
+                .iter()
+                .map(|c| Output {
+                    cfg: c.clone(),
+                    label: c.label(),
+                    stats: OutputStats::default(),
+                    sink: OnceLock::new(),
+                })
+                .collect(),
+            log: RateLimitedLog::new(Duration::from_secs(5)),
+            pipeline: pipeline.to_string(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.outputs.is_empty()
+    }
+
+    /// (label, kind, connected, stats) of each output. Connected: the MQTT
+    /// client is; a UDP socket is open; a unix reader is there.
+    pub fn stats(&self) -> impl Iterator<Item = (&str, &'static str, bool, &OutputStats)> {
+        self.outputs.iter().map(|o| {
+            let up = match o.sink.get() {
+                None => false,
+                Some(Sink::Mqtt(s)) => s.connected(),
+                Some(Sink::Udp(_)) => true,
+                Some(Sink::Unix(s)) => s.readers() > 0,
+            };
+            (o.label.as_str(), o.cfg.kind(), up, &o.stats)
+        })
+    }
+
+    /// Status JSON: one object per output.
+    pub fn status(&self) -> serde_json::Value {
+        self.stats()
+            .map(|(label, kind, up, st)| {
+                serde_json::json!({
+                    "output": label,
+                    "type": kind,
+                    "connected": up,
+                    "sent": st.sent.load(Ordering::Relaxed),
+                    "drops": st.drops(),
+                })
+            })
+            .collect()
+    }
+
+    /// Opens every output (binds the unix sockets, connects the UDP
+    /// sockets, starts the MQTT clients); returns the tasks that run until
+    /// `ctx.shutdown`. Must run inside the daemon's runtime.
+    pub fn start(&self, ctx: &OutputCtx) -> Result<Vec<tokio::task::JoinHandle<()>>, OutputError> {
+        let mut tasks = Vec::new();
+        for o in &self.outputs {
+            let err = |detail: String| OutputError::Setup {
+                pipeline: ctx.pipeline.clone(),
+                output: o.label.clone(),
+                detail,
+            };
+            let sink = match &o.cfg {
+                OutputConfig::Mqtt { topic, .. } => {
+                    let broker = ctx.mqtt.clone().ok_or_else(|| {
+                        err("no broker: set [site_broker] or [embedded_broker]".into())
+                    })?;
+                    let index = self.outputs.iter().position(|x| std::ptr::eq(x, o));
+                    let (sink, task) = mqtt::MqttSink::start(
+                        &broker,
+                        &format!("{}-out{}", ctx.pipeline, index.unwrap_or(0)),
+                        topic,
+                        &ctx.device,
+                        &ctx.pipeline,
+                        ctx.shutdown.clone(),
+                    );
+                    tasks.push(task);
+                    Sink::Mqtt(sink)
+                }
+                OutputConfig::Udp { to, .. } => {
+                    Sink::Udp(udp::UdpSink::open(*to).map_err(|e| err(e.to_string()))?)
+                }
+                OutputConfig::Unix { path, .. } => {
+                    let (sink, task) = unix::UnixSink::listen(path, ctx.shutdown.clone())
+                        .map_err(|e| err(format!("{}: {e}", path.display())))?;
+                    tasks.push(task);
+                    Sink::Unix(sink)
+                }
+            };
+            // Each generation builds its own outputs, so this is the first set.
+            let _ = o.sink.set(sink);
+            tracing::info!(pipeline = %ctx.pipeline, output = %o.label, "local output started");
+        }
+        Ok(tasks)
+    }
+
+    /// Hands a record to every output. `json` is the record's JSON (the
+    /// bytes the outbox stores); CBOR is encoded once when an output asks
+    /// for it.
+    pub fn send(&self, rec: &ResultRecord, json: &[u8]) {
+        let mut cbor: Option<Option<Vec<u8>>> = None;
+        for o in &self.outputs {
+            let payload: &[u8] = match o.cfg.payload() {
+                PayloadFormat::Json => json,
+                PayloadFormat::Cbor => {
+                    let c = cbor.get_or_insert_with(|| {
+                        let mut out = Vec::with_capacity(json.len());
+                        ciborium::into_writer(rec, &mut out).ok().map(|_| out)
+                    });
+                    match c {
+                        Some(c) => c,
+                        None => {
+                            self.drop_one(o, "encode_error");
+                            continue;
+                        }
+                    }
+                }
+            };
+            let outcome = match o.sink.get() {
+                None => Sent::Dropped("not_started"),
+                Some(Sink::Mqtt(s)) => s.send(&rec.stream, payload),
+                Some(Sink::Udp(s)) => s.send(payload),
+                Some(Sink::Unix(s)) => s.send(payload),
+            };
+            match outcome {
+                Sent::Ok => {
+                    o.stats.sent.fetch_add(1, Ordering::Relaxed);
+                }
+                Sent::Dropped(reason) => self.drop_one(o, reason),
+            }
+        }
+    }
+
+    fn drop_one(&self, o: &Output, reason: &'static str) {
+        o.stats.add_drop(reason);
+        if let Some(suppressed) = self.log.allow(reason) {
+            tracing::warn!(pipeline = %self.pipeline, output = %o.label, reason, suppressed, "local output dropped a record");
+        }
+    }
+}
+
+/// Resolves when the generation's outputs stop (true sent, or the sender gone).
+async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    while !*rx.borrow_and_update() {
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Replaces `{device}`, `{pipeline}` and `{stream}` in a topic template.
+pub fn render_topic(template: &str, device: &str, pipeline: &str, stream: &str) -> String {
+    template
+        .replace("{device}", device)
+        .replace("{pipeline}", pipeline)
+        .replace("{stream}", stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Deserialize)]
+    struct P {
+        outputs: Vec<OutputConfig>,
+    }
+
+    #[test]
+    fn the_issue_snippet_parses_and_validates() {
+        let p: P = toml::from_str(
+            r#"
+outputs = [
+  { type = "mqtt", topic = "site/{pipeline}/{stream}" },
+  { type = "udp", to = "127.0.0.1:9500" },
+  { type = "unix", path = "/run/outpost/vad.sock", payload = "cbor" },
+]
+"#,
+        )
+        .unwrap();
+        assert_eq!(p.outputs.len(), 3);
+        assert_eq!(p.outputs[2].payload(), PayloadFormat::Cbor);
+        assert_eq!(p.outputs[0].payload(), PayloadFormat::Json);
+        for (i, o) in p.outputs.iter().enumerate() {
+            assert!(o.validate(&format!("o[{i}]")).is_empty(), "{o:?}");
+        }
+        assert_eq!(p.outputs[1].label(), "udp:127.0.0.1:9500");
+    }
+
+    #[test]
+    fn bad_outputs_are_refused_with_their_key() {
+        assert!(toml::from_str::<P>(r#"outputs = [{ type = "tcp", to = "x" }]"#).is_err());
+        assert!(
+            toml::from_str::<P>(r#"outputs = [{ type = "udp", to = "127.0.0.1:1", qos = 1 }]"#)
+                .is_err()
+        );
+        let o = OutputConfig::Mqtt {
+            topic: "site/+/{strem}".into(),
+            payload: PayloadFormat::Json,
+        };
+        let p = o.validate("o");
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p.iter().all(|x| x.starts_with("o.topic")));
+    }
+
+    #[test]
+    fn topics_render_placeholders() {
+        assert_eq!(
+            render_topic("site/{device}/{pipeline}/{stream}", "gw", "vad", "mic-1"),
+            "site/gw/vad/mic-1"
+        );
+    }
+}

@@ -4,6 +4,8 @@
 pub mod queue;
 pub mod record;
 pub mod scheduler;
+pub mod snapshot;
+pub mod stages;
 pub mod worker;
 
 use std::collections::BTreeMap;
@@ -16,6 +18,7 @@ use serde::{Deserialize, Serialize};
 pub use self::queue::WhenFull;
 pub use self::record::ResultRecord;
 pub use self::scheduler::{Priority, Scheduler};
+pub use self::stages::{StageConfig, ThumbnailConfig};
 pub use self::worker::Pipeline;
 use crate::postprocess::PostprocessConfig;
 use crate::preprocess::PreprocessConfig;
@@ -52,6 +55,12 @@ pub struct PipelineConfig {
     /// How long a worker waits for a batch to fill.
     #[serde(default = "default_max_delay", with = "humantime_serde")]
     pub max_delay: Duration,
+    /// Models run on each box of the stage before (`[[pipelines.stages]]`).
+    #[serde(default)]
+    pub stages: Vec<StageConfig>,
+    /// Per-box JPEG thumbnails in records (off by default).
+    #[serde(default)]
+    pub thumbnails: Option<ThumbnailConfig>,
 }
 
 fn default_queue() -> usize {
@@ -91,6 +100,12 @@ impl PipelineConfig {
             ));
         }
         p.extend(self.source.validate(&format!("{at}.source")));
+        for (i, st) in self.stages.iter().enumerate() {
+            p.extend(st.validate(&format!("{at}.stages[{i}]")));
+        }
+        if let Some(t) = &self.thumbnails {
+            p.extend(t.validate(&format!("{at}.thumbnails")));
+        }
         if let Some(pre) = &self.preprocess {
             p.extend(
                 pre.validate()

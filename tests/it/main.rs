@@ -15,3 +15,4 @@ mod service;
 mod state;
 mod streams;
 mod uplink;
+mod vision;

@@ -81,7 +81,12 @@ pub fn draw(img: &mut Rgb, outputs: &Value) {
         if let Some(r) = b.get("box").and_then(four) {
             rect(img, r);
         }
-        for p in b.get("landmarks").and_then(Value::as_array).into_iter().flatten() {
+        for p in b
+            .get("landmarks")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             if let Some([x, y]) = p
                 .as_array()
                 .filter(|a| a.len() == 2)
@@ -168,7 +173,10 @@ pub fn attach_thumbnails(frame: &Rgb, outputs: &mut Value, max_bytes: usize) {
             continue;
         };
         let (x0, y0) = (r[0].floor() as i64, r[1].floor() as i64);
-        let (x1, y1) = ((r[2].ceil() as i64).max(x0 + 1), (r[3].ceil() as i64).max(y0 + 1));
+        let (x1, y1) = (
+            (r[2].ceil() as i64).max(x0 + 1),
+            (r[3].ceil() as i64).max(y0 + 1),
+        );
         let crop = frame.crop(
             x0.max(0),
             y0.max(0),

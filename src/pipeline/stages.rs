@@ -102,12 +102,22 @@ impl StageConfig {
         }
         if let Some(pre) = &self.preprocess {
             if !matches!(pre, PreprocessConfig::Image { .. }) {
-                p.push(format!("{at}.preprocess: a stage takes an `image` preprocessing"));
+                p.push(format!(
+                    "{at}.preprocess: a stage takes an `image` preprocessing"
+                ));
             }
-            p.extend(pre.validate().into_iter().map(|e| format!("{at}.preprocess: {e}")));
+            p.extend(
+                pre.validate()
+                    .into_iter()
+                    .map(|e| format!("{at}.preprocess: {e}")),
+            );
         }
         if let Some(post) = &self.postprocess {
-            p.extend(post.validate().into_iter().map(|e| format!("{at}.postprocess: {e}")));
+            p.extend(
+                post.validate()
+                    .into_iter()
+                    .map(|e| format!("{at}.postprocess: {e}")),
+            );
         }
         p
     }
@@ -433,7 +443,11 @@ impl Stage {
         if !problems.is_empty() {
             return Err(problems.join("; "));
         }
-        let base = model.path.parent().map(|p| p.to_path_buf()).unwrap_or_default();
+        let base = model
+            .path
+            .parent()
+            .map(|p| p.to_path_buf())
+            .unwrap_or_default();
         let post = post_cfg.build(&base).map_err(|e| e.to_string())?;
         Ok(Stage {
             cfg: sc.clone(),
@@ -470,10 +484,15 @@ impl Stage {
                 (r[3] + pad).ceil(),
             )
         } else {
-            return Err(format!("box without 4 finite corners: {}", Value::Object(b.clone())));
+            return Err(format!(
+                "box without 4 finite corners: {}",
+                Value::Object(b.clone())
+            ));
         };
         if [x0, y0, x1, y1].iter().any(|v| v.abs() > limit) {
-            return Err(format!("box [{x0}, {y0}, {x1}, {y1}] lies far outside the frame"));
+            return Err(format!(
+                "box [{x0}, {y0}, {x1}, {y1}] lies far outside the frame"
+            ));
         }
         // At least one pixel: a degenerate box still gets an answer.
         let (x0, y0) = (x0 as i64, y0 as i64);
@@ -514,7 +533,9 @@ impl Stage {
                 keep[i] = true;
             }
             let capped = boxes.len() - self.cfg.max_boxes;
-            self.stats.capped.fetch_add(capped as u64, Ordering::Relaxed);
+            self.stats
+                .capped
+                .fetch_add(capped as u64, Ordering::Relaxed);
             let mut k = keep.into_iter();
             boxes.retain(|_| k.next().unwrap_or(false));
             let prev = value.get("capped").and_then(Value::as_u64).unwrap_or(0);
@@ -576,7 +597,8 @@ impl Stage {
                 let img = crops[i]
                     .resize(rw, rh)
                     .map_err(|e| (boxes.clone(), e.to_string()))?;
-                self.norm.write(&img, &mut data[k * per..(k + 1) * per], w, h);
+                self.norm
+                    .write(&img, &mut data[k * per..(k + 1) * per], w, h);
             }
             let shape = self.norm.shape(chunk.len(), w, h);
             let tensor = ArrayD::from_shape_vec(IxDyn(&shape), data)
@@ -601,7 +623,10 @@ impl Stage {
                     _ => {
                         return Err((
                             boxes,
-                            format!("output `{name}` has shape {:?}: no batch axis of {n}", t.shape()),
+                            format!(
+                                "output `{name}` has shape {:?}: no batch axis of {n}",
+                                t.shape()
+                            ),
                         ));
                     }
                 }
@@ -625,5 +650,52 @@ impl Stage {
             })
             .collect();
         Ok(post.finish_boxes(merged))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stages_parse_with_defaults_and_every_problem_is_reported() {
+        let c: PipelineConfig = toml::from_str(
+            r#"
+name = "labels"
+model = "ppocr_det"
+source = { type = "http" }
+thumbnails = { max_bytes = 20000 }
+[[stages]]
+model = "ppocr_cls"
+[[stages]]
+model = "ppocr_rec"
+padding = 0.1
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.stages.len(), 2);
+        let s = &c.stages[0];
+        assert_eq!(
+            (s.max_boxes, s.max_batch, s.rotate, s.padding),
+            (256, 8, true, 0.0)
+        );
+        assert_eq!(c.thumbnails, Some(ThumbnailConfig { max_bytes: 20000 }));
+        assert!(c.validate("p").is_empty(), "{:?}", c.validate("p"));
+        let bad = PipelineConfig {
+            stages: vec![StageConfig {
+                model: String::new(),
+                padding: -1.0,
+                max_boxes: 0,
+                max_batch: 0,
+                ..c.stages[0].clone()
+            }],
+            thumbnails: Some(ThumbnailConfig { max_bytes: 10 }),
+            ..c
+        };
+        assert_eq!(bad.validate("p").len(), 5, "{:?}", bad.validate("p"));
+        assert!(
+            toml::from_str::<StageConfig>("model = \"x\"\nmax_box = 3").is_err(),
+            "unknown keys are refused"
+        );
     }
 }

@@ -180,16 +180,22 @@ impl Pipeline {
     /// frame through the cascade.
     pub fn with_stages(mut self, models: &[Arc<LoadedModel>]) -> Result<Pipeline, PipelineError> {
         let m = self.model();
-        let Some(pre) = self.cfg.preprocess.clone().or_else(|| m.manifest.preprocess.clone()) else {
+        let Some(pre) = self
+            .cfg
+            .preprocess
+            .clone()
+            .or_else(|| m.manifest.preprocess.clone())
+        else {
             return Ok(self);
         };
         if !needs_cascade(&self.cfg, &pre) {
             return Ok(self);
         }
-        let cascade = Cascade::new(&self.cfg, pre, models).map_err(|detail| PipelineError::Setup {
-            pipeline: self.cfg.name.clone(),
-            detail,
-        })?;
+        let cascade =
+            Cascade::new(&self.cfg, pre, models).map_err(|detail| PipelineError::Setup {
+                pipeline: self.cfg.name.clone(),
+                detail,
+            })?;
         self.cascade = Some(cascade);
         self.batchable = false;
         Ok(self)

@@ -42,7 +42,9 @@ impl Postprocessor for AnglePostprocessor {
         let (best, score) = p
             .iter()
             .enumerate()
-            .fold((0usize, f32::NEG_INFINITY), |a, (i, v)| if *v > a.1 { (i, *v) } else { a });
+            .fold((0usize, f32::NEG_INFINITY), |a, (i, v)| {
+                if *v > a.1 { (i, *v) } else { a }
+            });
         let angle = if score > self.min_score {
             self.angles[best]
         } else {

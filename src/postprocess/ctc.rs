@@ -43,12 +43,12 @@ impl CtcTextPostprocessor {
         let mut kept = 0usize;
         let mut prev = usize::MAX;
         for step in probs.chunks_exact(classes.max(1)) {
-            let (best, p) = step
-                .iter()
-                .enumerate()
-                .fold((0usize, f32::NEG_INFINITY), |acc, (i, v)| {
-                    if *v > acc.1 { (i, *v) } else { acc }
-                });
+            let (best, p) =
+                step.iter()
+                    .enumerate()
+                    .fold((0usize, f32::NEG_INFINITY), |acc, (i, v)| {
+                        if *v > acc.1 { (i, *v) } else { acc }
+                    });
             if best != 0 && best != prev {
                 text.push_str(self.classes.get(best).map(String::as_str).unwrap_or("?"));
                 sum += p as f64;
@@ -119,20 +119,36 @@ mod tests {
     fn collapses_repeats_and_blanks() {
         // a a _ a b b _ space b -> "aab b"
         let o = steps(&[1, 1, 0, 1, 2, 2, 0, 3, 2], 0.9);
-        let r = post().process("s", &ItemMeta::default(), &o).unwrap().unwrap();
+        let r = post()
+            .process("s", &ItemMeta::default(), &o)
+            .unwrap()
+            .unwrap();
         assert_eq!(r["text"], "aab b", "{r}");
         assert!((r["text_score"].as_f64().unwrap() - 0.9).abs() < 1e-6);
     }
 
     #[test]
     fn low_scores_and_empty_text_give_nothing() {
-        assert!(post().process("s", &ItemMeta::default(), &steps(&[1, 2], 0.4)).unwrap().is_none());
-        assert!(post().process("s", &ItemMeta::default(), &steps(&[0, 0], 0.9)).unwrap().is_none());
+        assert!(
+            post()
+                .process("s", &ItemMeta::default(), &steps(&[1, 2], 0.4))
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            post()
+                .process("s", &ItemMeta::default(), &steps(&[0, 0], 0.9))
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]
     fn class_count_must_match_the_dictionary() {
-        let o = vec![("o".to_string(), Tensor::F32(ArrayD::zeros(IxDyn(&[1, 5, 7]))))];
+        let o = vec![(
+            "o".to_string(),
+            Tensor::F32(ArrayD::zeros(IxDyn(&[1, 5, 7]))),
+        )];
         let e = post().process("s", &ItemMeta::default(), &o).unwrap_err();
         assert_eq!(e.reason(), "bad_shape");
     }

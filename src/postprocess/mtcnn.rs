@@ -103,7 +103,12 @@ fn get4(v: &Map<String, Value>, key: &str) -> Option<[f64; 4]> {
     if a.len() < 4 {
         return None;
     }
-    Some([a[0].as_f64()?, a[1].as_f64()?, a[2].as_f64()?, a[3].as_f64()?])
+    Some([
+        a[0].as_f64()?,
+        a[1].as_f64()?,
+        a[2].as_f64()?,
+        a[3].as_f64()?,
+    ])
 }
 
 /// The face probability of each item: the second of two classes.
@@ -183,7 +188,12 @@ impl Postprocessor for MtcnnProposalsPostprocessor {
                     ((2.0 * cy + 12.0) / scale).trunc(),
                 ],
                 score: p as f64,
-                reg: [r[at] as f64, r[at + 1] as f64, r[at + 2] as f64, r[at + 3] as f64],
+                reg: [
+                    r[at] as f64,
+                    r[at + 1] as f64,
+                    r[at + 2] as f64,
+                    r[at + 3] as f64,
+                ],
             });
         }
         let boxes: Vec<[f64; 4]> = cands.iter().map(|c| c.b).collect();
@@ -200,9 +210,11 @@ impl Postprocessor for MtcnnProposalsPostprocessor {
         for r in &results {
             for b in r["boxes"].as_array().into_iter().flatten() {
                 let Some(o) = b.as_object() else { continue };
-                if let (Some(bb), Some(score), Some(reg)) =
-                    (get4(o, "box"), o.get("score").and_then(Value::as_f64), get4(o, "reg"))
-                {
+                if let (Some(bb), Some(score), Some(reg)) = (
+                    get4(o, "box"),
+                    o.get("score").and_then(Value::as_f64),
+                    get4(o, "reg"),
+                ) {
                     cands.push(Cand { b: bb, score, reg });
                 }
             }
@@ -298,7 +310,12 @@ impl Postprocessor for MtcnnRefinePostprocessor {
         }
         let regress = |b: [f64; 4], r: [f64; 4]| {
             let (w, h) = (b[2] - b[0] + 1.0, b[3] - b[1] + 1.0);
-            [b[0] + r[0] * w, b[1] + r[1] * h, b[2] + r[2] * w, b[3] + r[3] * h]
+            [
+                b[0] + r[0] * w,
+                b[1] + r[1] * h,
+                b[2] + r[2] * w,
+                b[3] + r[3] * h,
+            ]
         };
         let scores: Vec<f64> = rows.iter().map(|r| r.1).collect();
         if self.landmarks_output.is_none() {
@@ -345,7 +362,11 @@ mod tests {
 
     #[test]
     fn nms_keeps_the_best_of_overlapping_boxes() {
-        let b = [[0.0, 0.0, 9.0, 9.0], [1.0, 1.0, 10.0, 10.0], [50.0, 50.0, 60.0, 60.0]];
+        let b = [
+            [0.0, 0.0, 9.0, 9.0],
+            [1.0, 1.0, 10.0, 10.0],
+            [50.0, 50.0, 60.0, 60.0],
+        ];
         assert_eq!(nms(&b, &[0.8, 0.9, 0.7], 0.5, NmsMode::Union), vec![1, 2]);
         // A small box inside a large one: little IoU, full overlap by the smaller area.
         let b = [[0.0, 0.0, 99.0, 99.0], [10.0, 10.0, 19.0, 19.0]];
@@ -370,16 +391,43 @@ mod tests {
         };
         let out = |p: f32| {
             vec![
-                ("s".to_string(), Tensor::F32(ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[1, 2]), vec![1.0 - p, p]).unwrap())),
-                ("b".to_string(), Tensor::F32(ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[1, 4]), vec![0.1, 0.0, 0.1, 0.0]).unwrap())),
+                (
+                    "s".to_string(),
+                    Tensor::F32(
+                        ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[1, 2]), vec![1.0 - p, p])
+                            .unwrap(),
+                    ),
+                ),
+                (
+                    "b".to_string(),
+                    Tensor::F32(
+                        ndarray::ArrayD::from_shape_vec(
+                            ndarray::IxDyn(&[1, 4]),
+                            vec![0.1, 0.0, 0.1, 0.0],
+                        )
+                        .unwrap(),
+                    ),
+                ),
             ]
         };
-        assert!(r.process("s", &ItemMeta::default(), &out(0.6)).unwrap().is_none());
-        let mut v = r.process("s", &ItemMeta::default(), &out(0.9)).unwrap().unwrap();
+        assert!(
+            r.process("s", &ItemMeta::default(), &out(0.6))
+                .unwrap()
+                .is_none()
+        );
+        let mut v = r
+            .process("s", &ItemMeta::default(), &out(0.9))
+            .unwrap()
+            .unwrap();
         v["crop"] = json!([9.0, 9.0, 29.0, 29.0]);
         let done = r.finish_boxes(vec![v]);
         // Box seen 10..=29 (20 px); regression moves both x edges by 2 px.
-        assert_eq!(done[0]["box"], json!([12.0, 10.0, 31.0, 29.0]));
+        let b: Vec<f64> = (0..4)
+            .map(|k| done[0]["box"][k].as_f64().unwrap())
+            .collect();
+        for (g, w) in b.iter().zip([12.0, 10.0, 31.0, 29.0]) {
+            assert!((g - w).abs() < 1e-6, "{b:?}");
+        }
         assert!(done[0].get("reg").is_none());
     }
 }

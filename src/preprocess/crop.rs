@@ -139,7 +139,11 @@ impl Rgb {
                 // Output is h wide, w high.
                 for oy in 0..w {
                     for ox in 0..h {
-                        let (x, y) = if cw { (oy, h - 1 - ox) } else { (w - 1 - oy, ox) };
+                        let (x, y) = if cw {
+                            (oy, h - 1 - ox)
+                        } else {
+                            (w - 1 - oy, ox)
+                        };
                         pixels.extend_from_slice(px(x, y));
                     }
                 }
@@ -167,13 +171,9 @@ impl Rgb {
                 message: format!("{}x{} to {w}x{h}", self.width, self.height),
             });
         }
-        let view = fir::images::ImageRef::new(
-            self.width,
-            self.height,
-            &self.pixels,
-            fir::PixelType::U8x3,
-        )
-        .map_err(|e| err(&e))?;
+        let view =
+            fir::images::ImageRef::new(self.width, self.height, &self.pixels, fir::PixelType::U8x3)
+                .map_err(|e| err(&e))?;
         let mut dst = fir::images::Image::new(w, h, fir::PixelType::U8x3);
         let filter = if w <= self.width && h <= self.height {
             fir::FilterType::Box

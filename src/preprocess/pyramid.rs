@@ -45,10 +45,14 @@ pub(super) fn validate(c: &PreprocessConfig) -> Vec<String> {
         p.push("pyramid: `window` must be positive".into());
     }
     if std.iter().any(|s| !s.is_finite() || *s == 0.0) {
-        p.push(format!("pyramid: `std` {std:?} must be finite and non-zero"));
+        p.push(format!(
+            "pyramid: `std` {std:?} must be finite and non-zero"
+        ));
     }
     if !scale.is_finite() || *scale == 0.0 {
-        p.push(format!("pyramid: `scale` {scale} must be finite and non-zero"));
+        p.push(format!(
+            "pyramid: `scale` {scale} must be finite and non-zero"
+        ));
     }
     if *max_pixels == 0 {
         p.push("pyramid: `max_pixels` must be positive".into());

@@ -48,7 +48,9 @@ fn vision_script(name: &str) -> PathBuf {
 /// Runs a Python helper; fails the test with its stderr (a missing package
 /// or font names itself there).
 fn python(script: &str, args: &[&Path]) -> String {
-    let o = run(Command::new("python3").arg(vision_script(script)).args(args));
+    let o = run(Command::new("python3")
+        .arg(vision_script(script))
+        .args(args));
     assert!(o.status.success(), "{script} failed:\n{}", stderr(&o));
     stdout(&o)
 }
@@ -68,7 +70,10 @@ fn infer(d: &Daemon, pipeline: &str, body: &[u8]) -> Vec<Value> {
 }
 
 fn boxes(rec: &Value) -> Vec<Value> {
-    rec["outputs"]["boxes"].as_array().cloned().unwrap_or_default()
+    rec["outputs"]["boxes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
 }
 
 fn squash(s: &str) -> Vec<char> {
@@ -140,7 +145,10 @@ fn ocr_reads_rendered_text_within_five_percent_and_as_rapidocr_does() {
     assert!(cer <= 0.05, "CER {cer:.4} > 5 %:\n{table}");
     // The same models on the same pages: outpost may differ where its boxes
     // differ (axis-aligned, one box per line), but must not read worse.
-    assert!(cer <= rapid_cer + 0.01, "outpost {cer:.4} vs rapidocr {rapid_cer:.4}:\n{table}");
+    assert!(
+        cer <= rapid_cer + 0.01,
+        "outpost {cer:.4} vs rapidocr {rapid_cer:.4}:\n{table}"
+    );
 }
 
 /// The reference's box convention: x = max(0, int(x1)), w = int(x2 - x).
@@ -178,21 +186,49 @@ fn faces_match_the_python_reference_and_photos_without_faces_give_none() {
         let want = &reference[&p.display().to_string()];
         let recs = infer(&d, "faces", &std::fs::read(p).unwrap());
         let got = recs.first().map(boxes).unwrap_or_default();
-        assert_eq!(got.len(), want.len(), "{}: {got:?} vs {want:?}", p.display());
+        assert_eq!(
+            got.len(),
+            want.len(),
+            "{}: {got:?} vs {want:?}",
+            p.display()
+        );
         for (g, w) in got.iter().zip(want) {
             let (gb, wb) = (xywh(g), &w["box"]);
             for k in 0..4 {
                 let wv = wb[k].as_i64().unwrap();
-                assert!((gb[k] - wv).abs() <= 2, "{}: box {gb:?} vs {wb}", p.display());
+                assert!(
+                    (gb[k] - wv).abs() <= 2,
+                    "{}: box {gb:?} vs {wb}",
+                    p.display()
+                );
             }
-            let (gs, ws) = (g["score"].as_f64().unwrap(), w["confidence"].as_f64().unwrap());
-            assert!((gs - ws).abs() <= 0.01, "{}: score {gs} vs {ws}", p.display());
+            let (gs, ws) = (
+                g["score"].as_f64().unwrap(),
+                w["confidence"].as_f64().unwrap(),
+            );
+            assert!(
+                (gs - ws).abs() <= 0.01,
+                "{}: score {gs} vs {ws}",
+                p.display()
+            );
             let marks = g["landmarks"].as_array().unwrap();
             assert_eq!(marks.len(), 5);
-            for (m, key) in marks.iter().zip(["left_eye", "right_eye", "nose", "mouth_left", "mouth_right"]) {
+            for (m, key) in
+                marks
+                    .iter()
+                    .zip(["left_eye", "right_eye", "nose", "mouth_left", "mouth_right"])
+            {
                 for k in 0..2 {
-                    let (a, b) = (m[k].as_f64().unwrap(), w["keypoints"][key][k].as_f64().unwrap());
-                    assert!((a - b).abs() <= 2.0, "{}: {key} {m} vs {}", p.display(), w["keypoints"][key]);
+                    let (a, b) = (
+                        m[k].as_f64().unwrap(),
+                        w["keypoints"][key][k].as_f64().unwrap(),
+                    );
+                    assert!(
+                        (a - b).abs() <= 2.0,
+                        "{}: {key} {m} vs {}",
+                        p.display(),
+                        w["keypoints"][key]
+                    );
                 }
             }
         }
@@ -206,7 +242,10 @@ fn snapshot_draws_the_boxes_of_the_latest_record() {
     let (code, body) = http("GET", &d.api, "/v1/pipelines/faces/snapshot.jpg", b"").unwrap();
     assert_eq!(code, 404);
     let e: Value = serde_json::from_slice(&body).unwrap();
-    assert!(e["error"].as_str().unwrap().contains("no image frame yet"), "{e}");
+    assert!(
+        e["error"].as_str().unwrap().contains("no image frame yet"),
+        "{e}"
+    );
 
     let photo = std::fs::read(model_dir().join("images/astronaut.png")).unwrap();
     let recs = infer(&d, "faces", &photo);
@@ -222,11 +261,17 @@ fn snapshot_draws_the_boxes_of_the_latest_record() {
         let p = img.get_pixel(x.round() as u32, y.round() as u32).0;
         p[1] > 180 && p[0] < 110 && p[2] < 110
     };
-    let b: Vec<f64> = (0..4).map(|k| faces[0]["box"][k].as_f64().unwrap()).collect();
+    let b: Vec<f64> = (0..4)
+        .map(|k| faces[0]["box"][k].as_f64().unwrap())
+        .collect();
     let (cx, cy) = ((b[0] + b[2]) / 2.0, (b[1] + b[3]) / 2.0);
     // The outline runs along each edge of the recorded box, and only there.
     for (x, y) in [(cx, b[1]), (cx, b[3]), (b[0], cy), (b[2], cy)] {
-        assert!(green(x, y), "no outline at ({x}, {y}): {:?}", img.get_pixel(x as u32, y as u32));
+        assert!(
+            green(x, y),
+            "no outline at ({x}, {y}): {:?}",
+            img.get_pixel(x as u32, y as u32)
+        );
     }
     assert!(!green(cx, cy) && !green(b[0] - 8.0, cy) && !green(cx, b[3] + 8.0));
     // The original photograph has no such green there.
@@ -289,7 +334,12 @@ fn stages_handle_no_boxes_capped_boxes_and_a_failing_model() {
     let capped = out["capped"].as_u64().unwrap_or(0);
     assert!(capped >= 40, "{out}");
     assert_eq!(boxes(&recs[0]).len(), 20, "{out}");
-    assert!(boxes(&recs[0]).iter().all(|b| b["text"].as_str().is_some_and(|t| t.starts_with("ab"))), "{out}");
+    assert!(
+        boxes(&recs[0])
+            .iter()
+            .all(|b| b["text"].as_str().is_some_and(|t| t.starts_with("ab"))),
+        "{out}"
+    );
 
     // A failing stage: the record keeps the earlier stages' results and says
     // what failed; the pipeline serves the next frame; errors are counted.
@@ -304,7 +354,10 @@ fn stages_handle_no_boxes_capped_boxes_and_a_failing_model() {
         let out = &recs[0]["outputs"];
         let err = out["stage_error"].as_str().unwrap_or_default();
         assert!(err.contains("classifier"), "{out}");
-        assert!(boxes(&recs[0]).iter().all(|b| b.get("angle").is_some()), "{out}");
+        assert!(
+            boxes(&recs[0]).iter().all(|b| b.get("angle").is_some()),
+            "{out}"
+        );
     }
     let st = d.status();
     let broken = st["pipelines"]
@@ -316,8 +369,14 @@ fn stages_handle_no_boxes_capped_boxes_and_a_failing_model() {
     assert_eq!(broken["stages"][1]["errors"], 2, "{broken}");
     assert_eq!(broken["stages"][0]["errors"], 0, "{broken}");
     let labels = &st["pipelines"][0];
-    assert!(labels["stages"][1]["boxes_capped"].as_u64().unwrap() >= 40, "{labels}");
-    assert!(labels["stages"][1]["latency"]["count"].as_u64().unwrap() >= 1, "{labels}");
+    assert!(
+        labels["stages"][1]["boxes_capped"].as_u64().unwrap() >= 40,
+        "{labels}"
+    );
+    assert!(
+        labels["stages"][1]["latency"]["count"].as_u64().unwrap() >= 1,
+        "{labels}"
+    );
     // And in /metrics.
     let (_, m) = http("GET", &d.api, "/metrics", b"").unwrap();
     let m = String::from_utf8_lossy(&m);
@@ -325,5 +384,7 @@ fn stages_handle_no_boxes_capped_boxes_and_a_failing_model() {
         m.contains("outpost_stage_errors_total{pipeline=\"broken\",stage=\"classifier@1.0.0\"} 2"),
         "{m}"
     );
-    assert!(m.contains("outpost_stage_latency_seconds_count{pipeline=\"labels\",stage=\"ppocr_rec@1.4.4\"}"));
+    assert!(m.contains(
+        "outpost_stage_latency_seconds_count{pipeline=\"labels\",stage=\"ppocr_rec@1.4.4\"}"
+    ));
 }

@@ -191,32 +191,37 @@ impl Core {
         let so = session_options(cfg);
         let mut out = HashMap::new();
         let mut refused = Vec::new();
-        for p in &cfg.pipelines {
-            if out.contains_key(&p.model) {
+        // Pipeline models and their stages' models.
+        let names = cfg
+            .pipelines
+            .iter()
+            .flat_map(|p| std::iter::once(&p.model).chain(p.stages.iter().map(|s| &s.model)));
+        for model in names {
+            if out.contains_key(model) {
                 continue;
             }
-            let current = manifest_sha(&cfg.model_dir, &p.model).unwrap_or_default();
-            if let Some((sha, m)) = self.models.get(&p.model)
+            let current = manifest_sha(&cfg.model_dir, model).unwrap_or_default();
+            if let Some((sha, m)) = self.models.get(model)
                 && *sha == current
             {
-                out.insert(p.model.clone(), (sha.clone(), m.clone()));
+                out.insert(model.clone(), (sha.clone(), m.clone()));
                 continue;
             }
             let (rt, name, dir, so) = (
                 self.runtime.clone(),
-                p.model.clone(),
+                model.clone(),
                 cfg.model_dir.clone(),
                 so.clone(),
             );
             match tokio::task::spawn_blocking(move || open_model_arg(&rt, &name, &dir, &so)).await {
                 Ok(Ok(m)) => {
-                    out.insert(p.model.clone(), (current, Arc::new(m)));
+                    out.insert(model.clone(), (current, Arc::new(m)));
                 }
                 Ok(Err(e)) => {
-                    tracing::error!(model = %p.model, error = %e, "model refused; its pipelines will not run");
+                    tracing::error!(model = %model, error = %e, "model refused; its pipelines will not run");
                     refused.push(e.to_string());
                 }
-                Err(e) => refused.push(format!("model {}: {e}", p.model)),
+                Err(e) => refused.push(format!("model {model}: {e}")),
             }
         }
         (out, refused)
@@ -233,6 +238,14 @@ impl Core {
             let Some((_, model)) = models.get(&p.model) else {
                 continue;
             };
+            let Some(stage_models) = p
+                .stages
+                .iter()
+                .map(|s| models.get(&s.model).map(|(_, m)| m.clone()))
+                .collect::<Option<Vec<_>>>()
+            else {
+                continue;
+            };
             match Pipeline::new(
                 p.clone(),
                 model.clone(),
@@ -240,7 +253,9 @@ impl Core {
                 workers,
                 self.sink.clone(),
                 self.ids.clone(),
-            ) {
+            )
+            .and_then(|pl| pl.with_stages(&stage_models))
+            {
                 Ok(pl) => {
                     sources.push(p.source.clone());
                     pipelines.push(Arc::new(pl));

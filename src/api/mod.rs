@@ -1,6 +1,7 @@
 //! The local HTTP API (axum), bound to loopback by default:
 //! `/healthz` (the process answers), `/readyz` (models warmed, outbox open,
-//! sources started), `/metrics` (OpenMetrics), `/v1/status` (pipelines, models, outbox) and the http
+//! sources started), `/metrics` (OpenMetrics), `/v1/status` (pipelines, models, outbox),
+//! `GET /v1/pipelines/{name}/snapshot.jpg` (the latest frame, annotated) and the http
 //! source's `POST /v1/pipelines/{name}/infer`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -235,6 +236,13 @@ pub fn status_json(s: &ApiState) -> serde_json::Value {
                     "inference": st.inference_us.summary(),
                     "output": st.output_us.summary(),
                 },
+                "stages": p.stage_stats().into_iter().map(|(model, ss)| serde_json::json!({
+                    "model": model,
+                    "crops": PipelineStats::get(&ss.crops),
+                    "boxes_capped": PipelineStats::get(&ss.capped),
+                    "errors": PipelineStats::get(&ss.errors),
+                    "latency": ss.latency_us.summary(),
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -274,6 +282,41 @@ async fn status(State(s): State<ApiState>) -> impl IntoResponse {
     axum::Json(status_json(&s))
 }
 
+/// The latest frame of an image pipeline with its boxes drawn (JPEG); 404
+/// with a JSON error for an unknown pipeline or before its first frame.
+async fn snapshot(
+    State(s): State<ApiState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> axum::response::Response {
+    let err = |code: StatusCode, msg: String| {
+        (code, axum::Json(serde_json::json!({ "error": msg }))).into_response()
+    };
+    let sched = s.scheduler();
+    let Some(p) = sched.pipelines().iter().find(|p| p.name() == name).cloned() else {
+        return err(StatusCode::NOT_FOUND, format!("no pipeline `{name}`"));
+    };
+    // Decoding and JPEG encoding take milliseconds: off the async workers.
+    match tokio::task::spawn_blocking(move || p.snapshot_jpeg()).await {
+        Ok(Some(Ok(jpeg))) => (
+            [
+                (axum::http::header::CONTENT_TYPE, "image/jpeg"),
+                (axum::http::header::CACHE_CONTROL, "no-store"),
+            ],
+            jpeg,
+        )
+            .into_response(),
+        Ok(Some(Err(e))) => err(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("pipeline `{name}`: cannot draw the latest frame: {e}"),
+        ),
+        Ok(None) => err(
+            StatusCode::NOT_FOUND,
+            format!("pipeline `{name}` has no image frame yet"),
+        ),
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
 pub fn router(state: ApiState, ingress: HttpIngress) -> Router {
     let infer_routes = Router::new()
         .route("/v1/pipelines/{name}/infer", post(infer))
@@ -286,6 +329,7 @@ pub fn router(state: ApiState, ingress: HttpIngress) -> Router {
         .route("/v1/reload", post(reload))
         .route("/v1/pipelines/{name}/pause", post(pause))
         .route("/v1/pipelines/{name}/resume", post(resume))
+        .route("/v1/pipelines/{name}/snapshot.jpg", get(snapshot))
         .with_state(state)
         .merge(infer_routes)
 }

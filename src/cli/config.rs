@@ -112,11 +112,36 @@ format = "json"
 length = 16
 
 # Inspection images dropped into a folder; moved to done/ or failed/.
+# Text read from them: text boxes (ppocr_det), each box's crop turned upright
+# (ppocr_cls) and read (ppocr_rec). GET /v1/pipelines/documents/snapshot.jpg
+# shows the latest page with its boxes.
 [[pipelines]]
 name = "documents"
 model = "ppocr_det"
 priority = "batch"
 source = { type = "watch", dir = "/srv/outpost/inbox", poll_interval = "500ms", extensions = ["jpg", "jpeg", "png"] }
+[[pipelines.stages]]
+model = "ppocr_cls"          # 0/180 degrees: rotates the crop for the next stage
+[[pipelines.stages]]
+model = "ppocr_rec"          # CTC text with its dictionary
+# padding = 0.0              # each side of a box grows by this fraction of its height
+# max_boxes = 256            # boxes per frame at most (highest scores); the rest counted
+# max_batch = 8              # crops per inference run
+# rotate = true              # turn crops by the box's `angle`
+
+# Faces in camera stills: MTCNN (P-Net over an image pyramid, R-Net and
+# O-Net on the crops): boxes, scores and five landmarks per face.
+[[pipelines]]
+name = "faces"
+model = "mtcnn_pnet"
+source = { type = "watch", dir = "/srv/outpost/faces", poll_interval = "500ms", extensions = ["jpg", "jpeg", "png"] }
+# A small JPEG of each face in its record (base64), at most max_bytes: the
+# one exception to results-only records; off unless set.
+thumbnails = { max_bytes = 20000 }
+[[pipelines.stages]]
+model = "mtcnn_rnet"
+[[pipelines.stages]]
+model = "mtcnn_onet"
 
 # A recorded session replayed (demos, tests, benchmarks).
 [[pipelines]]

@@ -94,7 +94,18 @@ impl LoadedModel {
             .iter()
             .enumerate()
             .map(|(i, d)| {
-                let shape = d.spec().concrete_shape(batch);
+                let mut shape = d.spec().concrete_shape(batch);
+                // A sliding-window net (pyramid preprocessing) needs at least its window.
+                if let Some(crate::preprocess::PreprocessConfig::Pyramid { window, .. }) =
+                    &self.manifest.preprocess
+                {
+                    for (k, dim) in d.shape.iter().enumerate() {
+                        if matches!(dim, crate::backend::Dim::Symbolic(s) if !crate::backend::is_batch_name(s))
+                        {
+                            shape[k] = *window as usize;
+                        }
+                    }
+                }
                 let t = match d.fill {
                     Some(v) => Tensor::filled(d.dtype, &shape, v),
                     None if self.manifest.is_state_input(&d.name) => {

@@ -7,6 +7,8 @@ pub mod queue;
 pub use crate::record;
 pub mod realtime;
 pub mod scheduler;
+pub mod snapshot;
+pub mod stages;
 pub mod worker;
 
 use std::collections::BTreeMap;
@@ -18,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::queue::WhenFull;
 pub use self::scheduler::{Priority, Scheduler, SchedulerConfig};
+pub use self::stages::{StageConfig, ThumbnailConfig};
 pub use self::worker::Pipeline;
 use crate::output::OutputConfig;
 use crate::postprocess::PostprocessConfig;
@@ -60,6 +63,12 @@ pub struct PipelineConfig {
     /// thread (site MQTT, UDP, unix socket), apart from the outbox.
     #[serde(default)]
     pub outputs: Vec<OutputConfig>,
+    /// Models run on each box of the stage before (`[[pipelines.stages]]`).
+    #[serde(default)]
+    pub stages: Vec<StageConfig>,
+    /// Per-box JPEG thumbnails in records (off by default).
+    #[serde(default)]
+    pub thumbnails: Option<ThumbnailConfig>,
 }
 
 fn default_queue() -> usize {
@@ -104,6 +113,12 @@ impl PipelineConfig {
             if self.outputs[..i].contains(o) {
                 p.push(format!("{at}.outputs[{i}]: listed twice"));
             }
+        }
+        for (i, st) in self.stages.iter().enumerate() {
+            p.extend(st.validate(&format!("{at}.stages[{i}]")));
+        }
+        if let Some(t) = &self.thumbnails {
+            p.extend(t.validate(&format!("{at}.thumbnails")));
         }
         if let Some(pre) = &self.preprocess {
             p.extend(

@@ -9,6 +9,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
+use super::snapshot::Latest;
+use super::stages::{Cascade, StageStats, needs_cascade};
 use super::{IdGen, PipelineConfig, PipelineStats, RateLimitedLog, RecordSink};
 use crate::backend::{Dim, Tensor, is_batch_name};
 use crate::model::registry::LoadedModel;
@@ -35,24 +37,28 @@ pub struct Pipeline {
     /// frames in flight finish on the version they started with.
     model: std::sync::RwLock<Arc<LoadedModel>>,
     pub stats: PipelineStats,
-    main_input: String,
-    constants: Vec<(String, Tensor)>,
+    pub(super) main_input: String,
+    pub(super) constants: Vec<(String, Tensor)>,
     /// One pre/postprocessor per worker for stateless pipelines; serial
     /// pipelines use the first only (their per-stream state lives there).
-    pre: Vec<Mutex<Box<dyn Preprocessor>>>,
-    post: Vec<Mutex<Box<dyn Postprocessor>>>,
+    pub(super) pre: Vec<Mutex<Box<dyn Preprocessor>>>,
+    pub(super) post: Vec<Mutex<Box<dyn Postprocessor>>>,
     states: Mutex<StreamStates>,
     serial: bool,
     batchable: bool,
     /// Stateful batching across streams: the batch axis of each state input.
     stateful_axes: Option<Vec<usize>>,
-    sink: Arc<dyn RecordSink>,
+    pub(super) sink: Arc<dyn RecordSink>,
     outputs: LocalOutputs,
-    ids: Arc<IdGen>,
+    pub(super) ids: Arc<IdGen>,
     log: RateLimitedLog,
+    /// Stages, pyramids and thumbnails (see stages.rs); `None`: the plain path.
+    cascade: Option<Cascade>,
+    /// The latest frame and outputs, for annotated snapshots.
+    pub(super) snapshot: Latest,
 }
 
-fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // State behind these locks stays consistent if a holder panicked mid-frame.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -170,6 +176,7 @@ impl Pipeline {
                 post_cfg.build(&base).map_err(|e| setup(e.to_string()))?,
             ));
         }
+        let snapshot = Latest::new(&pre_cfg);
         Ok(Pipeline {
             outputs: LocalOutputs::new(&cfg.name, &cfg.outputs),
             cfg,
@@ -186,7 +193,46 @@ impl Pipeline {
             sink,
             ids,
             log: RateLimitedLog::new(Duration::from_secs(5)),
+            cascade: None,
+            snapshot,
         })
+    }
+
+    /// Adds the configured stages with their loaded models (in stage order);
+    /// pipelines with stages, an image pyramid or thumbnails run frame by
+    /// frame through the cascade.
+    pub fn with_stages(mut self, models: &[Arc<LoadedModel>]) -> Result<Pipeline, PipelineError> {
+        let m = self.model();
+        let Some(pre) = self
+            .cfg
+            .preprocess
+            .clone()
+            .or_else(|| m.manifest.preprocess.clone())
+        else {
+            return Ok(self);
+        };
+        if !needs_cascade(&self.cfg, &pre) {
+            return Ok(self);
+        }
+        let cascade =
+            Cascade::new(&self.cfg, pre, models).map_err(|detail| PipelineError::Setup {
+                pipeline: self.cfg.name.clone(),
+                detail,
+            })?;
+        self.cascade = Some(cascade);
+        self.batchable = false;
+        Ok(self)
+    }
+
+    /// `(stage model, stats)` per stage.
+    pub fn stage_stats(&self) -> Vec<(String, &StageStats)> {
+        self.cascade.as_ref().map(|c| c.stats()).unwrap_or_default()
+    }
+
+    /// The latest frame with its boxes drawn, as JPEG; `None` before the
+    /// first frame or for pipelines that take no images.
+    pub fn snapshot_jpeg(&self) -> Option<Result<Vec<u8>, String>> {
+        self.snapshot.render()
     }
 
     /// The model serving this pipeline now.
@@ -287,6 +333,9 @@ impl Pipeline {
 
     /// Processes frames taken together from the queue.
     pub fn process(&self, frames: Vec<Frame>, worker: usize) {
+        if let Some(c) = &self.cascade {
+            return c.process(self, frames, worker);
+        }
         let taken = Instant::now();
         for f in &frames {
             self.stats
@@ -395,6 +444,7 @@ impl Pipeline {
                         continue;
                     }
                 };
+                self.snapshot.keep(&f.payload, &rec.outputs);
                 // Local consumers first: they never wait for the outbox.
                 if !self.outputs.is_empty() {
                     self.outputs.send(&rec, &json);

@@ -5,7 +5,10 @@
 //! item's outputs into the `outputs` object of a result record, or `None`
 //! when there is nothing worth sending upstream.
 
+mod angle;
+mod ctc;
 mod detections;
+mod mtcnn;
 mod raw;
 mod text_boxes;
 mod threshold;
@@ -19,7 +22,10 @@ use serde::{Deserialize, Serialize};
 use crate::backend::Tensor;
 use crate::preprocess::ItemMeta;
 
+pub use self::angle::AnglePostprocessor;
+pub use self::ctc::CtcTextPostprocessor;
 pub use self::detections::{BoxFormat, DetectionsPostprocessor, iou, nms};
+pub use self::mtcnn::{MtcnnProposalsPostprocessor, MtcnnRefinePostprocessor, NmsMode};
 pub use self::raw::RawPostprocessor;
 pub use self::text_boxes::{Connectivity, TextBoxesPostprocessor};
 pub use self::threshold::ThresholdPostprocessor;
@@ -90,6 +96,52 @@ pub enum PostprocessConfig {
         #[serde(default)]
         connectivity: Connectivity,
     },
+    /// CTC text recognition (PP-OCR rec): `{"text", "text_score"}`.
+    CtcText {
+        output: String,
+        /// Dictionary file, one character per line (relative to the model's
+        /// folder); class 0 is the blank, the class after the last line a space.
+        dictionary: String,
+        /// Lines whose mean character probability is below this are dropped.
+        #[serde(default = "ctc::default_min_score")]
+        min_score: f32,
+    },
+    /// Orientation classifier: `{"angle", "angle_score"}`; later stages rotate
+    /// their crops by `angle`.
+    Angle {
+        output: String,
+        /// Degrees of each class (multiples of 90).
+        #[serde(default = "angle::default_angles")]
+        angles: Vec<u16>,
+        /// The best class counts only above this probability (else 0 degrees).
+        #[serde(default = "angle::default_min_score")]
+        min_score: f32,
+    },
+    /// MTCNN P-Net over an image pyramid (`preprocess.type = "pyramid"`):
+    /// face proposals, merged across scales.
+    MtcnnProposals {
+        /// Face probability map `[1, W, H, 2]`.
+        score_output: String,
+        /// Box regression map `[1, W, H, 4]`.
+        box_output: String,
+        #[serde(default = "mtcnn::default_proposal_threshold")]
+        threshold: f32,
+    },
+    /// MTCNN R-Net / O-Net as a stage: keeps crops that are faces, refines
+    /// their boxes (and, with `landmarks_output`, gives five landmarks).
+    MtcnnRefine {
+        score_output: String,
+        box_output: String,
+        #[serde(default)]
+        landmarks_output: Option<String>,
+        #[serde(default = "mtcnn::default_refine_threshold")]
+        threshold: f32,
+        /// NMS overlap above which the weaker of two faces goes.
+        #[serde(default = "mtcnn::default_nms")]
+        nms: f32,
+        #[serde(default)]
+        nms_mode: NmsMode,
+    },
     /// Every output as `{dtype, shape, data}`, data capped at `max_values`.
     Raw {
         #[serde(default = "raw::default_max_values")]
@@ -113,7 +165,11 @@ impl PostprocessConfig {
             PostprocessConfig::Threshold { output, .. }
             | PostprocessConfig::SoftmaxTopk { output, .. }
             | PostprocessConfig::Detections { output, .. }
-            | PostprocessConfig::TextBoxes { output, .. } => Some(output),
+            | PostprocessConfig::TextBoxes { output, .. }
+            | PostprocessConfig::CtcText { output, .. }
+            | PostprocessConfig::Angle { output, .. } => Some(output),
+            PostprocessConfig::MtcnnProposals { score_output, .. }
+            | PostprocessConfig::MtcnnRefine { score_output, .. } => Some(score_output),
             PostprocessConfig::Raw { .. } => None,
         }
     }
@@ -192,6 +248,48 @@ impl PostprocessConfig {
                     p.push("postprocess: `max_candidates` must be at least 1".into());
                 }
             }
+            PostprocessConfig::CtcText {
+                dictionary,
+                min_score,
+                ..
+            } => {
+                if dictionary.is_empty() {
+                    p.push("postprocess: `dictionary` must be a file path".into());
+                }
+                unit(&mut p, "min_score", *min_score);
+            }
+            PostprocessConfig::Angle {
+                angles, min_score, ..
+            } => {
+                if angles.is_empty() || angles.iter().any(|a| a % 90 != 0 || *a >= 360) {
+                    p.push(format!(
+                        "postprocess: `angles` {angles:?} must be multiples of 90 below 360"
+                    ));
+                }
+                unit(&mut p, "min_score", *min_score);
+            }
+            PostprocessConfig::MtcnnProposals {
+                box_output,
+                threshold,
+                ..
+            } => {
+                if box_output.is_empty() {
+                    p.push("postprocess: `box_output` must name a model output".into());
+                }
+                unit(&mut p, "threshold", *threshold);
+            }
+            PostprocessConfig::MtcnnRefine {
+                box_output,
+                threshold,
+                nms,
+                ..
+            } => {
+                if box_output.is_empty() {
+                    p.push("postprocess: `box_output` must name a model output".into());
+                }
+                unit(&mut p, "threshold", *threshold);
+                unit(&mut p, "nms", *nms);
+            }
             PostprocessConfig::Raw { max_values } => {
                 if *max_values == 0 {
                     p.push("postprocess: `max_values` must be at least 1".into());
@@ -261,6 +359,48 @@ impl PostprocessConfig {
                 max_candidates: *max_candidates,
                 connectivity: *connectivity,
             }),
+            PostprocessConfig::CtcText {
+                output,
+                dictionary,
+                min_score,
+            } => Box::new(CtcTextPostprocessor::new(
+                output.clone(),
+                read_dictionary(base_dir, dictionary)?,
+                *min_score,
+            )),
+            PostprocessConfig::Angle {
+                output,
+                angles,
+                min_score,
+            } => Box::new(AnglePostprocessor {
+                output: output.clone(),
+                angles: angles.clone(),
+                min_score: *min_score,
+            }),
+            PostprocessConfig::MtcnnProposals {
+                score_output,
+                box_output,
+                threshold,
+            } => Box::new(MtcnnProposalsPostprocessor {
+                score_output: score_output.clone(),
+                box_output: box_output.clone(),
+                threshold: *threshold,
+            }),
+            PostprocessConfig::MtcnnRefine {
+                score_output,
+                box_output,
+                landmarks_output,
+                threshold,
+                nms,
+                nms_mode,
+            } => Box::new(MtcnnRefinePostprocessor {
+                score_output: score_output.clone(),
+                box_output: box_output.clone(),
+                landmarks_output: landmarks_output.clone(),
+                threshold: *threshold,
+                nms: *nms,
+                nms_mode: *nms_mode,
+            }),
             PostprocessConfig::Raw { max_values } => Box::new(RawPostprocessor {
                 max_values: *max_values,
             }),
@@ -281,6 +421,16 @@ pub trait Postprocessor: Send {
     ) -> Result<Option<serde_json::Value>, PostError>;
     /// Forgets per-stream state (stream ended).
     fn reset(&mut self, _stream: &str) {}
+    /// Combines the results of one frame's items into one (an image pyramid
+    /// gives an item per scale). Default: the first result.
+    fn merge_items(&mut self, results: Vec<serde_json::Value>) -> Option<serde_json::Value> {
+        results.into_iter().next()
+    }
+    /// As a cascade stage: once every box of a frame has this stage's result
+    /// merged in, the boxes to keep (e.g. after NMS). Default: all of them.
+    fn finish_boxes(&mut self, boxes: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+        boxes
+    }
 }
 
 /// Why outputs could not be turned into a result.
@@ -323,6 +473,25 @@ fn read_labels(base_dir: &Path, path: Option<&str>) -> Result<Vec<String>, PostE
         source,
     })?;
     Ok(text.lines().map(|l| l.trim_end().to_string()).collect())
+}
+
+/// Reads a dictionary: one entry per line, only the line break removed
+/// (a line may be a single space).
+fn read_dictionary(base_dir: &Path, path: &str) -> Result<Vec<String>, PostError> {
+    let full = base_dir.join(path);
+    let text = std::fs::read_to_string(&full).map_err(|source| PostError::Labels {
+        path: full.clone(),
+        source,
+    })?;
+    let mut lines: Vec<String> = text
+        .split('\n')
+        .map(|l| l.strip_suffix('\r').unwrap_or(l).to_string())
+        .collect();
+    // The file's final line break leaves an empty last entry.
+    while lines.last().is_some_and(|l| l.is_empty()) {
+        lines.pop();
+    }
+    Ok(lines)
 }
 
 /// The named output.

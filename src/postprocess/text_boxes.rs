@@ -184,9 +184,7 @@ impl Postprocessor for TextBoxesPostprocessor {
                 .collect();
         boxes.sort_by(|a, b| b.1.total_cmp(&a.1));
         boxes.truncate(self.max_candidates);
-        // Reading order: top to bottom, then left to right.
-        boxes.sort_by(|a, b| a.0[1].total_cmp(&b.0[1]).then(a.0[0].total_cmp(&b.0[0])));
-        let out: Vec<_> = boxes
+        let out: Vec<_> = reading_order(boxes)
             .into_iter()
             .map(|(b, score)| {
                 let b = match &meta.image {
@@ -204,8 +202,41 @@ impl Postprocessor for TextBoxesPostprocessor {
     }
 }
 
+/// Reading order: lines top to bottom, left to right within a line. A box
+/// joins the line of the box above it when its vertical centre lies within
+/// that line's first box (words of a slightly tilted line stay together).
+fn reading_order(mut boxes: Vec<([f32; 4], f32)>) -> Vec<([f32; 4], f32)> {
+    boxes.sort_by(|a, b| a.0[1].total_cmp(&b.0[1]).then(a.0[0].total_cmp(&b.0[0])));
+    let mut out = Vec::with_capacity(boxes.len());
+    let mut line: Vec<([f32; 4], f32)> = Vec::new();
+    for b in boxes {
+        if let Some(first) = line.first()
+            && (b.0[1] + b.0[3]) / 2.0 > first.0[3]
+        {
+            line.sort_by(|a, b| a.0[0].total_cmp(&b.0[0]));
+            out.append(&mut line);
+        }
+        line.push(b);
+    }
+    line.sort_by(|a, b| a.0[0].total_cmp(&b.0[0]));
+    out.append(&mut line);
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn words_of_a_tilted_line_read_left_to_right() {
+        // Right word a little higher than the left one, then a line below.
+        let b = super::reading_order(vec![
+            ([100.0, 8.0, 150.0, 28.0], 0.9),
+            ([10.0, 12.0, 90.0, 32.0], 0.9),
+            ([10.0, 50.0, 90.0, 70.0], 0.9),
+        ]);
+        let xs: Vec<(f32, f32)> = b.iter().map(|(r, _)| (r[0], r[1])).collect();
+        assert_eq!(xs, vec![(10.0, 12.0), (100.0, 8.0), (10.0, 50.0)]);
+    }
+
     use super::*;
     use crate::preprocess::ImageTransform;
     use ndarray::{ArrayD, IxDyn};

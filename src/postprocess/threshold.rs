@@ -182,6 +182,7 @@ mod tests {
                 start_s: Some(i as f64 * 0.032),
                 end_s: Some(i as f64 * 0.032 + 0.036),
                 image: None,
+                level_scale: None,
             };
             let out = vec![(
                 "output".to_string(),

@@ -149,6 +149,7 @@ impl Preprocessor for AudioPreprocessor {
                     start_s: Some(st.next_window as f64 / rate),
                     end_s: Some((st.next_window + (self.window - lead) as u64) as f64 / rate),
                     image: None,
+                    level_scale: None,
                 },
             });
             st.next_window += self.hop as u64;

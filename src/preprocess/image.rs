@@ -45,6 +45,11 @@ pub enum ResizeMode {
     Stretch,
     /// Keep the aspect ratio; pad the rest with `pad_value`, centred.
     Letterbox,
+    /// Keep the aspect ratio, fill the height, pad on the right (PP-OCR's
+    /// text lines). As a stage's crop preprocessing the padding is zeros
+    /// after normalization and, where the model's width is free, the width
+    /// grows to fit the widest crop of a batch.
+    PadRight,
 }
 
 /// What the payload holds.
@@ -343,7 +348,7 @@ impl ImagePreprocessor {
         let (tw, th) = (self.width, self.height);
         let (nw, nh) = match self.resize {
             ResizeMode::Stretch => (tw, th),
-            ResizeMode::Letterbox => {
+            ResizeMode::Letterbox | ResizeMode::PadRight => {
                 let s = (tw as f64 / w as f64).min(th as f64 / h as f64);
                 (
                     ((w as f64 * s).round() as u32).clamp(1, tw),
@@ -352,7 +357,10 @@ impl ImagePreprocessor {
             }
         };
         let resized = self.resize_to(src, nw, nh)?;
-        let (px, py) = ((tw - nw) / 2, (th - nh) / 2);
+        let (px, py) = match self.resize {
+            ResizeMode::PadRight => (0, 0),
+            _ => ((tw - nw) / 2, (th - nh) / 2),
+        };
         let transform = ImageTransform {
             orig_width: w,
             orig_height: h,
@@ -413,6 +421,7 @@ impl ImagePreprocessor {
         let shape: [usize; 4] = match self.layout {
             Layout::Nchw => [1, 3, oh, ow],
             Layout::Nhwc => [1, oh, ow, 3],
+            Layout::Nwhc => [1, ow, oh, 3],
         };
         let rows = (0..oh).map(|y| {
             let at = (y0 + y) * stride + x0 * 3;
@@ -444,8 +453,8 @@ impl ImagePreprocessor {
     }
 }
 
-/// Writes `oh` rows of packed 3-channel pixels as NCHW planes or NHWC.
-fn write_planes<'a, T: Copy + Default>(
+/// Writes `oh` rows of packed 3-channel pixels as NCHW planes, NHWC or NWHC.
+pub(super) fn write_planes<'a, T: Copy + Default>(
     rows: impl Iterator<Item = &'a [u8]>,
     layout: Layout,
     map: [usize; 3],
@@ -472,6 +481,16 @@ fn write_planes<'a, T: Copy + Default>(
                 for (d, px) in dst.chunks_exact_mut(3).zip(row.chunks_exact(3)) {
                     for c in 0..3 {
                         d[c] = f(c, px[map[c]]);
+                    }
+                }
+            }
+        }
+        Layout::Nwhc => {
+            for (y, row) in rows.enumerate() {
+                for (x, px) in row.chunks_exact(3).enumerate() {
+                    let at = (x * oh + y) * 3;
+                    for c in 0..3 {
+                        out[at + c] = f(c, px[map[c]]);
                     }
                 }
             }

@@ -7,7 +7,9 @@
 //! short stable metric label.
 
 mod audio;
+pub mod crop;
 mod image;
+mod pyramid;
 mod resample;
 mod sensor;
 
@@ -17,6 +19,7 @@ use crate::backend::Tensor;
 
 pub use self::audio::AudioPreprocessor;
 pub use self::image::{ImageFormat, ImagePreprocessor, OutputDType, ResizeMode};
+pub use self::pyramid::PyramidPreprocessor;
 pub use self::resample::Resampler;
 pub use self::sensor::{SensorFormat, SensorPreprocessor};
 
@@ -36,6 +39,8 @@ pub struct ItemMeta {
     pub end_s: Option<f64>,
     /// Images: how to map model coordinates back to the original image.
     pub image: Option<ImageTransform>,
+    /// Pyramid levels: the level's nominal scale, at full precision.
+    pub level_scale: Option<f64>,
 }
 
 /// The affine map from original image pixels to model input pixels:
@@ -145,6 +150,33 @@ pub enum PreprocessConfig {
         #[serde(default = "sensor::default_scale")]
         scale: f32,
     },
+    /// An image pyramid (MTCNN's P-Net): one item per scale, from
+    /// `window / min_size` down by `factor` while the shorter side still
+    /// holds a `window`; each level resized by area averaging and normalized.
+    Pyramid {
+        /// Smallest object (face) to find, pixels.
+        #[serde(default = "pyramid::default_min_size")]
+        min_size: f64,
+        /// Scale from one level to the next.
+        #[serde(default = "pyramid::default_factor")]
+        factor: f64,
+        /// The net's input window, pixels.
+        #[serde(default = "pyramid::default_window")]
+        window: u32,
+        #[serde(default = "image::default_mean")]
+        mean: [f32; 3],
+        #[serde(default = "image::default_std")]
+        std: [f32; 3],
+        #[serde(default = "image::default_scale")]
+        scale: f32,
+        #[serde(default)]
+        layout: Layout,
+        #[serde(default)]
+        channel_order: ChannelOrder,
+        /// Largest decoded image accepted, in pixels.
+        #[serde(default = "image::default_max_pixels")]
+        max_pixels: u64,
+    },
     /// The payload is already a tensor the pipeline feeds as is.
     None,
 }
@@ -156,6 +188,8 @@ pub enum Layout {
     #[default]
     Nchw,
     Nhwc,
+    /// Width before height (nets converted from Keras with the axes swapped, e.g. MTCNN).
+    Nwhc,
 }
 
 /// Order of the colour channels the model expects.
@@ -182,6 +216,7 @@ impl PreprocessConfig {
                 input_rate,
             } => audio::validate(*sample_rate, *window, *hop, *input_rate),
             PreprocessConfig::Image { .. } => image::validate(self),
+            PreprocessConfig::Pyramid { .. } => pyramid::validate(self),
             PreprocessConfig::Sensor {
                 length,
                 shape,
@@ -208,6 +243,7 @@ impl PreprocessConfig {
                 input_rate.unwrap_or(*sample_rate),
             )),
             PreprocessConfig::Image { .. } => Box::new(ImagePreprocessor::from_config(self)),
+            PreprocessConfig::Pyramid { .. } => Box::new(PyramidPreprocessor::from_config(self)),
             PreprocessConfig::Sensor {
                 length,
                 shape,

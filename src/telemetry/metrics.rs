@@ -249,6 +249,57 @@ impl Collector for DaemonCollector {
             1e-6,
             &BUCKETS_S,
         )?;
+        // Cascade stages, per pipeline and stage model.
+        let stage_rows: Vec<(Labels, &crate::pipeline::stages::StageStats)> = pipes
+            .iter()
+            .flat_map(|p| {
+                p.stage_stats().into_iter().map(|(model, st)| {
+                    (
+                        vec![("pipeline", p.name().to_string()), ("stage", model)],
+                        st,
+                    )
+                })
+            })
+            .collect();
+        histogram(
+            &mut enc,
+            "outpost_stage_latency_seconds",
+            "A cascade stage's work on one frame (crops, inference, postprocessing)",
+            &stage_rows
+                .iter()
+                .map(|(l, st)| (l.clone(), &st.latency_us))
+                .collect::<Vec<_>>(),
+            1e-6,
+            &BUCKETS_S,
+        )?;
+        for (name, help, f) in [
+            (
+                "outpost_stage_crops",
+                "Crops a cascade stage ran through its model",
+                (|st: &crate::pipeline::stages::StageStats| PipelineStats::get(&st.crops))
+                    as fn(&crate::pipeline::stages::StageStats) -> u64,
+            ),
+            (
+                "outpost_stage_boxes_capped",
+                "Boxes a cascade stage left out (more than its max_boxes)",
+                |st| PipelineStats::get(&st.capped),
+            ),
+            (
+                "outpost_stage_errors",
+                "Frames on which a cascade stage failed",
+                |st| PipelineStats::get(&st.errors),
+            ),
+        ] {
+            counter(
+                &mut enc,
+                name,
+                help,
+                &stage_rows
+                    .iter()
+                    .map(|(l, st)| (l.clone(), f(st)))
+                    .collect::<Vec<_>>(),
+            )?;
+        }
         histogram(
             &mut enc,
             "outpost_batch_size",

@@ -19,3 +19,4 @@ mod service;
 mod state;
 mod streams;
 mod uplink;
+mod vision;

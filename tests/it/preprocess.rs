@@ -179,9 +179,9 @@ fn ppocr_cls_reference_output_is_read_as_probabilities() {
         .process("line", &ItemMeta::default(), &[(name.to_string(), probs)])
         .unwrap()
         .unwrap();
-    // Upright synthetic line: label "0" from labels.txt, score the model's own probability.
-    assert_eq!(r["top"][0]["label"], "0", "{r}");
-    assert!((r["top"][0]["score"].as_f64().unwrap() - expected[0]).abs() < 1e-6);
+    // Upright synthetic line: angle 0, score the model's own probability.
+    assert_eq!(r["angle"], 0, "{r}");
+    assert!((r["angle_score"].as_f64().unwrap() - expected[0]).abs() < 1e-6);
 }
 
 #[test]
@@ -190,6 +190,10 @@ fn every_model_manifest_preprocess_and_postprocess_validate_and_build() {
         "silero_vad",
         "ppocr_det",
         "ppocr_cls",
+        "ppocr_rec",
+        "mtcnn_pnet",
+        "mtcnn_rnet",
+        "mtcnn_onet",
         "classifier",
         "sensor_mlp",
     ] {

@@ -116,8 +116,12 @@ fn models_list_loads_every_fetched_and_built_model() {
         names,
         [
             "classifier",
+            "mtcnn_onet",
+            "mtcnn_pnet",
+            "mtcnn_rnet",
             "ppocr_cls",
             "ppocr_det",
+            "ppocr_rec",
             "sensor_mlp",
             "silero_vad"
         ]

@@ -1,0 +1,229 @@
+//! Annotated snapshots: the latest frame of an image pipeline with the boxes
+//! of its latest record drawn (`GET /v1/pipelines/{name}/snapshot.jpg`), and
+//! the optional per-box thumbnails of records. The frame is kept as it
+//! came (a reference to its bytes) and decoded and drawn only when asked for.
+
+use std::sync::Mutex;
+
+use base64::Engine;
+use bytes::Bytes;
+use image::ImageEncoder;
+use serde_json::Value;
+
+use crate::preprocess::PreprocessConfig;
+use crate::preprocess::crop::{Rgb, decode_frame};
+
+/// Box outlines: green, 3 px wide (centred on the box edge), clear of JPEG blur.
+pub const BOX_COLOUR: [u8; 3] = [0, 255, 0];
+/// Landmarks: red 5x5 squares.
+pub const MARK_COLOUR: [u8; 3] = [255, 0, 0];
+
+/// The latest frame and record outputs of one pipeline.
+pub struct Latest {
+    /// How frames decode; `None` for pipelines that take no images.
+    pre: Option<PreprocessConfig>,
+    slot: Mutex<Option<(Bytes, Value)>>,
+}
+
+impl Latest {
+    pub fn new(pre: &PreprocessConfig) -> Latest {
+        let pre = matches!(
+            pre,
+            PreprocessConfig::Image { .. } | PreprocessConfig::Pyramid { .. }
+        )
+        .then(|| pre.clone());
+        Latest {
+            pre,
+            slot: Mutex::new(None),
+        }
+    }
+
+    pub fn takes_images(&self) -> bool {
+        self.pre.is_some()
+    }
+
+    /// Keeps a frame and its outputs (a reference count, no copy of the bytes).
+    pub fn keep(&self, payload: &Bytes, outputs: &Value) {
+        if self.pre.is_some() {
+            *self.slot.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((payload.clone(), outputs.clone()));
+        }
+    }
+
+    /// The latest frame with its boxes drawn, as JPEG; `None` before the first frame.
+    pub fn render(&self) -> Option<Result<Vec<u8>, String>> {
+        let pre = self.pre.as_ref()?;
+        let (payload, outputs) = self
+            .slot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()?;
+        Some((|| {
+            let mut img = decode_frame(&payload, pre).map_err(|e| e.to_string())?;
+            draw(&mut img, &outputs);
+            jpeg(&img, 90)
+        })())
+    }
+}
+
+fn four(v: &Value) -> Option<[f64; 4]> {
+    let a = v.as_array()?;
+    let x: Vec<f64> = a.iter().filter_map(Value::as_f64).collect();
+    (x.len() == 4).then(|| [x[0], x[1], x[2], x[3]])
+}
+
+/// Draws each box of `outputs.boxes` (and its landmarks).
+pub fn draw(img: &mut Rgb, outputs: &Value) {
+    let Some(boxes) = outputs.get("boxes").and_then(Value::as_array) else {
+        return;
+    };
+    for b in boxes {
+        if let Some(r) = b.get("box").and_then(four) {
+            rect(img, r);
+        }
+        for p in b
+            .get("landmarks")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some([x, y]) = p
+                .as_array()
+                .filter(|a| a.len() == 2)
+                .and_then(|a| Some([a[0].as_f64()?, a[1].as_f64()?]))
+            {
+                let (x, y) = (x.round() as i64, y.round() as i64);
+                fill(img, x - 2, y - 2, x + 3, y + 3, MARK_COLOUR);
+            }
+        }
+    }
+}
+
+fn fill(img: &mut Rgb, x0: i64, y0: i64, x1: i64, y1: i64, c: [u8; 3]) {
+    let (w, h) = (img.width as i64, img.height as i64);
+    for y in y0.max(0)..y1.min(h) {
+        for x in x0.max(0)..x1.min(w) {
+            let at = ((y * w + x) * 3) as usize;
+            img.pixels[at..at + 3].copy_from_slice(&c);
+        }
+    }
+}
+
+/// A 3 px outline centred on the box's edges.
+fn rect(img: &mut Rgb, r: [f64; 4]) {
+    let [x0, y0, x1, y1] = r.map(|v| v.round() as i64);
+    fill(img, x0 - 1, y0 - 1, x1 + 2, y0 + 2, BOX_COLOUR);
+    fill(img, x0 - 1, y1 - 1, x1 + 2, y1 + 2, BOX_COLOUR);
+    fill(img, x0 - 1, y0 - 1, x0 + 2, y1 + 2, BOX_COLOUR);
+    fill(img, x1 - 1, y0 - 1, x1 + 2, y1 + 2, BOX_COLOUR);
+}
+
+/// JPEG of packed RGB at `quality`.
+pub fn jpeg(img: &Rgb, quality: u8) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, quality)
+        .write_image(
+            &img.pixels,
+            img.width,
+            img.height,
+            image::ExtendedColorType::Rgb8,
+        )
+        .map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// A JPEG of the crop within `max_bytes`: lower quality first, then half
+/// the size, until it fits (`None` when even 8 px does not).
+pub fn thumbnail(crop: &Rgb, max_bytes: usize) -> Option<Vec<u8>> {
+    let mut img = crop.clone();
+    // Thumbnails are small: at most 256 px on the longer side.
+    let long = img.width.max(img.height);
+    if long > 256 {
+        let s = 256.0 / long as f64;
+        img = img
+            .resize(
+                ((img.width as f64 * s).round() as u32).max(1),
+                ((img.height as f64 * s).round() as u32).max(1),
+            )
+            .ok()?;
+    }
+    loop {
+        for q in [80u8, 60, 40, 25] {
+            let j = jpeg(&img, q).ok()?;
+            if j.len() <= max_bytes {
+                return Some(j);
+            }
+        }
+        if img.width.max(img.height) <= 8 {
+            return None;
+        }
+        img = img
+            .resize((img.width / 2).max(1), (img.height / 2).max(1))
+            .ok()?;
+    }
+}
+
+/// Adds `thumbnail` (base64 JPEG of the box's pixels) to each box.
+pub fn attach_thumbnails(frame: &Rgb, outputs: &mut Value, max_bytes: usize) {
+    let Some(boxes) = outputs.get_mut("boxes").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for b in boxes.iter_mut() {
+        let Some(r) = b.get("box").and_then(four) else {
+            continue;
+        };
+        let (x0, y0) = (r[0].floor() as i64, r[1].floor() as i64);
+        let (x1, y1) = (
+            (r[2].ceil() as i64).max(x0 + 1),
+            (r[3].ceil() as i64).max(y0 + 1),
+        );
+        let crop = frame.crop(
+            x0.max(0),
+            y0.max(0),
+            x1.min(frame.width as i64).max(x0.max(0) + 1),
+            y1.min(frame.height as i64).max(y0.max(0) + 1),
+        );
+        if let Some(j) = thumbnail(&crop, max_bytes) {
+            b["thumbnail"] = Value::String(base64::engine::general_purpose::STANDARD.encode(j));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grey(w: u32, h: u32) -> Rgb {
+        Rgb {
+            width: w,
+            height: h,
+            pixels: vec![128; (w * h * 3) as usize],
+        }
+    }
+
+    #[test]
+    fn draws_outlines_and_landmarks_inside_the_frame() {
+        let mut img = grey(50, 40);
+        let out = serde_json::json!({"boxes": [
+            {"box": [10.0, 10.0, 30.0, 20.0], "landmarks": [[20.0, 15.0]]},
+            {"box": [-100.0, -5.0, 400.0, 1e9]}
+        ]});
+        draw(&mut img, &out);
+        let at = |x: usize, y: usize| &img.pixels[(y * 50 + x) * 3..(y * 50 + x) * 3 + 3];
+        assert_eq!(at(20, 10), BOX_COLOUR);
+        assert_eq!(at(30, 15), BOX_COLOUR);
+        assert_eq!(at(20, 15), MARK_COLOUR);
+        assert_eq!(at(15, 15), &[128, 128, 128]);
+    }
+
+    #[test]
+    fn thumbnails_fit_their_bound() {
+        let mut img = grey(300, 200);
+        for (i, p) in img.pixels.iter_mut().enumerate() {
+            *p = (i * 7919 % 251) as u8; // noise compresses badly
+        }
+        let t = thumbnail(&img, 2_000).unwrap();
+        assert!(t.len() <= 2_000, "{}", t.len());
+        assert!(t.starts_with(&[0xFF, 0xD8]));
+    }
+}

@@ -1,0 +1,701 @@
+//! Cascaded stages: after the pipeline's model, each stage takes the boxes
+//! of the stage before, crops them from the original frame (padding, a
+//! rotation by the box's `angle` from an earlier classifier, resized to the
+//! stage model's input), runs the crops in batches through its model and
+//! merges its postprocessing's result into each box (`text`, `angle`, a
+//! refined `box` and `score`, `landmarks`...). A stage's result `None`
+//! drops the box; the stage's `finish_boxes` may drop or merge more (NMS).
+//!
+//! Invariants:
+//! - a frame's boxes pass the stages in order; a stage sees at most
+//!   `max_boxes` of them (the highest scores; the rest are left out of the
+//!   record and counted);
+//! - a failing stage (model error, bad output) leaves the boxes as the stage
+//!   before gave them, marks the record with `stage_error`, is counted and
+//!   logged; the pipeline keeps serving;
+//! - boxes outside the frame crop black pixels, never panic.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+use ndarray::{ArrayD, IxDyn};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::record::{ResultRecord, rfc3339};
+use super::snapshot;
+use super::worker::Pipeline;
+use super::{LatencyHistogram, PipelineConfig};
+use crate::backend::{Dim, Tensor};
+use crate::model::registry::LoadedModel;
+use crate::postprocess::{PostprocessConfig, Postprocessor};
+use crate::preprocess::crop::{Normalizer, Rgb, decode_frame};
+use crate::preprocess::{ItemMeta, Layout, OutputDType, PreprocessConfig, ResizeMode};
+use crate::source::Frame;
+
+fn default_max_boxes() -> usize {
+    256
+}
+fn default_stage_batch() -> usize {
+    8
+}
+fn default_rotate() -> bool {
+    true
+}
+fn default_thumbnail_bytes() -> usize {
+    20_000
+}
+/// A free-width stage input grows to fit long crops, up to this many times
+/// its declared width (a 48 px high text line up to 3200 px).
+const MAX_WIDTH_FACTOR: u32 = 10;
+
+/// `[[pipelines.stages]]`: a model run on each box of the stage before.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageConfig {
+    /// A model name in the model directory.
+    pub model: String,
+    /// Overrides the model's preprocessing (an `image` table: the crop's
+    /// size, normalization and `resize`).
+    #[serde(default)]
+    pub preprocess: Option<PreprocessConfig>,
+    /// Overrides the model's postprocessing.
+    #[serde(default)]
+    pub postprocess: Option<PostprocessConfig>,
+    /// Each side of a box grows by this fraction of the box's height before
+    /// cropping.
+    #[serde(default)]
+    pub padding: f32,
+    /// Boxes per frame this stage runs on, at most (highest scores first);
+    /// the others are left out of the record and counted.
+    #[serde(default = "default_max_boxes")]
+    pub max_boxes: usize,
+    /// Crops per inference run.
+    #[serde(default = "default_stage_batch")]
+    pub max_batch: usize,
+    /// Rotate each crop by its box's `angle` (from an earlier `angle` stage).
+    #[serde(default = "default_rotate")]
+    pub rotate: bool,
+}
+
+impl StageConfig {
+    pub fn validate(&self, at: &str) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.model.is_empty() {
+            p.push(format!("{at}.model: empty"));
+        }
+        if !self.padding.is_finite() || !(0.0..=2.0).contains(&self.padding) {
+            p.push(format!("{at}.padding: {} must be in 0..=2", self.padding));
+        }
+        if self.max_boxes == 0 || self.max_boxes > 100_000 {
+            p.push(format!(
+                "{at}.max_boxes: {} is out of range 1..=100000",
+                self.max_boxes
+            ));
+        }
+        if self.max_batch == 0 || self.max_batch > 1024 {
+            p.push(format!(
+                "{at}.max_batch: {} is out of range 1..=1024",
+                self.max_batch
+            ));
+        }
+        if let Some(pre) = &self.preprocess {
+            if !matches!(pre, PreprocessConfig::Image { .. }) {
+                p.push(format!(
+                    "{at}.preprocess: a stage takes an `image` preprocessing"
+                ));
+            }
+            p.extend(
+                pre.validate()
+                    .into_iter()
+                    .map(|e| format!("{at}.preprocess: {e}")),
+            );
+        }
+        if let Some(post) = &self.postprocess {
+            p.extend(
+                post.validate()
+                    .into_iter()
+                    .map(|e| format!("{at}.postprocess: {e}")),
+            );
+        }
+        p
+    }
+}
+
+/// `thumbnails = { max_bytes = 20000 }`: each box of a record carries a
+/// small JPEG of its crop (base64, `thumbnail`), at most `max_bytes` — the
+/// one exception to results-only records, off by default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThumbnailConfig {
+    /// Largest JPEG per box, bytes (before base64).
+    #[serde(default = "default_thumbnail_bytes")]
+    pub max_bytes: usize,
+}
+
+impl ThumbnailConfig {
+    pub fn validate(&self, at: &str) -> Vec<String> {
+        if self.max_bytes < 500 {
+            vec![format!(
+                "{at}.max_bytes: {} is too small for any JPEG (at least 500)",
+                self.max_bytes
+            )]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+/// Counters of one stage.
+#[derive(Default)]
+pub struct StageStats {
+    /// The stage's whole work on one frame (crops, inference, postprocessing), µs.
+    pub latency_us: LatencyHistogram,
+    /// Crops run through the model.
+    pub crops: AtomicU64,
+    /// Boxes left out by `max_boxes`.
+    pub capped: AtomicU64,
+    /// Frames on which the stage failed.
+    pub errors: AtomicU64,
+}
+
+struct Stage {
+    cfg: StageConfig,
+    model: Arc<LoadedModel>,
+    input: String,
+    norm: Normalizer,
+    width: u32,
+    height: u32,
+    resize: ResizeMode,
+    /// The model's width axis is free: `pad_right` batches grow to the widest crop.
+    free_width: bool,
+    post: Mutex<Box<dyn Postprocessor>>,
+    stats: StageStats,
+}
+
+/// The stages of a pipeline and how its frames are decoded for cropping.
+pub struct Cascade {
+    stages: Vec<Stage>,
+    frame_pre: PreprocessConfig,
+    thumbnails: Option<ThumbnailConfig>,
+}
+
+/// Whether a pipeline runs through the cascade path.
+pub fn needs_cascade(cfg: &PipelineConfig, pre: &PreprocessConfig) -> bool {
+    !cfg.stages.is_empty()
+        || cfg.thumbnails.is_some()
+        || matches!(pre, PreprocessConfig::Pyramid { .. })
+}
+
+impl Cascade {
+    /// Builds the stages of `cfg` with their loaded `models` (in stage order).
+    pub fn new(
+        cfg: &PipelineConfig,
+        frame_pre: PreprocessConfig,
+        models: &[Arc<LoadedModel>],
+    ) -> Result<Cascade, String> {
+        if models.len() != cfg.stages.len() {
+            return Err(format!(
+                "{} stages configured, {} stage models loaded",
+                cfg.stages.len(),
+                models.len()
+            ));
+        }
+        let mut stages = Vec::new();
+        let mut problems = Vec::new();
+        for (i, (sc, model)) in cfg.stages.iter().zip(models).enumerate() {
+            match Stage::new(sc, model.clone()) {
+                Ok(s) => stages.push(s),
+                Err(e) => problems.push(format!("stage {} (`{}`): {e}", i + 1, sc.model)),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems.join("; "));
+        }
+        Ok(Cascade {
+            stages,
+            frame_pre,
+            thumbnails: cfg.thumbnails.clone(),
+        })
+    }
+
+    /// `(stage model, stats)` per stage, in order.
+    pub fn stats(&self) -> Vec<(String, &StageStats)> {
+        self.stages
+            .iter()
+            .map(|s| (s.model.id(), &s.stats))
+            .collect()
+    }
+
+    /// Runs frames one by one: decode, model (every item of the frame, e.g.
+    /// pyramid levels), merge, stages, record.
+    pub fn process(&self, pl: &Pipeline, frames: Vec<Frame>, worker: usize) {
+        for f in frames {
+            let taken = Instant::now();
+            pl.stats
+                .queue_us
+                .record(taken.saturating_duration_since(f.received).as_micros() as u64);
+            let answer = self.frame(pl, &f, worker, taken);
+            pl.stats.frames_done.fetch_add(1, Ordering::Relaxed);
+            pl.stats
+                .e2e_us
+                .record(f.received.elapsed().as_micros() as u64);
+            if let Some(tx) = f.reply {
+                let _ = tx.send(answer);
+            }
+        }
+    }
+
+    fn frame(
+        &self,
+        pl: &Pipeline,
+        f: &Frame,
+        worker: usize,
+        taken: Instant,
+    ) -> Result<Vec<ResultRecord>, String> {
+        let model = pl.model();
+        let drop = |reason: &'static str, e: String| {
+            pl.count_drop(reason, &format!("stream {}: {e}", f.stream));
+            e
+        };
+        let slot = worker % pl.pre.len().max(1);
+        let items = {
+            let Some(pre) = pl.pre.get(slot) else {
+                return Err(drop("config", "no preprocessor".into()));
+            };
+            let mut pre = super::worker::lock(pre);
+            pre.process(&f.stream, &f.payload)
+                .map_err(|e| drop(e.reason(), e.to_string()))?
+        };
+        let frame = if self.stages.is_empty() && self.thumbnails.is_none() {
+            None
+        } else {
+            Some(
+                decode_frame(&f.payload, &self.frame_pre)
+                    .map_err(|e| drop(e.reason(), e.to_string()))?,
+            )
+        };
+        pl.stats
+            .decode_us
+            .record(taken.elapsed().as_micros() as u64);
+        pl.stats
+            .items
+            .fetch_add(items.len() as u64, Ordering::Relaxed);
+        let mut results = Vec::with_capacity(items.len());
+        let mut inference_us = 0u64;
+        let Some(post) = pl.post.get(slot) else {
+            return Err(drop("config", "no postprocessor".into()));
+        };
+        let mut post = super::worker::lock(post);
+        for item in &items {
+            let t0 = Instant::now();
+            let inputs: Vec<(&str, &Tensor)> =
+                std::iter::once((pl.main_input.as_str(), &item.tensor))
+                    .chain(pl.constants.iter().map(|(n, t)| (n.as_str(), t)))
+                    .collect();
+            let out = model.run(&inputs);
+            let us = t0.elapsed().as_micros() as u64;
+            inference_us += us;
+            pl.stats.inference_us_total.fetch_add(us, Ordering::Relaxed);
+            pl.stats.inference_us.record(us);
+            pl.stats.batches.fetch_add(1, Ordering::Relaxed);
+            pl.stats.batch_items.fetch_add(1, Ordering::Relaxed);
+            pl.stats.batch_sizes.record(1);
+            let out = out.map_err(|e| drop("inference_error", e.to_string()))?;
+            match post.process(&f.stream, &item.meta, &out) {
+                Ok(Some(v)) => results.push(v),
+                Ok(None) => {}
+                Err(e) => return Err(drop("postprocess_error", e.to_string())),
+            }
+        }
+        let output_start = Instant::now();
+        let merged = if results.is_empty() {
+            None
+        } else {
+            post.merge_items(results)
+        };
+        drop_guard(post);
+        let Some(mut value) = merged else {
+            return Ok(Vec::new());
+        };
+        if let Some(frame) = &frame {
+            for stage in &self.stages {
+                let t0 = Instant::now();
+                let r = stage.run(frame, &mut value, &f.stream);
+                stage
+                    .stats
+                    .latency_us
+                    .record(t0.elapsed().as_micros() as u64);
+                if let Err(e) = r {
+                    stage.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    let e = format!("stage `{}`: {e}", stage.model.id());
+                    pl.count_drop("stage_error", &format!("stream {}: {e}", f.stream));
+                    value["stage_error"] = Value::String(e);
+                    break;
+                }
+            }
+        }
+        // Crop rectangles are for the stages only.
+        if let Some(boxes) = value.get_mut("boxes").and_then(Value::as_array_mut) {
+            for b in boxes.iter_mut() {
+                if let Some(o) = b.as_object_mut() {
+                    o.remove("crop");
+                }
+            }
+        }
+        pl.snapshot.keep(&f.payload, &value);
+        if let (Some(t), Some(frame)) = (&self.thumbnails, &frame) {
+            snapshot::attach_thumbnails(frame, &mut value, t.max_bytes);
+        }
+        let (id, seq) = pl.ids.next();
+        let rec = ResultRecord {
+            id,
+            device: pl.ids.device.clone(),
+            pipeline: pl.cfg.name.clone(),
+            stream: f.stream.to_string(),
+            seq,
+            ts: rfc3339(SystemTime::now()),
+            model: model.id(),
+            ep: model.provider.as_str().to_string(),
+            latency_us: inference_us,
+            outputs: value,
+        };
+        let stored = pl.sink.store(&rec);
+        pl.stats
+            .output_us
+            .record(output_start.elapsed().as_micros() as u64);
+        match stored {
+            Ok(()) => {
+                pl.stats.records.fetch_add(1, Ordering::Relaxed);
+                Ok(vec![rec])
+            }
+            Err(e) => Err(drop("store_error", e)),
+        }
+    }
+}
+
+/// Ends a lock guard's borrow early (readability at the call site).
+fn drop_guard<T>(g: T) {
+    std::mem::drop(g);
+}
+
+impl Stage {
+    fn new(sc: &StageConfig, model: Arc<LoadedModel>) -> Result<Stage, String> {
+        let m = &model.manifest;
+        let pre = sc
+            .preprocess
+            .clone()
+            .or_else(|| m.preprocess.clone())
+            .ok_or_else(|| format!("model `{}` declares no preprocessing", m.name))?;
+        let post_cfg = sc
+            .postprocess
+            .clone()
+            .or_else(|| m.postprocess.clone())
+            .unwrap_or_default();
+        let mut problems = pre.validate();
+        problems.extend(post_cfg.validate());
+        let PreprocessConfig::Image {
+            width,
+            height,
+            mean,
+            std,
+            scale,
+            layout,
+            channel_order,
+            resize,
+            dtype,
+            ..
+        } = &pre
+        else {
+            return Err("a stage's preprocessing must be of type `image`".into());
+        };
+        if *dtype != OutputDType::F32 {
+            problems.push("stage crops are f32 tensors: set `dtype = \"f32\"`".into());
+        }
+        let input = m
+            .inputs
+            .iter()
+            .find(|i| i.fill.is_none() && !m.is_state_input(&i.name))
+            .ok_or_else(|| format!("model `{}` has no input a crop could feed", m.name))?;
+        if m.inputs.len() != 1 {
+            problems.push(format!(
+                "model `{}` has {} inputs; a stage feeds exactly one",
+                m.name,
+                m.inputs.len()
+            ));
+        }
+        if let Some(out) = post_cfg.output()
+            && !m.outputs.iter().any(|o| o.name == out)
+        {
+            problems.push(format!(
+                "postprocessing reads output `{out}`, which model `{}` does not have",
+                m.name
+            ));
+        }
+        let width_axis = match layout {
+            Layout::Nchw => 3,
+            Layout::Nhwc => 2,
+            Layout::Nwhc => 1,
+        };
+        let free_width = *resize == ResizeMode::PadRight
+            && matches!(input.shape.get(width_axis), Some(Dim::Symbolic(_)));
+        if !problems.is_empty() {
+            return Err(problems.join("; "));
+        }
+        let base = model
+            .path
+            .parent()
+            .map(|p| p.to_path_buf())
+            .unwrap_or_default();
+        let post = post_cfg.build(&base).map_err(|e| e.to_string())?;
+        Ok(Stage {
+            cfg: sc.clone(),
+            input: input.name.clone(),
+            norm: Normalizer::new(*mean, *std, *scale, *channel_order, *layout),
+            width: *width,
+            height: *height,
+            resize: *resize,
+            free_width,
+            post: Mutex::new(post),
+            stats: StageStats::default(),
+            model,
+        })
+    }
+
+    /// The pixels of one box: its `crop` rectangle when a postprocessor set
+    /// one, else its `box` grown by the padding; then the rotation.
+    fn crop(&self, frame: &Rgb, b: &Map<String, Value>) -> Result<Rgb, String> {
+        let four = |key: &str| -> Option<[f64; 4]> {
+            let a = b.get(key)?.as_array()?;
+            let v: Vec<f64> = a.iter().filter_map(Value::as_f64).collect();
+            (v.len() == 4 && v.iter().all(|x| x.is_finite())).then(|| [v[0], v[1], v[2], v[3]])
+        };
+        // Far outside any frame: a broken box, not a crop.
+        let limit = 4.0 * (frame.width.max(frame.height) as f64 + 1.0);
+        let (x0, y0, x1, y1) = if let Some(c) = four("crop") {
+            (c[0], c[1], c[2], c[3])
+        } else if let Some(r) = four("box") {
+            let pad = self.cfg.padding as f64 * (r[3] - r[1]);
+            (
+                (r[0] - pad).floor(),
+                (r[1] - pad).floor(),
+                (r[2] + pad).ceil(),
+                (r[3] + pad).ceil(),
+            )
+        } else {
+            return Err(format!(
+                "box without 4 finite corners: {}",
+                Value::Object(b.clone())
+            ));
+        };
+        if [x0, y0, x1, y1].iter().any(|v| v.abs() > limit) {
+            return Err(format!(
+                "box [{x0}, {y0}, {x1}, {y1}] lies far outside the frame"
+            ));
+        }
+        // At least one pixel: a degenerate box still gets an answer.
+        let (x0, y0) = (x0 as i64, y0 as i64);
+        let (x1, y1) = ((x1 as i64).max(x0 + 1), (y1 as i64).max(y0 + 1));
+        let mut img = frame.crop(x0, y0, x1, y1);
+        if self.cfg.rotate
+            && let Some(a) = b.get("angle").and_then(Value::as_u64)
+        {
+            img = img.rotate((a % 360) as u16);
+        }
+        Ok(img)
+    }
+
+    /// The size a crop is resized to, within a batch `batch_w` wide.
+    fn fit(&self, img: &Rgb, batch_w: u32) -> (u32, u32) {
+        match self.resize {
+            ResizeMode::Stretch => (self.width, self.height),
+            ResizeMode::PadRight | ResizeMode::Letterbox => {
+                let ratio = img.width as f64 / img.height.max(1) as f64;
+                let w = (self.height as f64 * ratio).ceil() as u32;
+                (w.clamp(1, batch_w), self.height)
+            }
+        }
+    }
+
+    fn run(&self, frame: &Rgb, value: &mut Value, stream: &str) -> Result<(), String> {
+        let Some(list) = value.get_mut("boxes").and_then(Value::as_array_mut) else {
+            return Ok(());
+        };
+        let mut boxes: Vec<Value> = std::mem::take(list);
+        if boxes.len() > self.cfg.max_boxes {
+            // Keep the highest scores, in their original order.
+            let mut idx: Vec<usize> = (0..boxes.len()).collect();
+            let score = |v: &Value| v.get("score").and_then(Value::as_f64).unwrap_or(0.0);
+            idx.sort_by(|a, b| score(&boxes[*b]).total_cmp(&score(&boxes[*a])));
+            let mut keep = vec![false; boxes.len()];
+            for i in idx.into_iter().take(self.cfg.max_boxes) {
+                keep[i] = true;
+            }
+            let capped = boxes.len() - self.cfg.max_boxes;
+            self.stats
+                .capped
+                .fetch_add(capped as u64, Ordering::Relaxed);
+            let mut k = keep.into_iter();
+            boxes.retain(|_| k.next().unwrap_or(false));
+            let prev = value.get("capped").and_then(Value::as_u64).unwrap_or(0);
+            value["capped"] = Value::from(prev + capped as u64);
+        }
+        let result = self.run_boxes(frame, boxes, stream);
+        let (kept, err) = match result {
+            Ok(b) => (b, None),
+            Err((b, e)) => (b, Some(e)),
+        };
+        value["boxes"] = Value::Array(kept);
+        err.map_or(Ok(()), Err)
+    }
+
+    /// The boxes after this stage; on failure the boxes as they came, and the error.
+    fn run_boxes(
+        &self,
+        frame: &Rgb,
+        boxes: Vec<Value>,
+        stream: &str,
+    ) -> Result<Vec<Value>, (Vec<Value>, String)> {
+        let mut crops = Vec::with_capacity(boxes.len());
+        for b in &boxes {
+            let Some(o) = b.as_object() else {
+                return Err((boxes, "a box is not an object".into()));
+            };
+            match self.crop(frame, o) {
+                Ok(c) => crops.push(c),
+                Err(e) => return Err((boxes, e)),
+            }
+        }
+        // Sorting by aspect ratio keeps batches of similar widths (less padding).
+        let mut order: Vec<usize> = (0..crops.len()).collect();
+        if self.free_width {
+            let ratio = |c: &Rgb| c.width as f64 / c.height.max(1) as f64;
+            order.sort_by(|a, b| ratio(&crops[*a]).total_cmp(&ratio(&crops[*b])));
+        }
+        let mut results: Vec<Option<Value>> = vec![None; boxes.len()];
+        let mut post = super::worker::lock(&self.post);
+        for chunk in order.chunks(self.cfg.max_batch.max(1)) {
+            let batch_w = if self.free_width {
+                chunk
+                    .iter()
+                    .map(|&i| {
+                        let c = &crops[i];
+                        (self.height as f64 * c.width as f64 / c.height.max(1) as f64).ceil() as u32
+                    })
+                    .max()
+                    .unwrap_or(self.width)
+                    .clamp(self.width, self.width * MAX_WIDTH_FACTOR)
+            } else {
+                self.width
+            };
+            let (w, h) = (batch_w as usize, self.height as usize);
+            let per = 3 * w * h;
+            let mut data = vec![0f32; per * chunk.len()];
+            for (k, &i) in chunk.iter().enumerate() {
+                let (rw, rh) = self.fit(&crops[i], batch_w);
+                let img = crops[i]
+                    .resize(rw, rh)
+                    .map_err(|e| (boxes.clone(), e.to_string()))?;
+                self.norm
+                    .write(&img, &mut data[k * per..(k + 1) * per], w, h);
+            }
+            let shape = self.norm.shape(chunk.len(), w, h);
+            let tensor = ArrayD::from_shape_vec(IxDyn(&shape), data)
+                .map(Tensor::F32)
+                .map_err(|e| (boxes.clone(), e.to_string()))?;
+            let outputs = self
+                .model
+                .run(&[(self.input.as_str(), &tensor)])
+                .map_err(|e| (boxes.clone(), e.to_string()))?;
+            self.stats
+                .crops
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            let n = chunk.len();
+            let mut per_item: Vec<Vec<(String, Tensor)>> = vec![Vec::new(); n];
+            for (name, t) in outputs {
+                match t.split0(n) {
+                    Some(pieces) if t.shape().first() == Some(&n) => {
+                        for (k, piece) in pieces.into_iter().enumerate() {
+                            per_item[k].push((name.clone(), piece));
+                        }
+                    }
+                    _ => {
+                        return Err((
+                            boxes,
+                            format!(
+                                "output `{name}` has shape {:?}: no batch axis of {n}",
+                                t.shape()
+                            ),
+                        ));
+                    }
+                }
+            }
+            for (&i, outs) in chunk.iter().zip(per_item) {
+                match post.process(stream, &ItemMeta::default(), &outs) {
+                    Ok(r) => results[i] = r,
+                    Err(e) => return Err((boxes, e.to_string())),
+                }
+            }
+        }
+        let merged: Vec<Value> = boxes
+            .into_iter()
+            .zip(results)
+            .filter_map(|(mut b, r)| {
+                let r = r?;
+                if let (Some(o), Value::Object(add)) = (b.as_object_mut(), r) {
+                    o.extend(add);
+                }
+                Some(b)
+            })
+            .collect();
+        Ok(post.finish_boxes(merged))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stages_parse_with_defaults_and_every_problem_is_reported() {
+        let c: PipelineConfig = toml::from_str(
+            r#"
+name = "labels"
+model = "ppocr_det"
+source = { type = "http" }
+thumbnails = { max_bytes = 20000 }
+[[stages]]
+model = "ppocr_cls"
+[[stages]]
+model = "ppocr_rec"
+padding = 0.1
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.stages.len(), 2);
+        let s = &c.stages[0];
+        assert_eq!(
+            (s.max_boxes, s.max_batch, s.rotate, s.padding),
+            (256, 8, true, 0.0)
+        );
+        assert_eq!(c.thumbnails, Some(ThumbnailConfig { max_bytes: 20000 }));
+        assert!(c.validate("p").is_empty(), "{:?}", c.validate("p"));
+        let bad = PipelineConfig {
+            stages: vec![StageConfig {
+                model: String::new(),
+                padding: -1.0,
+                max_boxes: 0,
+                max_batch: 0,
+                ..c.stages[0].clone()
+            }],
+            thumbnails: Some(ThumbnailConfig { max_bytes: 10 }),
+            ..c
+        };
+        assert_eq!(bad.validate("p").len(), 5, "{:?}", bad.validate("p"));
+        assert!(
+            toml::from_str::<StageConfig>("model = \"x\"\nmax_box = 3").is_err(),
+            "unknown keys are refused"
+        );
+    }
+}

@@ -1,0 +1,390 @@
+//! Imagery results a person can check: OCR (PP-OCR det -> cls -> rec as
+//! cascaded stages) on rendered text against the known strings and against
+//! RapidOCR's own Python pipeline; MTCNN faces on real photographs against
+//! the package's Python reference; annotated snapshots; the stage edge cases
+//! (no boxes, capped boxes, a failing stage model).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::common::*;
+
+const LABELS: &str = r#"
+[[pipelines]]
+name = "labels"
+model = "ppocr_det"
+source = { type = "http" }
+[[pipelines.stages]]
+model = "ppocr_cls"
+[[pipelines.stages]]
+model = "ppocr_rec"
+"#;
+
+const FACES: &str = r#"
+[[pipelines]]
+name = "faces"
+model = "mtcnn_pnet"
+source = { type = "http" }
+[[pipelines.stages]]
+model = "mtcnn_rnet"
+[[pipelines.stages]]
+model = "mtcnn_onet"
+"#;
+
+fn config(pipelines: &str) -> String {
+    format!(
+        "data_dir = \"{{DATA}}\"\nmodel_dir = \"{}\"\n[api]\nlisten = \"{{API}}\"\n{pipelines}",
+        model_dir().display()
+    )
+}
+
+fn vision_script(name: &str) -> PathBuf {
+    root().join("tests/vision").join(name)
+}
+
+/// Runs a Python helper; fails the test with its stderr (a missing package
+/// or font names itself there).
+fn python(script: &str, args: &[&Path]) -> String {
+    let o = run(Command::new("python3")
+        .arg(vision_script(script))
+        .args(args));
+    assert!(o.status.success(), "{script} failed:\n{}", stderr(&o));
+    stdout(&o)
+}
+
+/// The records of posting `body` to `pipeline`.
+fn infer(d: &Daemon, pipeline: &str, body: &[u8]) -> Vec<Value> {
+    let (code, resp) = http(
+        "POST",
+        &d.api,
+        &format!("/v1/pipelines/{pipeline}/infer?stream=cam"),
+        body,
+    )
+    .unwrap();
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&resp));
+    let v: Value = serde_json::from_slice(&resp).unwrap();
+    v["records"].as_array().cloned().unwrap_or_default()
+}
+
+fn boxes(rec: &Value) -> Vec<Value> {
+    rec["outputs"]["boxes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn squash(s: &str) -> Vec<char> {
+    s.chars().filter(|c| !c.is_whitespace()).collect()
+}
+
+fn levenshtein(a: &[char], b: &[char]) -> usize {
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != cb))
+                .min(prev[j + 1] + 1)
+                .min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+#[test]
+fn ocr_reads_rendered_text_within_five_percent_and_as_rapidocr_does() {
+    let pages = tempfile::tempdir().unwrap();
+    python("render_text.py", &[pages.path()]);
+    let truth: BTreeMap<String, Vec<String>> =
+        serde_json::from_slice(&std::fs::read(pages.path().join("truth.json")).unwrap()).unwrap();
+    let files: Vec<PathBuf> = truth
+        .keys()
+        .map(|n| pages.path().join(format!("{n}.png")))
+        .collect();
+    let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let rapid: BTreeMap<String, Vec<String>> =
+        serde_json::from_str(&python("rapidocr_ref.py", &refs)).unwrap();
+
+    let d = Daemon::start(&config(LABELS));
+    let (mut edits, mut chars, mut rapid_edits, mut same) = (0, 0, 0, 0);
+    let mut table = String::new();
+    for (name, lines) in &truth {
+        let path = pages.path().join(format!("{name}.png"));
+        let recs = infer(&d, "labels", &std::fs::read(&path).unwrap());
+        assert_eq!(recs.len(), 1, "{recs:?}");
+        let ours: Vec<String> = boxes(&recs[0])
+            .iter()
+            .map(|b| b["text"].as_str().unwrap_or("").to_string())
+            .collect();
+        let want = squash(&lines.join(""));
+        let got = squash(&ours.join(""));
+        let theirs = squash(&rapid[&path.display().to_string()].join(""));
+        let e = levenshtein(&got, &want);
+        let re = levenshtein(&theirs, &want);
+        edits += e;
+        rapid_edits += re;
+        chars += want.len();
+        same += usize::from(got == theirs);
+        table += &format!(
+            "{name:<8} edits {e:>2} (rapidocr {re:>2})  outpost {ours:?}  rapidocr {:?}\n",
+            rapid[&path.display().to_string()]
+        );
+    }
+    let cer = edits as f64 / chars as f64;
+    let rapid_cer = rapid_edits as f64 / chars as f64;
+    eprintln!(
+        "{table}character error rate (whitespace ignored): outpost {:.2} %, rapidocr {:.2} %; \
+         {same}/{} pages read identically",
+        cer * 100.0,
+        rapid_cer * 100.0,
+        truth.len()
+    );
+    assert!(cer <= 0.05, "CER {cer:.4} > 5 %:\n{table}");
+    // The same models on the same pages: outpost may differ where its boxes
+    // differ (axis-aligned, one box per line), but must not read worse.
+    assert!(
+        cer <= rapid_cer + 0.01,
+        "outpost {cer:.4} vs rapidocr {rapid_cer:.4}:\n{table}"
+    );
+}
+
+/// The reference's box convention: x = max(0, int(x1)), w = int(x2 - x).
+fn xywh(b: &Value) -> [i64; 4] {
+    let f = |i: usize| b["box"][i].as_f64().unwrap();
+    let (x, y) = ((f(0) as i64).max(0), (f(1) as i64).max(0));
+    [x, y, (f(2) - x as f64) as i64, (f(3) - y as f64) as i64]
+}
+
+#[test]
+fn faces_match_the_python_reference_and_photos_without_faces_give_none() {
+    let images: Vec<PathBuf> = [
+        "astronaut.png",
+        "camera.png",
+        "chelsea.png",
+        "coffee.png",
+        "motorcycle_left.png",
+        "rocket.jpg",
+    ]
+    .iter()
+    .map(|n| model_dir().join("images").join(n))
+    .collect();
+    let refs: Vec<&Path> = images.iter().map(PathBuf::as_path).collect();
+    let reference: BTreeMap<String, Vec<Value>> =
+        serde_json::from_str(&python("mtcnn_ref.py", &refs)).unwrap();
+    // The photographs: one face each in astronaut and camera, none elsewhere.
+    let counts: Vec<usize> = images
+        .iter()
+        .map(|p| reference[&p.display().to_string()].len())
+        .collect();
+    assert_eq!(counts, [1, 1, 0, 0, 0, 0], "{reference:?}");
+
+    let d = Daemon::start(&config(FACES));
+    for p in &images {
+        let want = &reference[&p.display().to_string()];
+        let recs = infer(&d, "faces", &std::fs::read(p).unwrap());
+        let got = recs.first().map(boxes).unwrap_or_default();
+        assert_eq!(
+            got.len(),
+            want.len(),
+            "{}: {got:?} vs {want:?}",
+            p.display()
+        );
+        for (g, w) in got.iter().zip(want) {
+            let (gb, wb) = (xywh(g), &w["box"]);
+            for k in 0..4 {
+                let wv = wb[k].as_i64().unwrap();
+                assert!(
+                    (gb[k] - wv).abs() <= 2,
+                    "{}: box {gb:?} vs {wb}",
+                    p.display()
+                );
+            }
+            let (gs, ws) = (
+                g["score"].as_f64().unwrap(),
+                w["confidence"].as_f64().unwrap(),
+            );
+            assert!(
+                (gs - ws).abs() <= 0.01,
+                "{}: score {gs} vs {ws}",
+                p.display()
+            );
+            let marks = g["landmarks"].as_array().unwrap();
+            assert_eq!(marks.len(), 5);
+            for (m, key) in
+                marks
+                    .iter()
+                    .zip(["left_eye", "right_eye", "nose", "mouth_left", "mouth_right"])
+            {
+                for k in 0..2 {
+                    let (a, b) = (
+                        m[k].as_f64().unwrap(),
+                        w["keypoints"][key][k].as_f64().unwrap(),
+                    );
+                    assert!(
+                        (a - b).abs() <= 2.0,
+                        "{}: {key} {m} vs {}",
+                        p.display(),
+                        w["keypoints"][key]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn snapshot_draws_the_boxes_of_the_latest_record() {
+    let d = Daemon::start(&config(FACES));
+    // Before any frame: 404 with a JSON error.
+    let (code, body) = http("GET", &d.api, "/v1/pipelines/faces/snapshot.jpg", b"").unwrap();
+    assert_eq!(code, 404);
+    let e: Value = serde_json::from_slice(&body).unwrap();
+    assert!(
+        e["error"].as_str().unwrap().contains("no image frame yet"),
+        "{e}"
+    );
+
+    let photo = std::fs::read(model_dir().join("images/astronaut.png")).unwrap();
+    let recs = infer(&d, "faces", &photo);
+    let faces = boxes(&recs[0]);
+    assert_eq!(faces.len(), 1);
+    let (code, jpeg) = http("GET", &d.api, "/v1/pipelines/faces/snapshot.jpg", b"").unwrap();
+    assert_eq!(code, 200);
+    let img = image::load_from_memory_with_format(&jpeg, image::ImageFormat::Jpeg)
+        .expect("a valid JPEG")
+        .into_rgb8();
+    assert_eq!(img.dimensions(), (512, 512));
+    let green = |x: f64, y: f64| {
+        let p = img.get_pixel(x.round() as u32, y.round() as u32).0;
+        p[1] > 180 && p[0] < 110 && p[2] < 110
+    };
+    let b: Vec<f64> = (0..4)
+        .map(|k| faces[0]["box"][k].as_f64().unwrap())
+        .collect();
+    let (cx, cy) = ((b[0] + b[2]) / 2.0, (b[1] + b[3]) / 2.0);
+    // The outline runs along each edge of the recorded box, and only there.
+    for (x, y) in [(cx, b[1]), (cx, b[3]), (b[0], cy), (b[2], cy)] {
+        assert!(
+            green(x, y),
+            "no outline at ({x}, {y}): {:?}",
+            img.get_pixel(x as u32, y as u32)
+        );
+    }
+    assert!(!green(cx, cy) && !green(b[0] - 8.0, cy) && !green(cx, b[3] + 8.0));
+    // The original photograph has no such green there.
+    let orig = image::load_from_memory(&photo).unwrap().into_rgb8();
+    let p = orig.get_pixel(cx as u32, b[1].round() as u32).0;
+    assert!(!(p[1] > 180 && p[0] < 110 && p[2] < 110));
+    let (code, _) = http("GET", &d.api, "/v1/pipelines/nope/snapshot.jpg", b"").unwrap();
+    assert_eq!(code, 404);
+}
+
+/// A page of many separate words: more boxes than the stage takes.
+fn word_grid(cols: u32, rows: u32) -> Vec<u8> {
+    let pages = tempfile::tempdir().unwrap();
+    let out = pages.path().join("grid.png");
+    let script = format!(
+        "from PIL import Image, ImageDraw\n\
+         img = Image.new('RGB', ({w}, {h}), (236, 233, 226))\n\
+         g = ImageDraw.Draw(img)\n\
+         for r in range({rows}):\n\
+         \x20   for c in range({cols}):\n\
+         \x20       g.text((10 + c * 90, 10 + r * 40), 'ab%d' % ((r * {cols} + c) % 10), fill=(20, 20, 30), font_size=22)\n\
+         img.save('{out}')\n",
+        w = cols * 90 + 20,
+        h = rows * 40 + 20,
+        out = out.display()
+    );
+    let o = run(Command::new("python3").args(["-c", &script]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::read(out).unwrap()
+}
+
+#[test]
+fn stages_handle_no_boxes_capped_boxes_and_a_failing_model() {
+    // Stage 1 takes at most 20 boxes; the `broken` pipeline's second stage
+    // feeds a 224x224 classifier 100x100 crops, which the model refuses.
+    let pipelines = format!(
+        "{LABELS}max_boxes = 20\n\
+         [[pipelines]]\nname = \"broken\"\nmodel = \"ppocr_det\"\nsource = {{ type = \"http\" }}\n\
+         [[pipelines.stages]]\nmodel = \"ppocr_cls\"\n\
+         [[pipelines.stages]]\nmodel = \"classifier\"\n\
+         [pipelines.stages.preprocess]\ntype = \"image\"\nwidth = 100\nheight = 100\n"
+    );
+    let d = Daemon::start(&config(&pipelines));
+
+    // Zero boxes: a blank page gives a record without boxes, no error.
+    let blank = {
+        let img = image::RgbImage::from_pixel(320, 200, image::Rgb([236, 233, 226]));
+        let mut out = Vec::new();
+        img.write_to(&mut std::io::Cursor::new(&mut out), image::ImageFormat::Png)
+            .unwrap();
+        out
+    };
+    let recs = infer(&d, "labels", &blank);
+    assert!(boxes(&recs[0]).is_empty() && recs[0]["outputs"].get("stage_error").is_none());
+
+    // Many boxes: the first stage takes 20, the rest are counted and left out.
+    let grid = word_grid(8, 12);
+    let recs = infer(&d, "labels", &grid);
+    let out = &recs[0]["outputs"];
+    let capped = out["capped"].as_u64().unwrap_or(0);
+    assert!(capped >= 40, "{out}");
+    assert_eq!(boxes(&recs[0]).len(), 20, "{out}");
+    assert!(
+        boxes(&recs[0])
+            .iter()
+            .all(|b| b["text"].as_str().is_some_and(|t| t.starts_with("ab"))),
+        "{out}"
+    );
+
+    // A failing stage: the record keeps the earlier stages' results and says
+    // what failed; the pipeline serves the next frame; errors are counted.
+    let page = std::fs::read({
+        let dir = d.dir.path().join("pages");
+        python("render_text.py", &[&dir]);
+        dir.join("report.png")
+    })
+    .unwrap();
+    for _ in 0..2 {
+        let recs = infer(&d, "broken", &page);
+        let out = &recs[0]["outputs"];
+        let err = out["stage_error"].as_str().unwrap_or_default();
+        assert!(err.contains("classifier"), "{out}");
+        assert!(
+            boxes(&recs[0]).iter().all(|b| b.get("angle").is_some()),
+            "{out}"
+        );
+    }
+    let st = d.status();
+    let broken = st["pipelines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "broken")
+        .unwrap();
+    assert_eq!(broken["stages"][1]["errors"], 2, "{broken}");
+    assert_eq!(broken["stages"][0]["errors"], 0, "{broken}");
+    let labels = &st["pipelines"][0];
+    assert!(
+        labels["stages"][1]["boxes_capped"].as_u64().unwrap() >= 40,
+        "{labels}"
+    );
+    assert!(
+        labels["stages"][1]["latency"]["count"].as_u64().unwrap() >= 1,
+        "{labels}"
+    );
+    // And in /metrics.
+    let (_, m) = http("GET", &d.api, "/metrics", b"").unwrap();
+    let m = String::from_utf8_lossy(&m);
+    assert!(
+        m.contains("outpost_stage_errors_total{pipeline=\"broken\",stage=\"classifier@1.0.0\"} 2"),
+        "{m}"
+    );
+    assert!(m.contains(
+        "outpost_stage_latency_seconds_count{pipeline=\"labels\",stage=\"ppocr_rec@1.4.4\"}"
+    ));
+}

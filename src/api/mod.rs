@@ -224,6 +224,8 @@ pub fn status_json(s: &ApiState) -> serde_json::Value {
                     "inference": st.inference_us.summary(),
                     "output": st.output_us.summary(),
                 },
+                "frame_age": st.frame_age_us.summary(),
+                "camera": st.camera.as_ref().map(|c| c.status()),
             })
         })
         .collect();

@@ -16,7 +16,9 @@ use crate::model::registry::LoadedModel;
 use crate::model::state::StreamStates;
 use crate::postprocess::{PostprocessConfig, Postprocessor};
 use crate::preprocess::{Item, ItemMeta, PreprocessConfig, Preprocessor};
-use crate::source::Frame;
+use crate::pipeline::WhenFull;
+use crate::source::camera::CameraState;
+use crate::source::{Frame, SourceConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -58,7 +60,7 @@ impl Pipeline {
     /// the size of the worker pool (stateless pipelines get a pre/post
     /// processor per worker so decoding runs in parallel).
     pub fn new(
-        cfg: PipelineConfig,
+        mut cfg: PipelineConfig,
         model: Arc<LoadedModel>,
         model_dir: &Path,
         workers: usize,
@@ -86,6 +88,22 @@ impl Pipeline {
             .or_else(|| m.postprocess.clone())
             .unwrap_or_default();
         let mut problems = pre_cfg.validate();
+        let camera = match &cfg.source {
+            SourceConfig::Camera(c) => {
+                // Latest frame: the camera's own bound replaces the queue, and
+                // the oldest frame always makes room (counted `stale`).
+                cfg.queue = c.queue;
+                cfg.when_full = WhenFull::DropOldest;
+                if !matches!(pre_cfg, PreprocessConfig::Image { .. }) {
+                    problems.push(format!(
+                        "a camera source needs image preprocessing; model `{}` declares another",
+                        m.name
+                    ));
+                }
+                Some(Arc::new(CameraState::new(c.shown())))
+            }
+            _ => None,
+        };
         problems.extend(post_cfg.validate());
         if let Some(out) = post_cfg.output()
             && !m.outputs.iter().any(|o| o.name == out)
@@ -152,7 +170,10 @@ impl Pipeline {
         Ok(Pipeline {
             cfg,
             model: std::sync::RwLock::new(model),
-            stats: PipelineStats::default(),
+            stats: PipelineStats {
+                camera,
+                ..PipelineStats::default()
+            },
             main_input,
             constants,
             pre,
@@ -225,9 +246,22 @@ impl Pipeline {
         }
     }
 
+    /// The reason a frame pushed out of a full drop-oldest queue is counted under.
+    pub fn drop_oldest_reason(&self) -> &'static str {
+        if self.stats.camera.is_some() {
+            "stale"
+        } else {
+            "queue_full_drop_oldest"
+        }
+    }
+
     /// Counts a dropped frame and logs it, at most once per 5 s per reason.
     pub fn count_drop(&self, reason: &'static str, detail: &str) {
         self.stats.add_drop(reason);
+        // A camera outrunning its model is the design, not a fault: counted, not logged.
+        if reason == "stale" {
+            return;
+        }
         if let Some(suppressed) = self.log.allow(reason) {
             tracing::warn!(pipeline = %self.cfg.name, reason, suppressed, "frame dropped: {detail}");
         }
@@ -254,7 +288,11 @@ impl Pipeline {
         {
             let mut pre = lock(&self.pre[slot]);
             for (i, f) in frames.iter().enumerate() {
-                match pre.process(&f.stream, &f.payload) {
+                let decoded = match f.raw_rgb {
+                    Some((w, h)) => pre.process_raw_rgb(&f.stream, &f.payload, w, h),
+                    None => pre.process(&f.stream, &f.payload),
+                };
+                match decoded {
                     Ok(items) => work.extend(items.into_iter().map(|it| (i, it))),
                     Err(e) => {
                         self.count_drop(e.reason(), &format!("stream {}: {e}", f.stream));
@@ -332,7 +370,14 @@ impl Pipeline {
                     ep: model.provider.as_str().to_string(),
                     latency_us: us,
                     outputs: value,
+                    captured: f.captured.map(rfc3339),
                 };
+                if let Some(age) = f
+                    .captured
+                    .and_then(|c| SystemTime::now().duration_since(c).ok())
+                {
+                    self.stats.frame_age_us.record(age.as_micros() as u64);
+                }
                 match self.sink.store(&rec) {
                     Ok(()) => {
                         self.stats.records.fetch_add(1, Ordering::Relaxed);

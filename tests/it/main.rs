@@ -1,6 +1,7 @@
 //! Integration tests: the real `outpost` binary, real ONNX Runtime, real
 //! models fetched by `models/fetch` and built by `models/build`.
 
+mod camera;
 mod common;
 mod errors;
 mod ota;

@@ -480,7 +480,7 @@ fn config_example_covers_every_kind_and_passes_check() {
         let out = run(outpost().args(["config", "example", "--uplink", uplink]));
         assert!(out.status.success());
         let text = stdout(&out);
-        for kind in ["mqtt", "udp", "unix", "http", "watch", "replay"] {
+        for kind in ["mqtt", "udp", "unix", "http", "watch", "replay", "camera"] {
             assert!(
                 text.contains(&format!("type = \"{kind}\"")),
                 "source {kind} missing"
@@ -488,7 +488,11 @@ fn config_example_covers_every_kind_and_passes_check() {
         }
         let p = tmp.path().join(format!("{uplink}.toml"));
         std::fs::write(&p, &text).unwrap();
-        let o = run(outpost().env("FLEET_TOKEN", "t0k3n").arg("check").arg(&p));
+        let o = run(outpost()
+            .env("FLEET_TOKEN", "t0k3n")
+            .env("CAMERA_PASSWORD", "pw")
+            .arg("check")
+            .arg(&p));
         assert!(o.status.success(), "{uplink}: {}", stderr(&o));
     }
 }

@@ -164,6 +164,18 @@ fn run_once(
         }
         Ok(_) => watch(cfg, sh, &pipeline, bus.as_ref(), started, reported),
     };
+    let end = match (end, url) {
+        // rtspsrc says only "Failed to connect": ask the network why.
+        (End::Failed { error, streamed }, Some(CameraUrl::Rtsp { location, .. }))
+            if error.contains("Failed to connect") =>
+        {
+            End::Failed {
+                error: format!("{error}: {}", diagnose_connect(location)),
+                streamed,
+            }
+        }
+        (end, _) => end,
+    };
     // NULL joins the streaming threads and closes the sockets.
     let _ = pipeline.set_state(gst::State::Null);
     drop(pipeline);
@@ -230,6 +242,30 @@ fn watch(
             );
         }
         let _ = pipeline;
+    }
+}
+
+/// Why a TCP connection to an RTSP location fails (refused, unreachable,
+/// name not found, timeout), in the operating system's words.
+fn diagnose_connect(location: &str) -> String {
+    use std::net::ToSocketAddrs;
+    let rest = location.split_once("://").map_or(location, |(_, r)| r);
+    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+    let target = if authority.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
+        authority.to_string()
+    } else {
+        format!("{authority}:554")
+    };
+    let addrs = match target.to_socket_addrs() {
+        Ok(a) => a.collect::<Vec<_>>(),
+        Err(e) => return format!("cannot resolve {target}: {e}"),
+    };
+    let Some(addr) = addrs.first() else {
+        return format!("{target} resolves to no address");
+    };
+    match std::net::TcpStream::connect_timeout(addr, Duration::from_secs(2)) {
+        Ok(_) => format!("{target} accepts connections now"),
+        Err(e) => format!("connect {target}: {e}"),
     }
 }
 

@@ -14,9 +14,9 @@ use super::{IdGen, PipelineConfig, PipelineStats, RateLimitedLog, RecordSink};
 use crate::backend::{Dim, Tensor, is_batch_name};
 use crate::model::registry::LoadedModel;
 use crate::model::state::StreamStates;
+use crate::pipeline::WhenFull;
 use crate::postprocess::{PostprocessConfig, Postprocessor};
 use crate::preprocess::{Item, ItemMeta, PreprocessConfig, Preprocessor};
-use crate::pipeline::WhenFull;
 use crate::source::camera::CameraState;
 use crate::source::{Frame, SourceConfig};
 

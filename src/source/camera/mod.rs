@@ -253,7 +253,12 @@ impl CameraUrl {
             password,
         } = self
         {
-            s.extend(user.iter().chain(password).filter(|x| !x.is_empty()).cloned());
+            s.extend(
+                user.iter()
+                    .chain(password)
+                    .filter(|x| !x.is_empty())
+                    .cloned(),
+            );
             if let Some((_, q)) = location.split_once('?') {
                 for kv in q.split('&') {
                     if let Some((k, v)) = kv.split_once('=')
@@ -273,9 +278,11 @@ impl CameraUrl {
 
 fn secret_key(k: &str) -> bool {
     let k = k.to_ascii_lowercase();
-    ["user", "pass", "pwd", "token", "key", "auth", "secret", "sig"]
-        .iter()
-        .any(|s| k.contains(s))
+    [
+        "user", "pass", "pwd", "token", "key", "auth", "secret", "sig",
+    ]
+    .iter()
+    .any(|s| k.contains(s))
 }
 
 fn redact_query(rest: &str) -> String {
@@ -639,7 +646,8 @@ mod tests {
 
     #[test]
     fn the_issue_forms_parse() {
-        let c = cfg(r#"{ type = "camera", url = "rtsp://user:pass@10.0.0.7:554/stream1", fps = 10 }"#);
+        let c =
+            cfg(r#"{ type = "camera", url = "rtsp://user:pass@10.0.0.7:554/stream1", fps = 10 }"#);
         assert_eq!(c.fps, Some(10.0));
         assert_eq!(c.transport, Transport::Tcp);
         assert_eq!(c.stall_timeout, Duration::from_secs(5));
@@ -648,7 +656,8 @@ mod tests {
             r#"{ type = "camera", url = "v4l2:///dev/video0", width = 1280, height = 720, fps = 15 }"#,
         );
         assert_eq!((c.width, c.height), (Some(1280), Some(720)));
-        let c = cfg(r#"{ type = "camera", url = "csi://0", width = 1920, height = 1080, fps = 30 }"#);
+        let c =
+            cfg(r#"{ type = "camera", url = "csi://0", width = 1920, height = 1080, fps = 30 }"#);
         assert_eq!(
             CameraUrl::parse(c.url.as_deref().unwrap()),
             Ok(CameraUrl::Csi { sensor: 0 })
@@ -657,8 +666,14 @@ mod tests {
             r#"{ type = "camera", pipeline = "videotestsrc ! video/x-raw,width=640,height=480 ! appsink name=outpost" }"#,
         );
         let problems = c.validate("s");
-        assert_eq!(problems.len(), usize::from(!cfg!(feature = "camera")), "{problems:?}");
-        let c = cfg(r#"{ type = "camera", url = "rtsp://h/x", transport = "udp", stall_timeout = "2s", queue = 3 }"#);
+        assert_eq!(
+            problems.len(),
+            usize::from(!cfg!(feature = "camera")),
+            "{problems:?}"
+        );
+        let c = cfg(
+            r#"{ type = "camera", url = "rtsp://h/x", transport = "udp", stall_timeout = "2s", queue = 3 }"#,
+        );
         assert_eq!(
             (c.transport, c.stall_timeout, c.queue),
             (Transport::Udp, Duration::from_secs(2), 3)
@@ -676,13 +691,17 @@ mod tests {
         let c = cfg(r#"{ type = "camera", url = "ftp://x/y" }"#);
         assert!(c.validate("s").iter().any(|e| e.contains("scheme `ftp`")));
         let c = cfg(r#"{ type = "camera", pipeline = "videotestsrc ! fakesink" }"#);
-        assert!(c.validate("s").iter().any(|e| e.contains("appsink name=outpost")));
+        assert!(
+            c.validate("s")
+                .iter()
+                .any(|e| e.contains("appsink name=outpost"))
+        );
     }
 
     #[test]
     fn credentials_are_split_off_and_never_shown() {
-        let u = CameraUrl::parse("rtsp://admin:s%40cret@10.0.0.7:554/stream1?token=abc&ch=1")
-            .unwrap();
+        let u =
+            CameraUrl::parse("rtsp://admin:s%40cret@10.0.0.7:554/stream1?token=abc&ch=1").unwrap();
         let CameraUrl::Rtsp {
             location,
             user,
@@ -734,7 +753,11 @@ mod tests {
         );
         assert!(pick_decoder("JPEG", all).unwrap_err().contains("JPEG"));
         let none = |e: &str| e.starts_with("rtp") || e.ends_with("parse");
-        assert!(pick_decoder("H264", none).unwrap_err().contains("no H264 decoder"));
+        assert!(
+            pick_decoder("H264", none)
+                .unwrap_err()
+                .contains("no H264 decoder")
+        );
         assert!(is_hardware(&["rtph264depay", "h264parse", "nvv4l2decoder"]));
         assert!(!is_hardware(&["rtph264depay", "h264parse", "avdec_h264"]));
     }
@@ -769,13 +792,19 @@ mod tests {
 
     #[test]
     fn descriptions_name_the_elements() {
-        let c = cfg(r#"{ type = "camera", url = "v4l2:///dev/video0", width = 1280, height = 720 }"#);
+        let c =
+            cfg(r#"{ type = "camera", url = "v4l2:///dev/video0", width = 1280, height = 720 }"#);
         let d = launch_description(&c, &CameraUrl::parse("v4l2:///dev/video0").unwrap()).unwrap();
-        assert!(d.starts_with("v4l2src device=/dev/video0 ! capsfilter"), "{d}");
+        assert!(
+            d.starts_with("v4l2src device=/dev/video0 ! capsfilter"),
+            "{d}"
+        );
         assert!(d.ends_with("appsink name=outpost"));
         let c = cfg(r#"{ type = "camera", url = "csi://1", fps = 15 }"#);
         let d = launch_description(&c, &CameraUrl::Csi { sensor: 1 }).unwrap();
-        assert!(d.contains("sensor-id=1") && d.contains("framerate=15/1") && d.contains("nvvidconv"));
+        assert!(
+            d.contains("sensor-id=1") && d.contains("framerate=15/1") && d.contains("nvvidconv")
+        );
         assert_eq!(
             rgb_tail(Some((640, 480))),
             "videoconvert name=outpost_convert ! videoscale ! video/x-raw,format=RGB,width=640,height=480 ! appsink name=outpost"

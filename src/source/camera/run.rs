@@ -157,7 +157,9 @@ fn run_once(
             // The reason is on the bus.
             let why = bus
                 .as_ref()
-                .and_then(|b| b.timed_pop_filtered(gst::ClockTime::ZERO, &[gst::MessageType::Error]))
+                .and_then(|b| {
+                    b.timed_pop_filtered(gst::ClockTime::ZERO, &[gst::MessageType::Error])
+                })
                 .map(|m| message_text(&m))
                 .unwrap_or_else(|| "the pipeline refused to start".into());
             failed(why, false)
@@ -178,7 +180,13 @@ fn run_once(
     };
     // NULL joins the streaming threads and closes the sockets.
     let _ = pipeline.set_state(gst::State::Null);
+    let weak = pipeline.downgrade();
+    drop(bus);
     drop(pipeline);
+    if weak.upgrade().is_some() {
+        // Something still holds it: its buffers and decoder would leak with it.
+        tracing::warn!(pipeline = %sh.ctx.pipeline, "camera pipeline still referenced after teardown");
+    }
     end
 }
 
@@ -251,7 +259,10 @@ fn diagnose_connect(location: &str) -> String {
     use std::net::ToSocketAddrs;
     let rest = location.split_once("://").map_or(location, |(_, r)| r);
     let authority = rest.split(['/', '?']).next().unwrap_or(rest);
-    let target = if authority.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
+    let target = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
         authority.to_string()
     } else {
         format!("{authority}:554")
@@ -425,7 +436,9 @@ fn add_rtspsrc(
         return Err("not an rtsp url".into());
     };
     if !has("rtspsrc") {
-        return Err("GStreamer element `rtspsrc` is missing (Debian: gstreamer1.0-plugins-good)".into());
+        return Err(
+            "GStreamer element `rtspsrc` is missing (Debian: gstreamer1.0-plugins-good)".into(),
+        );
     }
     let (protocols, latency) = match cfg.transport {
         // TCP neither loses nor reorders: no jitter buffer delay is needed.
@@ -503,12 +516,18 @@ fn add_rtspsrc(
                 .ok_or("no outpost_convert element")?;
             dec.link(&convert).map_err(|e| e.to_string())?;
             dec.sync_state_with_parent().map_err(|e| e.to_string())?;
-            let sink = dec.static_pad("sink").ok_or("decoder bin has no sink pad")?;
+            let sink = dec
+                .static_pad("sink")
+                .ok_or("decoder bin has no sink pad")?;
             pad.link(&sink).map_err(|e| format!("{e:?}"))?;
             Ok(())
         })();
         if let Err(e) = linked {
-            gst::element_error!(src, gst::CoreError::Negotiation, ["linking the decoder: {}", e]);
+            gst::element_error!(
+                src,
+                gst::CoreError::Negotiation,
+                ["linking the decoder: {}", e]
+            );
             return;
         }
         let mut names = vec!["rtspsrc"];
@@ -523,7 +542,10 @@ fn add_rtspsrc(
             gst::element_error!(
                 src,
                 gst::StreamError::WrongType,
-                ["the stream has no video track (tracks: {})", if tracks.is_empty() { "none" } else { &tracks }]
+                [
+                    "the stream has no video track (tracks: {})",
+                    if tracks.is_empty() { "none" } else { &tracks }
+                ]
             );
         }
     });
@@ -570,9 +592,11 @@ fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Sample) {
         match buffer.into_mapped_buffer_readable() {
             Ok(m) if m.len() >= need => Bytes::from_owner(m).slice(..need),
             _ => {
-                sh.ctx
-                    .scheduler
-                    .count_drop(sh.ctx.index, "bad_frame", "frame shorter than its caps");
+                sh.ctx.scheduler.count_drop(
+                    sh.ctx.index,
+                    "bad_frame",
+                    "frame shorter than its caps",
+                );
                 return;
             }
         }

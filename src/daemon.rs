@@ -370,6 +370,7 @@ impl Core {
                 shutdown: stop_rx.clone(),
                 mqtt: mqtt.clone(),
                 outbox: Some(self.outbox.clone()),
+                ids: Some(self.ids.clone()),
                 data_dir: data_dir.clone(),
             };
             if matches!(src, SourceConfig::Http {}) {

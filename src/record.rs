@@ -25,6 +25,9 @@ pub struct ResultRecord {
     /// Inference time of the item (batch time for micro-batched items).
     pub latency_us: u64,
     pub outputs: serde_json::Value,
+    /// When the frame was captured (cameras), RFC 3339 UTC with microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub captured: Option<String>,
 }
 
 impl ResultRecord {
@@ -85,6 +88,7 @@ mod tests {
             ep: "cpu".into(),
             latency_us: 120,
             outputs: serde_json::json!({"event": "start"}),
+            captured: None,
         };
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(v["id"], "gw/3/17");

@@ -243,6 +243,8 @@ pub fn status_json(s: &ApiState) -> serde_json::Value {
                     "errors": PipelineStats::get(&ss.errors),
                     "latency": ss.latency_us.summary(),
                 })).collect::<Vec<_>>(),
+                "frame_age": st.frame_age_us.summary(),
+                "camera": st.camera.as_ref().map(|c| c.status()),
             })
         })
         .collect();

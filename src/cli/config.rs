@@ -101,6 +101,7 @@ height = 224
 mean = [0.485, 0.456, 0.406]
 std = [0.229, 0.224, 0.225]
 
+CAMERAS
 # On-demand requests: POST /v1/pipelines/sensors/infer?stream=NAME.
 [[pipelines]]
 name = "sensors"
@@ -175,6 +176,24 @@ UPLINK_HTTP
 # require_signed_manifest = true   # refuse manifest documents not signed as a whole (staged rollouts)
 "#;
 
+/// Cameras: active in a build with the `camera` feature, commented out in
+/// one without (where `outpost check` refuses a camera source).
+const CAMERAS: &str = r#"# An RTSP camera: H.264/H.265 decoded (nvv4l2decoder on a Jetson), RGB frames
+# straight to the model; at most `queue` frames wait (the oldest is dropped as
+# `stale`), `fps` subsamples at the source; rebuilt after an error, end of
+# stream, or no frame for `stall_timeout`. Credentials never reach the logs.
+[[pipelines]]
+name = "gate-camera"
+model = "classifier"
+priority = "realtime"
+source = { type = "camera", url = "rtsp://viewer:${CAMERA_PASSWORD}@192.0.2.7:554/stream1", fps = 10, transport = "tcp", stall_timeout = "5s", queue = 1 }
+# A USB camera, and a Jetson CSI sensor (nvarguscamerasrc):
+# source = { type = "camera", url = "v4l2:///dev/video0", width = 1280, height = 720, fps = 15 }
+# source = { type = "camera", url = "csi://0", width = 1920, height = 1080, fps = 30 }
+# Or any GStreamer pipeline whose frames reach `appsink name=outpost`:
+# source = { type = "camera", pipeline = "videotestsrc ! video/x-raw,width=640,height=480 ! appsink name=outpost" }
+"#;
+
 const MQTT: &str = r#"# Results to the fleet broker: QoS 1, deleted from the outbox on PUBACK.
 [uplink]
 type = "mqtt"
@@ -222,7 +241,16 @@ pub fn example(uplink: &str) -> String {
     } else {
         (MQTT.to_string(), commented(HTTP))
     };
+    let cameras = if cfg!(feature = "camera") {
+        CAMERAS.to_string()
+    } else {
+        format!(
+            "# Cameras need outpost built with the `camera` feature (GStreamer):\n{}\n",
+            commented(CAMERAS)
+        )
+    };
     EXAMPLE
+        .replace("CAMERAS\n", &cameras)
         .replace("UPLINK_MQTT", &m)
         .replace("UPLINK_HTTP", &format!("\n{h}\n"))
 }
@@ -255,12 +283,17 @@ mod tests {
     fn both_examples_parse_and_validate() {
         for u in ["mqtt", "http"] {
             let text = example(u);
-            let env = |k: &str| (k == "FLEET_TOKEN").then(|| "t".to_string());
+            let env = |k: &str| {
+                ["FLEET_TOKEN", "CAMERA_PASSWORD"]
+                    .contains(&k)
+                    .then(|| "t".to_string())
+            };
             let cfg =
                 Config::from_toml(&text, "example", env).unwrap_or_else(|e| panic!("{u}: {e}"));
             let kinds: std::collections::BTreeSet<&str> =
                 cfg.pipelines.iter().map(|p| p.source.kind()).collect();
-            assert_eq!(kinds.len(), 6, "every source kind: {kinds:?}");
+            let all = 6 + usize::from(cfg!(feature = "camera"));
+            assert_eq!(kinds.len(), all, "every source kind: {kinds:?}");
             assert!(cfg.uplink.is_some());
             let outputs: std::collections::BTreeSet<&str> = cfg
                 .pipelines

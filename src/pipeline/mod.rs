@@ -161,6 +161,10 @@ pub struct PipelineStats {
     pub decode_us: LatencyHistogram,
     /// Postprocessing, record building and storing of one set, µs.
     pub output_us: LatencyHistogram,
+    /// Capture -> record, µs (frames that carry a capture time: cameras).
+    pub frame_age_us: LatencyHistogram,
+    /// The camera feeding this pipeline (state, decoder, its counters).
+    pub camera: Option<std::sync::Arc<crate::source::camera::CameraState>>,
 }
 
 /// Latency percentiles (HDR histogram, 1 µs .. 60 s, 3 significant digits).

@@ -201,7 +201,7 @@ impl Scheduler {
         match offer {
             Offer::Queued => {}
             Offer::QueuedDroppedOldest(old) => {
-                p.count_drop("queue_full_drop_oldest", &format!("stream {}", old.stream));
+                p.count_drop(p.drop_oldest_reason(), &format!("stream {}", old.stream));
             }
             Offer::Dropped(new) => {
                 p.count_drop("queue_full_drop_newest", &format!("stream {}", new.stream));

@@ -16,10 +16,12 @@ use crate::backend::{Dim, Tensor, is_batch_name};
 use crate::model::registry::LoadedModel;
 use crate::model::state::StreamStates;
 use crate::output::LocalOutputs;
+use crate::pipeline::WhenFull;
 use crate::postprocess::{PostprocessConfig, Postprocessor};
 use crate::preprocess::{Item, ItemMeta, PreprocessConfig, Preprocessor};
 use crate::record::{ResultRecord, rfc3339};
-use crate::source::{Frame, FrameError, FrameErrorKind};
+use crate::source::camera::CameraState;
+use crate::source::{Frame, FrameError, FrameErrorKind, SourceConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -68,7 +70,7 @@ impl Pipeline {
     /// the size of the worker pool (stateless pipelines get a pre/post
     /// processor per worker so decoding runs in parallel).
     pub fn new(
-        cfg: PipelineConfig,
+        mut cfg: PipelineConfig,
         model: Arc<LoadedModel>,
         model_dir: &Path,
         workers: usize,
@@ -96,6 +98,22 @@ impl Pipeline {
             .or_else(|| m.postprocess.clone())
             .unwrap_or_default();
         let mut problems = pre_cfg.validate();
+        let camera = match &cfg.source {
+            SourceConfig::Camera(c) => {
+                // Latest frame: the camera's own bound replaces the queue, and
+                // the oldest frame always makes room (counted `stale`).
+                cfg.queue = c.queue;
+                cfg.when_full = WhenFull::DropOldest;
+                if !matches!(pre_cfg, PreprocessConfig::Image { .. }) {
+                    problems.push(format!(
+                        "a camera source needs image preprocessing; model `{}` declares another",
+                        m.name
+                    ));
+                }
+                Some(Arc::new(CameraState::new(c.shown())))
+            }
+            _ => None,
+        };
         problems.extend(post_cfg.validate());
         if let Some(out) = post_cfg.output()
             && !m.outputs.iter().any(|o| o.name == out)
@@ -181,7 +199,10 @@ impl Pipeline {
             outputs: LocalOutputs::new(&cfg.name, &cfg.outputs),
             cfg,
             model: std::sync::RwLock::new(model),
-            stats: PipelineStats::default(),
+            stats: PipelineStats {
+                camera,
+                ..PipelineStats::default()
+            },
             main_input,
             constants,
             pre,
@@ -323,9 +344,22 @@ impl Pipeline {
         }
     }
 
+    /// The reason a frame pushed out of a full drop-oldest queue is counted under.
+    pub fn drop_oldest_reason(&self) -> &'static str {
+        if self.stats.camera.is_some() {
+            "stale"
+        } else {
+            "queue_full_drop_oldest"
+        }
+    }
+
     /// Counts a dropped frame and logs it, at most once per 5 s per reason.
     pub fn count_drop(&self, reason: &'static str, detail: &str) {
         self.stats.add_drop(reason);
+        // A camera outrunning its model is the design, not a fault: counted, not logged.
+        if reason == "stale" {
+            return;
+        }
         if let Some(suppressed) = self.log.allow(reason) {
             tracing::warn!(pipeline = %self.cfg.name, reason, suppressed, "frame dropped: {detail}");
         }
@@ -355,7 +389,11 @@ impl Pipeline {
         {
             let mut pre = lock(&self.pre[slot]);
             for (i, f) in frames.iter().enumerate() {
-                match pre.process(&f.stream, &f.payload) {
+                let decoded = match f.raw_rgb {
+                    Some((w, h)) => pre.process_raw_rgb(&f.stream, &f.payload, w, h),
+                    None => pre.process(&f.stream, &f.payload),
+                };
+                match decoded {
                     Ok(items) => work.extend(items.into_iter().map(|it| (i, it))),
                     Err(e) => {
                         self.count_drop(e.reason(), &format!("stream {}: {e}", f.stream));
@@ -435,6 +473,7 @@ impl Pipeline {
                     ep: model.provider.as_str().to_string(),
                     latency_us: us,
                     outputs: value,
+                    captured: f.captured.map(rfc3339),
                 };
                 let json = match serde_json::to_vec(&rec) {
                     Ok(j) => j,
@@ -448,6 +487,12 @@ impl Pipeline {
                 // Local consumers first: they never wait for the outbox.
                 if !self.outputs.is_empty() {
                     self.outputs.send(&rec, &json);
+                }
+                if let Some(age) = f
+                    .captured
+                    .and_then(|c| SystemTime::now().duration_since(c).ok())
+                {
+                    self.stats.frame_age_us.record(age.as_micros() as u64);
                 }
                 match self.sink.store(&rec, &json) {
                     Ok(()) => {

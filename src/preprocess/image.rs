@@ -337,7 +337,7 @@ impl ImagePreprocessor {
     }
 
     /// Resizes into a `self.width x self.height` packed RGB canvas.
-    fn fit(&mut self, src: &Decoded) -> Result<(Vec<u8>, ImageTransform), DecodeError> {
+    fn fit(&mut self, src: &DecodedRef<'_>) -> Result<(Vec<u8>, ImageTransform), DecodeError> {
         let (w, h) = (src.width, src.height);
         if w == 0 || h == 0 {
             return Err(DecodeError::BadSize {
@@ -381,15 +381,20 @@ impl ImagePreprocessor {
         Ok((canvas, transform))
     }
 
-    fn resize_to(&mut self, src: &Decoded, nw: u32, nh: u32) -> Result<Vec<u8>, DecodeError> {
+    fn resize_to(
+        &mut self,
+        src: &DecodedRef<'_>,
+        nw: u32,
+        nh: u32,
+    ) -> Result<Vec<u8>, DecodeError> {
         if (src.width, src.height) == (nw, nh) {
-            return Ok(src.pixels.clone());
+            return Ok(src.pixels.to_vec());
         }
         let err = |e: &dyn std::fmt::Display| DecodeError::Resize {
             message: e.to_string(),
         };
         let view =
-            fir::images::ImageRef::new(src.width, src.height, &src.pixels, fir::PixelType::U8x3)
+            fir::images::ImageRef::new(src.width, src.height, src.pixels, fir::PixelType::U8x3)
                 .map_err(|e| err(&e))?;
         let mut dst = fir::images::Image::new(nw, nh, fir::PixelType::U8x3);
         let opts = fir::ResizeOptions::new()
@@ -532,6 +537,23 @@ struct Decoded {
     order: ChannelOrder,
 }
 
+/// Packed 8-bit 3-channel pixels someone else owns (a decoded payload or a camera frame).
+struct DecodedRef<'a> {
+    pixels: &'a [u8],
+    width: u32,
+    height: u32,
+}
+
+impl Decoded {
+    fn view(&self) -> DecodedRef<'_> {
+        DecodedRef {
+            pixels: &self.pixels,
+            width: self.width,
+            height: self.height,
+        }
+    }
+}
+
 impl Preprocessor for ImagePreprocessor {
     fn process(&mut self, _stream: &str, payload: &[u8]) -> Result<Vec<Item>, DecodeError> {
         if let Some(message) = &self.misconfigured {
@@ -540,9 +562,55 @@ impl Preprocessor for ImagePreprocessor {
             });
         }
         let decoded = self.decode(payload)?;
-        let fitted = self.fit(&decoded);
+        self.finish(decoded)
+    }
+
+    fn process_raw_rgb(
+        &mut self,
+        _stream: &str,
+        pixels: &[u8],
+        width: u32,
+        height: u32,
+    ) -> Result<Vec<Item>, DecodeError> {
+        if let Some(message) = &self.misconfigured {
+            return Err(DecodeError::Config {
+                message: message.clone(),
+            });
+        }
+        self.check_size((width, height))?;
+        let expected = width as usize * height as usize * 3;
+        if pixels.len() != expected || expected == 0 {
+            return Err(DecodeError::BadSize {
+                expected: format!("{expected} ({width}x{height} x 3 bytes)"),
+                got: pixels.len(),
+            });
+        }
+        // Resized straight from the frame: no copy of the camera's pixels.
+        let fitted = self.fit(&DecodedRef {
+            pixels,
+            width,
+            height,
+        });
+        let (canvas, transform) = fitted?;
+        self.items(&canvas, ChannelOrder::Rgb, transform)
+    }
+}
+
+impl ImagePreprocessor {
+    fn finish(&mut self, decoded: Decoded) -> Result<Vec<Item>, DecodeError> {
+        let fitted = self.fit(&decoded.view());
         self.buf = decoded.pixels;
-        let (canvas, mut transform) = fitted?;
+        let (canvas, transform) = fitted?;
+        self.items(&canvas, decoded.order, transform)
+    }
+
+    /// Centre crop, channel order, normalization and layout of a fitted canvas.
+    fn items(
+        &self,
+        canvas: &[u8],
+        order: ChannelOrder,
+        mut transform: ImageTransform,
+    ) -> Result<Vec<Item>, DecodeError> {
         let (tw, th) = (self.width as usize, self.height as usize);
         let [cw, ch] = self
             .crop
@@ -553,7 +621,7 @@ impl Preprocessor for ImagePreprocessor {
         let (x0, y0) = ((tw - cw) / 2, (th - ch) / 2);
         transform.pad_x -= x0 as f32;
         transform.pad_y -= y0 as f32;
-        let tensor = self.tensor(&canvas, decoded.order, x0, y0, cw, ch)?;
+        let tensor = self.tensor(canvas, order, x0, y0, cw, ch)?;
         Ok(vec![Item {
             tensor,
             meta: ItemMeta {

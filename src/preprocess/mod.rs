@@ -266,6 +266,19 @@ pub trait Preprocessor: Send {
     /// Decodes one payload of `stream` into zero or more items (audio:
     /// sliding windows may give 0..n per frame; image/sensor: exactly 1).
     fn process(&mut self, stream: &str, payload: &[u8]) -> Result<Vec<Item>, DecodeError>;
+    /// Decodes one already decoded packed RGB frame of `width` x `height`
+    /// (cameras); only image preprocessing takes them.
+    fn process_raw_rgb(
+        &mut self,
+        _stream: &str,
+        _pixels: &[u8],
+        _width: u32,
+        _height: u32,
+    ) -> Result<Vec<Item>, DecodeError> {
+        Err(DecodeError::Config {
+            message: "decoded camera frames need image preprocessing".into(),
+        })
+    }
     /// Forgets per-stream buffers (stream ended).
     fn reset(&mut self, _stream: &str) {}
 }

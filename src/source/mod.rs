@@ -1,7 +1,8 @@
 //! Frame sources: where a pipeline's frames come from. One file per kind,
 //! each behind the [`Source`] trait, chosen by the closed [`SourceConfig`]
-//! enum (`type = "mqtt" | "udp" | "unix" | "http" | "watch" | "replay"`).
+//! enum (`type = "mqtt" | "udp" | "unix" | "http" | "watch" | "replay" | "camera"`).
 
+pub mod camera;
 pub mod framing;
 pub mod http;
 pub mod mqtt;
@@ -13,7 +14,7 @@ pub mod watch;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -30,6 +31,12 @@ pub struct Frame {
     pub received: Instant,
     /// Answered with the records the frame produced (http source, watch source).
     pub reply: Option<oneshot::Sender<Result<Vec<ResultRecord>, FrameError>>>,
+    /// The payload is decoded packed RGB of this width and height (cameras):
+    /// image preprocessing takes it as is, whatever its configured format.
+    pub raw_rgb: Option<(u32, u32)>,
+    /// When the frame was captured (cameras); records carry it, and the
+    /// frame-age metric runs from it.
+    pub captured: Option<SystemTime>,
 }
 
 /// Why a frame gave no records, sorted by who can do something about it
@@ -71,6 +78,8 @@ impl Frame {
             payload,
             received: Instant::now(),
             reply: None,
+            raw_rgb: None,
+            captured: None,
         }
     }
 }
@@ -141,6 +150,9 @@ pub enum SourceConfig {
         #[serde(default)]
         repeat: bool,
     },
+    /// A camera through GStreamer (feature `camera`): `url` (rtsp, v4l2,
+    /// csi) or `pipeline`; see `camera.rs`.
+    Camera(camera::CameraConfig),
 }
 
 fn default_poll() -> Duration {
@@ -200,6 +212,7 @@ impl SourceConfig {
             SourceConfig::Http {} => "http",
             SourceConfig::Watch { .. } => "watch",
             SourceConfig::Replay { .. } => "replay",
+            SourceConfig::Camera(_) => "camera",
         }
     }
 
@@ -260,6 +273,7 @@ impl SourceConfig {
                     ));
                 }
             }
+            SourceConfig::Camera(c) => p.extend(c.validate(at)),
             _ => {}
         }
         p
@@ -309,6 +323,7 @@ impl SourceConfig {
                 speed,
                 repeat,
             }),
+            SourceConfig::Camera(cfg) => Box::new(camera::CameraSource { cfg }),
         }
     }
 }
@@ -346,6 +361,8 @@ pub struct SourceCtx {
     pub mqtt: Option<mqtt::BrokerAddr>,
     /// For the watch source: the durable store, to wait for its records to be on disk.
     pub outbox: Option<crate::outbox::Outbox>,
+    /// Record ids, for the status records a source stores (camera_up / camera_down).
+    pub ids: Option<Arc<crate::pipeline::IdGen>>,
     pub data_dir: PathBuf,
 }
 

@@ -312,6 +312,20 @@ impl Collector for DaemonCollector {
             &BATCH_BUCKETS,
         )?;
 
+        histogram(
+            &mut enc,
+            "outpost_frame_age_seconds",
+            "Frame capture to result record (cameras)",
+            &pipes
+                .iter()
+                .filter(|p| p.stats.camera.is_some())
+                .map(|p| (pl(p), &p.stats.frame_age_us))
+                .collect::<Vec<_>>(),
+            1e-6,
+            &BUCKETS_S,
+        )?;
+        camera_metrics(&mut enc, pipes)?;
+
         // Models: one info row per loaded model.
         let mut seen = std::collections::BTreeSet::new();
         let mut info = Vec::new();
@@ -521,6 +535,73 @@ impl Collector for DaemonCollector {
         }
         Ok(())
     }
+}
+
+/// Per camera: state, frames in / processed / dropped by reason, reconnects.
+fn camera_metrics(
+    enc: &mut DescriptorEncoder,
+    pipes: &[Arc<crate::pipeline::Pipeline>],
+) -> Result<(), std::fmt::Error> {
+    let cams: Vec<_> = pipes
+        .iter()
+        .filter_map(|p| p.stats.camera.as_ref().map(|c| (p, c)))
+        .collect();
+    if cams.is_empty() {
+        return Ok(());
+    }
+    let pl = |p: &crate::pipeline::Pipeline| -> Labels { vec![("pipeline", p.name().to_string())] };
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    gauge(
+        enc,
+        "outpost_camera_up",
+        "1 while the camera streams, 0 while it reconnects",
+        &cams
+            .iter()
+            .map(|(p, c)| (pl(p), if c.is_up() { 1.0 } else { 0.0 }))
+            .collect::<Vec<_>>(),
+    )?;
+    counter(
+        enc,
+        "outpost_camera_frames_in",
+        "Decoded frames out of the camera (before fps subsampling)",
+        &cams
+            .iter()
+            .map(|(p, c)| (pl(p), get(&c.frames_in)))
+            .collect::<Vec<_>>(),
+    )?;
+    counter(
+        enc,
+        "outpost_camera_frames_processed",
+        "Camera frames taken through inference",
+        &cams
+            .iter()
+            .map(|(p, _)| (pl(p), get(&p.stats.frames_done)))
+            .collect::<Vec<_>>(),
+    )?;
+    let mut drops = Vec::new();
+    for (p, c) in &cams {
+        for (reason, n) in c.drops(&p.stats.drops()) {
+            drops.push((
+                vec![("pipeline", p.name().to_string()), ("reason", reason)],
+                n,
+            ));
+        }
+    }
+    counter(
+        enc,
+        "outpost_camera_frames_dropped",
+        "Camera frames not processed, by reason (fps: subsampled; stale: replaced by a newer frame)",
+        &drops,
+    )?;
+    counter(
+        enc,
+        "outpost_camera_reconnects",
+        "Camera pipelines torn down and rebuilt",
+        &cams
+            .iter()
+            .map(|(p, c)| (pl(p), get(&c.reconnects)))
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// A registry with the daemon's collector.

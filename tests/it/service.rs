@@ -480,7 +480,7 @@ fn config_example_covers_every_kind_and_passes_check() {
         let out = run(outpost().args(["config", "example", "--uplink", uplink]));
         assert!(out.status.success());
         let text = stdout(&out);
-        for kind in ["mqtt", "udp", "unix", "http", "watch", "replay"] {
+        for kind in ["mqtt", "udp", "unix", "http", "watch", "replay", "camera"] {
             assert!(
                 text.contains(&format!("type = \"{kind}\"")),
                 "source {kind} missing"
@@ -491,6 +491,7 @@ fn config_example_covers_every_kind_and_passes_check() {
         // --no-files: the example's replay recording is not on this machine.
         let o = run(outpost()
             .env("FLEET_TOKEN", "t0k3n")
+            .env("CAMERA_PASSWORD", "pw")
             .args(["check", "--no-files"])
             .arg(&p));
         assert!(o.status.success(), "{uplink}: {}", stderr(&o));

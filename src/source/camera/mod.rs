@@ -1,0 +1,813 @@
+//! Cameras: RTSP, V4L2 (USB), Jetson CSI, or a custom GStreamer pipeline,
+//! decoded to RGB frames that go straight to image preprocessing.
+//!
+//! Invariants:
+//! - Latest frame wins: a camera pipeline's queue holds at most `queue`
+//!   frames; a new frame pushes the oldest out (counted `stale`), so a slow
+//!   model sees fresh frames, never a backlog. `fps` subsamples before colour
+//!   conversion, so skipped frames cost only their decode.
+//! - Self-healing: an error, end of stream, or no frame for `stall_timeout`
+//!   tears the GStreamer pipeline down (state NULL: sockets and buffers
+//!   released) and builds a new one after a jittered, growing backoff,
+//!   forever. Each transition is in `/v1/status`, in the log, and in the
+//!   outbox as a `camera_down` / `camera_up` status record.
+//! - Credentials never leave this module: they go to `rtspsrc` as
+//!   properties, never in the location, and every string shown (log, status,
+//!   records, errors) is scrubbed of them.
+//!
+//! This file is the part every build has (config, URLs, state, the pure
+//! helpers); `run.rs` drives GStreamer and exists with the `camera` feature.
+
+#[cfg(feature = "camera")]
+mod run;
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Source, SourceCtx, SourceError};
+
+/// `source = { type = "camera", ... }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CameraConfig {
+    /// `rtsp://[user:pass@]host[:port]/path`, `v4l2:///dev/videoN` or
+    /// `csi://N` (Jetson, nvarguscamerasrc). Exactly one of `url` and `pipeline`.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// A GStreamer pipeline whose frames reach an `appsink name=outpost`
+    /// (RGB is negotiated there: end with `videoconvert` when in doubt).
+    #[serde(default)]
+    pub pipeline: Option<String>,
+    /// Frames per second handed to the pipeline (subsampled at the source);
+    /// absent: every frame the camera sends.
+    #[serde(default)]
+    pub fps: Option<f64>,
+    /// Frame size: asked of V4L2 and CSI cameras, scaled to for RTSP;
+    /// absent: the camera's own size.
+    #[serde(default)]
+    pub width: Option<u32>,
+    #[serde(default)]
+    pub height: Option<u32>,
+    /// RTSP transport: `tcp` (default: no loss, passes firewalls) or `udp`.
+    #[serde(default)]
+    pub transport: Transport,
+    /// No frame for this long counts as a failure: the pipeline is rebuilt.
+    #[serde(default = "default_stall_timeout", with = "humantime_serde")]
+    pub stall_timeout: Duration,
+    /// Frames waiting for inference, at most; the oldest is dropped
+    /// (`stale`) for a new one. Replaces the pipeline's `queue`.
+    #[serde(default = "default_queue")]
+    pub queue: usize,
+}
+
+fn default_stall_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
+/// One frame waiting: its age stays under one inference plus one frame interval.
+fn default_queue() -> usize {
+    1
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    #[default]
+    Tcp,
+    Udp,
+}
+
+/// Largest `queue`: a camera that queues more is not "latest frame" any more.
+const MAX_QUEUE: usize = 64;
+
+impl CameraConfig {
+    pub fn validate(&self, at: &str) -> Vec<String> {
+        let mut p = Vec::new();
+        if !cfg!(feature = "camera") {
+            p.push(format!(
+                "{at}: a camera source needs outpost built with the `camera` feature \
+                 (GStreamer); this build has no camera support"
+            ));
+        }
+        match (&self.url, &self.pipeline) {
+            (Some(_), Some(_)) => p.push(format!("{at}: set `url` or `pipeline`, not both")),
+            (None, None) => p.push(format!("{at}: set `url` or `pipeline`")),
+            (Some(u), None) => {
+                if let Err(e) = CameraUrl::parse(u) {
+                    p.push(format!("{at}.url: {e}"));
+                }
+            }
+            (None, Some(pl)) => {
+                if !pl.contains("appsink") || !pl.contains("name=outpost") {
+                    p.push(format!(
+                        "{at}.pipeline: must end in `appsink name=outpost` (where outpost takes the frames)"
+                    ));
+                }
+            }
+        }
+        if let Some(f) = self.fps
+            && !(f.is_finite() && f > 0.0 && f <= 1000.0)
+        {
+            p.push(format!("{at}.fps: {f} is out of range (0, 1000]"));
+        }
+        match (self.width, self.height) {
+            (Some(0), _) | (_, Some(0)) => p.push(format!("{at}.width/height: must be positive")),
+            (Some(_), None) | (None, Some(_)) => {
+                p.push(format!("{at}.width/height: set both or neither"))
+            }
+            _ => {}
+        }
+        if self.stall_timeout < Duration::from_millis(100) {
+            p.push(format!("{at}.stall_timeout: at least 100ms"));
+        }
+        if self.queue == 0 || self.queue > MAX_QUEUE {
+            p.push(format!(
+                "{at}.queue: {} is out of range 1..={MAX_QUEUE}",
+                self.queue
+            ));
+        }
+        p
+    }
+
+    /// What the camera is called in logs, status and records (no credentials).
+    pub fn shown(&self) -> String {
+        match (&self.url, &self.pipeline) {
+            (Some(u), _) => match CameraUrl::parse(u) {
+                Ok(c) => c.shown(),
+                Err(_) => "(invalid url)".into(),
+            },
+            (None, Some(p)) => format!("pipeline: {p}"),
+            (None, None) => "(none)".into(),
+        }
+    }
+}
+
+/// A parsed camera URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CameraUrl {
+    Rtsp {
+        /// Without the credentials: `rtsp://host:port/path?query`.
+        location: String,
+        user: Option<String>,
+        password: Option<String>,
+    },
+    V4l2 {
+        device: String,
+    },
+    Csi {
+        sensor: u32,
+    },
+}
+
+impl CameraUrl {
+    pub fn parse(url: &str) -> Result<CameraUrl, String> {
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Err(
+                "expected rtsp://host/path, v4l2:///dev/videoN or csi://N (no scheme)".into(),
+            );
+        };
+        match scheme.to_ascii_lowercase().as_str() {
+            s @ ("rtsp" | "rtsps" | "rtspt") => {
+                let (authority, path) = match rest.find('/') {
+                    Some(i) => rest.split_at(i),
+                    None => (rest, ""),
+                };
+                let (userinfo, host) = match authority.rfind('@') {
+                    Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
+                    None => (None, authority),
+                };
+                if host.is_empty() {
+                    return Err("rtsp url has no host".into());
+                }
+                if host.chars().any(|c| c.is_whitespace()) || path.chars().any(char::is_whitespace)
+                {
+                    return Err("rtsp url contains spaces".into());
+                }
+                let (user, password) = match userinfo {
+                    Some(ui) => {
+                        let (u, p) = match ui.split_once(':') {
+                            Some((u, p)) => (u, Some(p)),
+                            None => (ui, None),
+                        };
+                        (Some(percent_decode(u)), p.map(percent_decode))
+                    }
+                    None => (None, None),
+                };
+                Ok(CameraUrl::Rtsp {
+                    location: format!("{s}://{host}{path}"),
+                    user,
+                    password,
+                })
+            }
+            "v4l2" => {
+                if !rest.starts_with("/dev/") {
+                    return Err("v4l2 url is v4l2:///dev/videoN".into());
+                }
+                Ok(CameraUrl::V4l2 {
+                    device: rest.to_string(),
+                })
+            }
+            "csi" => rest
+                .trim_end_matches('/')
+                .parse::<u32>()
+                .map(|sensor| CameraUrl::Csi { sensor })
+                .map_err(|_| "csi url is csi://N (the sensor id)".to_string()),
+            other => Err(format!(
+                "scheme `{other}` is not a camera (rtsp, v4l2 or csi)"
+            )),
+        }
+    }
+
+    /// The URL as logs and status show it: credentials replaced by `***`,
+    /// and the values of query parameters that look like secrets too.
+    pub fn shown(&self) -> String {
+        match self {
+            CameraUrl::Rtsp {
+                location,
+                user,
+                password,
+            } => {
+                let (scheme, rest) = location.split_once("://").unwrap_or(("rtsp", location));
+                let creds = if user.is_some() || password.is_some() {
+                    "***@"
+                } else {
+                    ""
+                };
+                format!("{scheme}://{creds}{}", redact_query(rest))
+            }
+            CameraUrl::V4l2 { device } => format!("v4l2://{device}"),
+            CameraUrl::Csi { sensor } => format!("csi://{sensor}"),
+        }
+    }
+
+    /// The strings that must never be shown.
+    pub fn secrets(&self) -> Vec<String> {
+        let mut s = Vec::new();
+        if let CameraUrl::Rtsp {
+            location,
+            user,
+            password,
+        } = self
+        {
+            s.extend(
+                user.iter()
+                    .chain(password)
+                    .filter(|x| !x.is_empty())
+                    .cloned(),
+            );
+            if let Some((_, q)) = location.split_once('?') {
+                for kv in q.split('&') {
+                    if let Some((k, v)) = kv.split_once('=')
+                        && secret_key(k)
+                        && !v.is_empty()
+                    {
+                        s.push(v.to_string());
+                    }
+                }
+            }
+        }
+        // Longest first, so a secret containing another is replaced whole.
+        s.sort_by_key(|x| std::cmp::Reverse(x.len()));
+        s
+    }
+}
+
+fn secret_key(k: &str) -> bool {
+    let k = k.to_ascii_lowercase();
+    [
+        "user", "pass", "pwd", "token", "key", "auth", "secret", "sig",
+    ]
+    .iter()
+    .any(|s| k.contains(s))
+}
+
+fn redact_query(rest: &str) -> String {
+    let Some((head, q)) = rest.split_once('?') else {
+        return rest.to_string();
+    };
+    let q: Vec<String> = q
+        .split('&')
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if secret_key(k) => format!("{k}=***"),
+            _ => kv.to_string(),
+        })
+        .collect();
+    format!("{head}?{}", q.join("&"))
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && let Some(v) = b
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(v);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Replaces every secret in `text` by `***` (GStreamer's messages may quote
+/// what they were given).
+pub fn scrub(text: &str, secrets: &[String]) -> String {
+    let mut t = text.to_string();
+    for s in secrets {
+        t = t.replace(s.as_str(), "***");
+    }
+    t
+}
+
+/// Which decoder elements serve an RTP video encoding, hardware first.
+/// `has` tells whether an element factory exists on this machine.
+pub fn pick_decoder(
+    encoding: &str,
+    has: impl Fn(&str) -> bool,
+) -> Result<Vec<&'static str>, String> {
+    let (depay, parse, sw): (&'static str, &'static str, &[&'static str]) =
+        match encoding.to_ascii_uppercase().as_str() {
+            "H264" => (
+                "rtph264depay",
+                "h264parse",
+                &["avdec_h264", "openh264dec", "v4l2h264dec"],
+            ),
+            "H265" => ("rtph265depay", "h265parse", &["avdec_h265", "v4l2h265dec"]),
+            other => {
+                return Err(format!(
+                    "the video track is {other}: outpost decodes H.264 and H.265"
+                ));
+            }
+        };
+    for e in [depay, parse] {
+        if !has(e) {
+            return Err(format!(
+                "GStreamer element `{e}` is missing (Debian: gstreamer1.0-plugins-good / -bad)"
+            ));
+        }
+    }
+    if has("nvv4l2decoder") && has("nvvidconv") {
+        return Ok(vec![depay, parse, "nvv4l2decoder", "nvvidconv"]);
+    }
+    if let Some(d) = sw.iter().find(|d| has(d)) {
+        return Ok(vec![depay, parse, d]);
+    }
+    Err(format!(
+        "no {encoding} decoder: install gstreamer1.0-libav (avdec_*) or use a Jetson (nvv4l2decoder)"
+    ))
+}
+
+/// Whether an element list decodes on dedicated hardware.
+pub fn is_hardware(elements: &[&str]) -> bool {
+    elements
+        .iter()
+        .any(|e| e.starts_with("nv") || e.starts_with("v4l2h"))
+}
+
+/// The tail every built-in pipeline ends with: colour conversion (and
+/// scaling) to packed RGB at the appsink.
+pub fn rgb_tail(size: Option<(u32, u32)>) -> String {
+    let size = size
+        .map(|(w, h)| format!(",width={w},height={h}"))
+        .unwrap_or_default();
+    format!(
+        "videoconvert name=outpost_convert ! videoscale ! video/x-raw,format=RGB{size} ! appsink name=outpost"
+    )
+}
+
+/// Launch descriptions of the cameras that need no dynamic linking.
+pub fn launch_description(c: &CameraConfig, url: &CameraUrl) -> Option<String> {
+    let size = c.width.zip(c.height);
+    match url {
+        CameraUrl::Rtsp { .. } => None,
+        CameraUrl::V4l2 { device } => {
+            let caps = size
+                .map(|(w, h)| {
+                    format!(
+                        "capsfilter caps=\"video/x-raw,width={w},height={h};image/jpeg,width={w},height={h}\" ! "
+                    )
+                })
+                .unwrap_or_default();
+            Some(format!(
+                "v4l2src device={device} ! {caps}decodebin ! {}",
+                rgb_tail(None)
+            ))
+        }
+        CameraUrl::Csi { sensor } => {
+            let (w, h) = size.unwrap_or((1920, 1080));
+            let fps = c.fps.map(|f| f.ceil() as u32).unwrap_or(30).max(1);
+            Some(format!(
+                "nvarguscamerasrc sensor-id={sensor} ! video/x-raw(memory:NVMM),width={w},height={h},framerate={fps}/1 \
+                 ! nvvidconv ! video/x-raw,format=BGRx ! {}",
+                rgb_tail(None)
+            ))
+        }
+    }
+}
+
+/// Subsampling to `fps`: admits a frame when its time has come, keeping the
+/// cadence (not drifting by a late frame) and resynchronising after a gap.
+#[derive(Debug)]
+pub struct FpsGate {
+    interval_ns: u64,
+    next: Option<u64>,
+}
+
+impl FpsGate {
+    pub fn new(fps: Option<f64>) -> FpsGate {
+        FpsGate {
+            interval_ns: fps.map(|f| (1e9 / f) as u64).unwrap_or(0),
+            next: None,
+        }
+    }
+
+    /// Whether the frame at `t_ns` (monotonic) goes on.
+    pub fn admit(&mut self, t_ns: u64) -> bool {
+        if self.interval_ns == 0 {
+            return true;
+        }
+        // A frame up to an eighth of an interval early still counts as on time:
+        // camera clocks jitter, and 30 -> 10 fps must keep every third frame.
+        let slack = self.interval_ns / 8;
+        match self.next {
+            Some(due) if t_ns + slack < due => false,
+            Some(due) => {
+                self.next = Some(if t_ns > due + self.interval_ns {
+                    t_ns + self.interval_ns
+                } else {
+                    due + self.interval_ns
+                });
+                true
+            }
+            None => {
+                self.next = Some(t_ns + self.interval_ns);
+                true
+            }
+        }
+    }
+}
+
+/// Reconnect delays: 0.5 s doubling to 8 s, each a random 50..100 % of its
+/// step, so cameras that failed together do not retry in step.
+pub fn backoff(attempt: u32, unit: f64) -> Duration {
+    let step = 0.5 * 2f64.powi(attempt.min(4) as i32);
+    Duration::from_secs_f64(step * (0.5 + 0.5 * unit.clamp(0.0, 1.0)))
+}
+
+/// What `/v1/status` and `/metrics` read about a camera.
+#[derive(Debug)]
+pub struct CameraState {
+    /// The camera without credentials.
+    pub camera: String,
+    /// Decoded frames out of the camera (before `fps` subsampling).
+    pub frames_in: AtomicU64,
+    /// Frames skipped by `fps` subsampling.
+    pub subsampled: AtomicU64,
+    /// Pipelines torn down and rebuilt.
+    pub reconnects: AtomicU64,
+    status: Mutex<CameraStatus>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct CameraStatus {
+    state: &'static str,
+    since: String,
+    last_error: Option<String>,
+    last_error_at: Option<String>,
+    elements: Vec<String>,
+    hardware_decode: bool,
+    width: Option<u32>,
+    height: Option<u32>,
+}
+
+impl CameraState {
+    pub fn new(camera: String) -> CameraState {
+        CameraState {
+            camera,
+            frames_in: AtomicU64::new(0),
+            subsampled: AtomicU64::new(0),
+            reconnects: AtomicU64::new(0),
+            status: Mutex::new(CameraStatus {
+                state: "starting",
+                since: crate::record::rfc3339(SystemTime::now()),
+                last_error: None,
+                last_error_at: None,
+                elements: Vec::new(),
+                hardware_decode: false,
+                width: None,
+                height: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CameraStatus> {
+        self.status.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `starting`, `streaming` or `reconnecting`.
+    pub fn state(&self) -> &'static str {
+        self.lock().state
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.state() == "streaming"
+    }
+
+    pub fn set_state(&self, state: &'static str) {
+        let mut s = self.lock();
+        if s.state != state {
+            s.state = state;
+            s.since = crate::record::rfc3339(SystemTime::now());
+        }
+    }
+
+    pub fn set_error(&self, error: &str) {
+        let mut s = self.lock();
+        s.last_error = Some(error.to_string());
+        s.last_error_at = Some(crate::record::rfc3339(SystemTime::now()));
+    }
+
+    pub fn set_elements(&self, elements: &[&str]) {
+        let mut s = self.lock();
+        s.elements = elements.iter().map(|e| e.to_string()).collect();
+        s.hardware_decode = is_hardware(elements);
+    }
+
+    pub fn set_size(&self, width: u32, height: u32) {
+        let mut s = self.lock();
+        s.width = Some(width);
+        s.height = Some(height);
+    }
+
+    /// The camera's part of `/v1/status`.
+    pub fn status(&self) -> serde_json::Value {
+        let s = self.lock().clone();
+        let mut v = serde_json::to_value(&s).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            o.insert("camera".into(), self.camera.clone().into());
+            o.insert(
+                "frames_in".into(),
+                self.frames_in.load(Ordering::Relaxed).into(),
+            );
+            o.insert(
+                "subsampled".into(),
+                self.subsampled.load(Ordering::Relaxed).into(),
+            );
+            o.insert(
+                "reconnects".into(),
+                self.reconnects.load(Ordering::Relaxed).into(),
+            );
+        }
+        v
+    }
+
+    /// Dropped frames by reason as the camera's counters show them.
+    pub fn drops(&self, pipeline_drops: &BTreeMap<&'static str, u64>) -> Vec<(String, u64)> {
+        let mut v = vec![("fps".to_string(), self.subsampled.load(Ordering::Relaxed))];
+        v.extend(pipeline_drops.iter().map(|(r, n)| (r.to_string(), *n)));
+        v
+    }
+}
+
+/// The source object built from the config.
+pub struct CameraSource {
+    pub cfg: CameraConfig,
+}
+
+impl Source for CameraSource {
+    #[cfg(feature = "camera")]
+    fn spawn(self: Box<Self>, ctx: SourceCtx) -> Result<tokio::task::JoinHandle<()>, SourceError> {
+        run::spawn(self.cfg, ctx)
+    }
+
+    #[cfg(not(feature = "camera"))]
+    fn spawn(self: Box<Self>, ctx: SourceCtx) -> Result<tokio::task::JoinHandle<()>, SourceError> {
+        Err(SourceError::Setup {
+            pipeline: ctx.pipeline,
+            kind: "camera",
+            detail: "this build has no camera support (build with `--features camera`)".into(),
+        })
+    }
+}
+
+/// Appends a `camera_up` / `camera_down` status record to the outbox.
+pub fn store_event(ctx: &SourceCtx, camera: &str, event: &str, error: Option<&str>) {
+    let (Some(outbox), Some(ids)) = (&ctx.outbox, &ctx.ids) else {
+        return;
+    };
+    let (id, seq) = ids.next();
+    let mut rec = serde_json::json!({
+        "id": id,
+        "device": ids.device,
+        "pipeline": ctx.pipeline,
+        "stream": ctx.pipeline,
+        "seq": seq,
+        "ts": crate::record::rfc3339(SystemTime::now()),
+        "event": event,
+        "camera": camera,
+    });
+    if let (Some(e), Some(o)) = (error, rec.as_object_mut()) {
+        o.insert("error".into(), e.into());
+    }
+    let stored = serde_json::to_vec(&rec)
+        .map_err(|e| e.to_string())
+        .and_then(|b| outbox.append(&ctx.pipeline, &b).map_err(|e| e.to_string()));
+    if let Err(e) = stored {
+        tracing::warn!(pipeline = %ctx.pipeline, event, error = %e, "camera status record not stored");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(s: &str) -> CameraConfig {
+        #[derive(Deserialize)]
+        struct W {
+            source: super::super::SourceConfig,
+        }
+        let w: W = toml::from_str(&format!("source = {s}")).unwrap();
+        match w.source {
+            super::super::SourceConfig::Camera(c) => c,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_issue_forms_parse() {
+        let c =
+            cfg(r#"{ type = "camera", url = "rtsp://user:pass@10.0.0.7:554/stream1", fps = 10 }"#);
+        assert_eq!(c.fps, Some(10.0));
+        assert_eq!(c.transport, Transport::Tcp);
+        assert_eq!(c.stall_timeout, Duration::from_secs(5));
+        assert_eq!(c.queue, 1);
+        let c = cfg(
+            r#"{ type = "camera", url = "v4l2:///dev/video0", width = 1280, height = 720, fps = 15 }"#,
+        );
+        assert_eq!((c.width, c.height), (Some(1280), Some(720)));
+        let c =
+            cfg(r#"{ type = "camera", url = "csi://0", width = 1920, height = 1080, fps = 30 }"#);
+        assert_eq!(
+            CameraUrl::parse(c.url.as_deref().unwrap()),
+            Ok(CameraUrl::Csi { sensor: 0 })
+        );
+        let c = cfg(
+            r#"{ type = "camera", pipeline = "videotestsrc ! video/x-raw,width=640,height=480 ! appsink name=outpost" }"#,
+        );
+        let problems = c.validate("s");
+        assert_eq!(
+            problems.len(),
+            usize::from(!cfg!(feature = "camera")),
+            "{problems:?}"
+        );
+        let c = cfg(
+            r#"{ type = "camera", url = "rtsp://h/x", transport = "udp", stall_timeout = "2s", queue = 3 }"#,
+        );
+        assert_eq!(
+            (c.transport, c.stall_timeout, c.queue),
+            (Transport::Udp, Duration::from_secs(2), 3)
+        );
+    }
+
+    #[test]
+    fn validate_lists_every_problem() {
+        let c = cfg(
+            r#"{ type = "camera", url = "http://x/y", pipeline = "x", fps = 0, width = 10, queue = 0, stall_timeout = "1ms" }"#,
+        );
+        let p = c.validate("pipelines[0].source");
+        // both url and pipeline, fps, width without height, queue, stall_timeout (+ feature)
+        assert_eq!(p.len(), 5 + usize::from(!cfg!(feature = "camera")), "{p:?}");
+        let c = cfg(r#"{ type = "camera", url = "ftp://x/y" }"#);
+        assert!(c.validate("s").iter().any(|e| e.contains("scheme `ftp`")));
+        let c = cfg(r#"{ type = "camera", pipeline = "videotestsrc ! fakesink" }"#);
+        assert!(
+            c.validate("s")
+                .iter()
+                .any(|e| e.contains("appsink name=outpost"))
+        );
+    }
+
+    #[test]
+    fn credentials_are_split_off_and_never_shown() {
+        let u =
+            CameraUrl::parse("rtsp://admin:s%40cret@10.0.0.7:554/stream1?token=abc&ch=1").unwrap();
+        let CameraUrl::Rtsp {
+            location,
+            user,
+            password,
+        } = &u
+        else {
+            panic!()
+        };
+        assert_eq!(location, "rtsp://10.0.0.7:554/stream1?token=abc&ch=1");
+        assert_eq!(user.as_deref(), Some("admin"));
+        assert_eq!(password.as_deref(), Some("s@cret"));
+        let shown = u.shown();
+        assert_eq!(shown, "rtsp://***@10.0.0.7:554/stream1?token=***&ch=1");
+        let msg = "Could not connect to rtsp://10.0.0.7:554/stream1?token=abc as admin with s@cret";
+        let s = scrub(msg, &u.secrets());
+        for secret in ["abc", "admin", "s@cret"] {
+            assert!(!s.contains(secret), "{s}");
+        }
+        assert_eq!(
+            CameraUrl::parse("rtsp://cam/x").unwrap().shown(),
+            "rtsp://cam/x"
+        );
+        assert!(CameraUrl::parse("rtsp:///x").is_err());
+        assert!(CameraUrl::parse("v4l2://video0").is_err());
+        assert!(CameraUrl::parse("csi://a").is_err());
+        assert_eq!(
+            CameraUrl::parse("v4l2:///dev/video2").unwrap(),
+            CameraUrl::V4l2 {
+                device: "/dev/video2".into()
+            }
+        );
+    }
+
+    #[test]
+    fn decoder_choice_prefers_hardware() {
+        let all = |_: &str| true;
+        assert_eq!(
+            pick_decoder("H264", all).unwrap(),
+            ["rtph264depay", "h264parse", "nvv4l2decoder", "nvvidconv"]
+        );
+        let sw = |e: &str| !e.starts_with("nv");
+        assert_eq!(
+            pick_decoder("h264", sw).unwrap(),
+            ["rtph264depay", "h264parse", "avdec_h264"]
+        );
+        assert_eq!(
+            pick_decoder("H265", sw).unwrap(),
+            ["rtph265depay", "h265parse", "avdec_h265"]
+        );
+        assert!(pick_decoder("JPEG", all).unwrap_err().contains("JPEG"));
+        let none = |e: &str| e.starts_with("rtp") || e.ends_with("parse");
+        assert!(
+            pick_decoder("H264", none)
+                .unwrap_err()
+                .contains("no H264 decoder")
+        );
+        assert!(is_hardware(&["rtph264depay", "h264parse", "nvv4l2decoder"]));
+        assert!(!is_hardware(&["rtph264depay", "h264parse", "avdec_h264"]));
+    }
+
+    #[test]
+    fn fps_gate_keeps_every_third_frame_of_30() {
+        let mut g = FpsGate::new(Some(10.0));
+        let frame = 1_000_000_000u64 / 30;
+        // A little jitter on each frame.
+        let admitted: Vec<usize> = (0..30usize)
+            .filter(|i| {
+                let jitter = if i % 2 == 0 { 0 } else { 900_000 };
+                g.admit(*i as u64 * frame + jitter)
+            })
+            .collect();
+        assert_eq!(admitted.len(), 10, "{admitted:?}");
+        // After a gap it resynchronises instead of bursting.
+        let t = 10_000_000_000;
+        assert!(g.admit(t));
+        assert!(!g.admit(t + frame));
+        let mut all = FpsGate::new(None);
+        assert!((0..5).all(|i| all.admit(i)));
+    }
+
+    #[test]
+    fn backoff_grows_jittered_and_bounded() {
+        assert_eq!(backoff(0, 1.0), Duration::from_millis(500));
+        assert_eq!(backoff(0, 0.0), Duration::from_millis(250));
+        assert_eq!(backoff(3, 1.0), Duration::from_secs(4));
+        assert_eq!(backoff(50, 1.0), Duration::from_secs(8));
+    }
+
+    #[test]
+    fn descriptions_name_the_elements() {
+        let c =
+            cfg(r#"{ type = "camera", url = "v4l2:///dev/video0", width = 1280, height = 720 }"#);
+        let d = launch_description(&c, &CameraUrl::parse("v4l2:///dev/video0").unwrap()).unwrap();
+        assert!(
+            d.starts_with("v4l2src device=/dev/video0 ! capsfilter"),
+            "{d}"
+        );
+        assert!(d.ends_with("appsink name=outpost"));
+        let c = cfg(r#"{ type = "camera", url = "csi://1", fps = 15 }"#);
+        let d = launch_description(&c, &CameraUrl::Csi { sensor: 1 }).unwrap();
+        assert!(
+            d.contains("sensor-id=1") && d.contains("framerate=15/1") && d.contains("nvvidconv")
+        );
+        assert_eq!(
+            rgb_tail(Some((640, 480))),
+            "videoconvert name=outpost_convert ! videoscale ! video/x-raw,format=RGB,width=640,height=480 ! appsink name=outpost"
+        );
+    }
+}

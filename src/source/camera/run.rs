@@ -1,0 +1,635 @@
+//! The camera at run time: one supervising OS thread per camera builds the
+//! GStreamer pipeline, watches its bus and its frames, and tears it down and
+//! rebuilds it after a failure. Frames leave from GStreamer's streaming
+//! thread (the appsink callback) straight into the pipeline's queue: no
+//! async hop, no copy when the frame's rows are packed.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use gstreamer as gst;
+use gstreamer::prelude::*;
+use gstreamer_app as gst_app;
+use gstreamer_video as gst_video;
+
+use super::{
+    CameraConfig, CameraState, CameraUrl, FpsGate, Transport, backoff, launch_description,
+    pick_decoder, rgb_tail, scrub, store_event,
+};
+use crate::source::{Frame, SourceCtx, SourceError};
+
+fn has(element: &str) -> bool {
+    gst::ElementFactory::find(element).is_some()
+}
+
+/// What one run of a built pipeline needs to know, shared with GStreamer's threads.
+struct Shared {
+    ctx: SourceCtx,
+    stream: Arc<str>,
+    state: Arc<CameraState>,
+    secrets: Vec<String>,
+    /// Milliseconds since `epoch` of the last frame (0: none yet in this run).
+    last_frame_ms: AtomicU64,
+    epoch: Instant,
+    gate: Mutex<FpsGate>,
+    /// The decoder chain logged once at info, then at debug on rebuilds.
+    logged: AtomicBool,
+}
+
+pub(super) fn spawn(
+    cfg: CameraConfig,
+    ctx: SourceCtx,
+) -> Result<tokio::task::JoinHandle<()>, SourceError> {
+    let setup = |detail: String| SourceError::Setup {
+        pipeline: ctx.pipeline.clone(),
+        kind: "camera",
+        detail,
+    };
+    gst::init().map_err(|e| setup(format!("GStreamer: {e}")))?;
+    let url = cfg
+        .url
+        .as_deref()
+        .map(CameraUrl::parse)
+        .transpose()
+        .map_err(setup)?;
+    let state = ctx
+        .scheduler
+        .pipelines()
+        .get(ctx.index)
+        .and_then(|p| p.stats.camera.clone())
+        .unwrap_or_else(|| Arc::new(CameraState::new(cfg.shown())));
+    let shared = Arc::new(Shared {
+        stream: Arc::from(ctx.pipeline.as_str()),
+        state,
+        secrets: url.as_ref().map(|u| u.secrets()).unwrap_or_default(),
+        last_frame_ms: AtomicU64::new(0),
+        epoch: Instant::now(),
+        gate: Mutex::new(FpsGate::new(cfg.fps)),
+        logged: AtomicBool::new(false),
+        ctx,
+    });
+    tracing::info!(
+        pipeline = %shared.ctx.pipeline,
+        camera = %shared.state.camera,
+        fps = cfg.fps.unwrap_or(0.0),
+        stall_timeout_s = cfg.stall_timeout.as_secs_f64(),
+        queue = cfg.queue,
+        "camera source"
+    );
+    let thread = tokio::task::spawn_blocking(move || supervise(&cfg, url.as_ref(), &shared));
+    Ok(tokio::spawn(async move {
+        let _ = thread.await;
+    }))
+}
+
+/// Why a run of the pipeline ended.
+enum End {
+    Stop,
+    Failed { error: String, streamed: bool },
+}
+
+/// Builds, watches and rebuilds the camera's pipeline until the daemon stops.
+fn supervise(cfg: &CameraConfig, url: Option<&CameraUrl>, sh: &Arc<Shared>) {
+    let mut attempt = 0u32;
+    // None: nothing reported yet; Some(up).
+    let mut reported: Option<bool> = None;
+    loop {
+        if sh.ctx.stopping() {
+            return;
+        }
+        let end = run_once(cfg, url, sh, &mut reported);
+        let (error, streamed) = match end {
+            End::Stop => return,
+            End::Failed { error, streamed } => (error, streamed),
+        };
+        if streamed {
+            attempt = 0;
+        }
+        let delay = backoff(attempt, rand::random_range(0.0..1.0));
+        attempt = attempt.saturating_add(1);
+        sh.state.reconnects.fetch_add(1, Ordering::Relaxed);
+        sh.state.set_error(&error);
+        sh.state.set_state("reconnecting");
+        tracing::warn!(
+            pipeline = %sh.ctx.pipeline,
+            camera = %sh.state.camera,
+            error = %error,
+            retry_in_ms = delay.as_millis() as u64,
+            "camera down; reconnecting"
+        );
+        if reported != Some(false) {
+            store_event(&sh.ctx, &sh.state.camera, "camera_down", Some(&error));
+            reported = Some(false);
+        }
+        let until = Instant::now() + delay;
+        while Instant::now() < until {
+            if sh.ctx.stopping() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50).min(until - Instant::now()));
+        }
+    }
+}
+
+/// One pipeline's life: built, played, watched until it fails or the daemon
+/// stops, then set to NULL and dropped (every socket and buffer released).
+fn run_once(
+    cfg: &CameraConfig,
+    url: Option<&CameraUrl>,
+    sh: &Arc<Shared>,
+    reported: &mut Option<bool>,
+) -> End {
+    let failed = |error: String, streamed: bool| End::Failed {
+        error: scrub(&error, &sh.secrets),
+        streamed,
+    };
+    let pipeline = match build(cfg, url, sh) {
+        Ok(p) => p,
+        Err(e) => return failed(e, false),
+    };
+    sh.last_frame_ms.store(0, Ordering::Relaxed);
+    let started = Instant::now();
+    let bus = pipeline.bus();
+    let end = match pipeline.set_state(gst::State::Playing) {
+        Err(_) => {
+            // The reason is on the bus.
+            let why = bus
+                .as_ref()
+                .and_then(|b| {
+                    b.timed_pop_filtered(gst::ClockTime::ZERO, &[gst::MessageType::Error])
+                })
+                .map(|m| message_text(&m))
+                .unwrap_or_else(|| "the pipeline refused to start".into());
+            failed(why, false)
+        }
+        Ok(_) => watch(cfg, sh, &pipeline, bus.as_ref(), started, reported),
+    };
+    let end = match (end, url) {
+        // rtspsrc says only "Failed to connect": ask the network why.
+        (End::Failed { error, streamed }, Some(CameraUrl::Rtsp { location, .. }))
+            if error.contains("Failed to connect") =>
+        {
+            End::Failed {
+                error: format!("{error}: {}", diagnose_connect(location)),
+                streamed,
+            }
+        }
+        (end, _) => end,
+    };
+    // NULL joins the streaming threads and closes the sockets.
+    let _ = pipeline.set_state(gst::State::Null);
+    let weak = pipeline.downgrade();
+    drop(bus);
+    drop(pipeline);
+    if weak.upgrade().is_some() {
+        // Something still holds it: its buffers and decoder would leak with it.
+        tracing::warn!(pipeline = %sh.ctx.pipeline, "camera pipeline still referenced after teardown");
+    }
+    end
+}
+
+/// Watches a playing pipeline: bus messages, first frame, stalls, shutdown.
+fn watch(
+    cfg: &CameraConfig,
+    sh: &Arc<Shared>,
+    pipeline: &gst::Pipeline,
+    bus: Option<&gst::Bus>,
+    started: Instant,
+    reported: &mut Option<bool>,
+) -> End {
+    let mut streaming = false;
+    let failed = |error: String, streaming: bool| End::Failed {
+        error: scrub(&error, &sh.secrets),
+        streamed: streaming,
+    };
+    loop {
+        if sh.ctx.stopping() {
+            return End::Stop;
+        }
+        if let Some(msg) = bus.and_then(|b| b.timed_pop(gst::ClockTime::from_mseconds(100))) {
+            match msg.view() {
+                gst::MessageView::Error(_) => return failed(message_text(&msg), streaming),
+                gst::MessageView::Eos(_) => {
+                    return failed("end of stream (the camera closed it)".into(), streaming);
+                }
+                gst::MessageView::Warning(w) => {
+                    tracing::debug!(pipeline = %sh.ctx.pipeline, warning = %scrub(&w.error().to_string(), &sh.secrets), "camera warning");
+                }
+                _ => {}
+            }
+        }
+        let last = sh.last_frame_ms.load(Ordering::Relaxed);
+        if last != 0 && !streaming {
+            streaming = true;
+            sh.state.set_state("streaming");
+            tracing::info!(pipeline = %sh.ctx.pipeline, camera = %sh.state.camera, "camera streaming");
+            if *reported != Some(true) {
+                store_event(&sh.ctx, &sh.state.camera, "camera_up", None);
+                *reported = Some(true);
+            }
+        }
+        let since = if last == 0 {
+            started
+        } else {
+            sh.epoch + Duration::from_millis(last)
+        };
+        if since.elapsed() > cfg.stall_timeout {
+            let what = if streaming {
+                "no frame"
+            } else {
+                "no first frame"
+            };
+            return failed(
+                format!(
+                    "{what} for {} s (stall_timeout)",
+                    cfg.stall_timeout.as_secs_f64()
+                ),
+                streaming,
+            );
+        }
+        let _ = pipeline;
+    }
+}
+
+/// Why a TCP connection to an RTSP location fails (refused, unreachable,
+/// name not found, timeout), in the operating system's words.
+fn diagnose_connect(location: &str) -> String {
+    use std::net::ToSocketAddrs;
+    let rest = location.split_once("://").map_or(location, |(_, r)| r);
+    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+    let target = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
+        authority.to_string()
+    } else {
+        format!("{authority}:554")
+    };
+    let addrs = match target.to_socket_addrs() {
+        Ok(a) => a.collect::<Vec<_>>(),
+        Err(e) => return format!("cannot resolve {target}: {e}"),
+    };
+    let Some(addr) = addrs.first() else {
+        return format!("{target} resolves to no address");
+    };
+    match std::net::TcpStream::connect_timeout(addr, Duration::from_secs(2)) {
+        Ok(_) => format!("{target} accepts connections now"),
+        Err(e) => format!("connect {target}: {e}"),
+    }
+}
+
+fn message_text(msg: &gst::Message) -> String {
+    match msg.view() {
+        gst::MessageView::Error(e) => {
+            let src = msg
+                .src()
+                .map(|s| s.name().to_string())
+                .unwrap_or_else(|| "pipeline".into());
+            match e.debug() {
+                Some(d) => format!("{src}: {} ({})", e.error(), first_line(&d)),
+                None => format!("{src}: {}", e.error()),
+            }
+        }
+        _ => format!("{:?}", msg.type_()),
+    }
+}
+
+/// GStreamer's debug strings start with the source file and function; the
+/// part after the last newline is the human one.
+fn first_line(d: &str) -> &str {
+    d.rsplit('\n').next().unwrap_or(d).trim()
+}
+
+/// Builds the pipeline for the config: RTSP with its decoder chosen when
+/// the stream's track is known, the others from a launch description.
+fn build(
+    cfg: &CameraConfig,
+    url: Option<&CameraUrl>,
+    sh: &Arc<Shared>,
+) -> Result<gst::Pipeline, String> {
+    let size = cfg.width.zip(cfg.height);
+    let pipeline = match (url, &cfg.pipeline) {
+        (Some(CameraUrl::Rtsp { .. }), _) => {
+            let p = launch(&rgb_tail(size))?;
+            add_rtspsrc(&p, cfg, url, sh)?;
+            p
+        }
+        (Some(u), _) => {
+            if matches!(u, CameraUrl::Csi { .. }) && !has("nvarguscamerasrc") {
+                return Err(
+                    "csi:// needs nvarguscamerasrc (a Jetson with its GStreamer plugins)".into(),
+                );
+            }
+            let desc = launch_description(cfg, u).unwrap_or_default();
+            let p = launch(&desc)?;
+            let names = element_names(&p);
+            sh.state
+                .set_elements(&names.iter().map(String::as_str).collect::<Vec<_>>());
+            log_chain(sh, &names.join(" ! "));
+            p
+        }
+        (None, Some(desc)) => {
+            let p = launch(desc)?;
+            let names = element_names(&p);
+            sh.state
+                .set_elements(&names.iter().map(String::as_str).collect::<Vec<_>>());
+            log_chain(sh, "custom pipeline");
+            p
+        }
+        (None, None) => return Err("no url and no pipeline".into()),
+    };
+    let sink = pipeline
+        .by_name("outpost")
+        .and_then(|e| e.downcast::<gst_app::AppSink>().ok())
+        .ok_or("the pipeline has no `appsink name=outpost`")?;
+    // The fps gate sits before colour conversion when there is one of ours.
+    let gate_pad = pipeline
+        .by_name("outpost_convert")
+        .and_then(|c| c.static_pad("sink"))
+        .or_else(|| sink.static_pad("sink"))
+        .ok_or("the appsink has no sink pad")?;
+    let g = sh.clone();
+    gate_pad.add_probe(gst::PadProbeType::BUFFER, move |_, _| {
+        g.state.frames_in.fetch_add(1, Ordering::Relaxed);
+        let t = g.epoch.elapsed().as_nanos() as u64;
+        let admit = g.gate.lock().unwrap_or_else(|p| p.into_inner()).admit(t);
+        if admit {
+            gst::PadProbeReturn::Ok
+        } else {
+            g.state.subsampled.fetch_add(1, Ordering::Relaxed);
+            gst::PadProbeReturn::Drop
+        }
+    });
+    sink.set_caps(Some(
+        &gst_video::VideoCapsBuilder::new()
+            .format(gst_video::VideoFormat::Rgb)
+            .build(),
+    ));
+    // Latest frame: the appsink keeps none of its own beyond one, and never
+    // waits for the clock.
+    sink.set_max_buffers(1);
+    sink.set_drop(true);
+    sink.set_sync(false);
+    let s = sh.clone();
+    sink.set_callbacks(
+        gst_app::AppSinkCallbacks::builder()
+            .new_sample(move |sink| {
+                if let Ok(sample) = sink.pull_sample() {
+                    on_sample(&s, sink, &sample);
+                }
+                Ok(gst::FlowSuccess::Ok)
+            })
+            .build(),
+    );
+    Ok(pipeline)
+}
+
+fn launch(desc: &str) -> Result<gst::Pipeline, String> {
+    let e = gst::parse::launch(desc).map_err(|e| format!("pipeline `{desc}`: {e}"))?;
+    match e.downcast::<gst::Pipeline>() {
+        Ok(p) => Ok(p),
+        Err(e) => {
+            // A single element: wrap it.
+            let p = gst::Pipeline::new();
+            p.add(&e).map_err(|x| x.to_string())?;
+            Ok(p)
+        }
+    }
+}
+
+fn element_names(p: &gst::Pipeline) -> Vec<String> {
+    let mut v: Vec<String> = p
+        .iterate_sorted()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.factory().map(|f| f.name().to_string()))
+        .collect();
+    // iterate_sorted goes sink to source.
+    v.reverse();
+    v
+}
+
+fn log_chain(sh: &Shared, chain: &str) {
+    if !sh.logged.swap(true, Ordering::Relaxed) {
+        tracing::info!(pipeline = %sh.ctx.pipeline, camera = %sh.state.camera, elements = %chain, "camera elements");
+    } else {
+        tracing::debug!(pipeline = %sh.ctx.pipeline, elements = %chain, "camera elements");
+    }
+}
+
+/// `rtspsrc` with its credentials as properties; the depayloader, parser and
+/// decoder are chosen and linked when the server announces its tracks.
+fn add_rtspsrc(
+    p: &gst::Pipeline,
+    cfg: &CameraConfig,
+    url: Option<&CameraUrl>,
+    sh: &Arc<Shared>,
+) -> Result<(), String> {
+    let Some(CameraUrl::Rtsp {
+        location,
+        user,
+        password,
+    }) = url
+    else {
+        return Err("not an rtsp url".into());
+    };
+    if !has("rtspsrc") {
+        return Err(
+            "GStreamer element `rtspsrc` is missing (Debian: gstreamer1.0-plugins-good)".into(),
+        );
+    }
+    let (protocols, latency) = match cfg.transport {
+        // TCP neither loses nor reorders: no jitter buffer delay is needed.
+        Transport::Tcp => ("tcp", 0u32),
+        Transport::Udp => ("udp", 200u32),
+    };
+    let mut b = gst::ElementFactory::make("rtspsrc")
+        .name("outpost_rtspsrc")
+        .property("location", location.as_str())
+        .property_from_str("protocols", protocols)
+        .property("latency", latency);
+    if let Some(u) = user {
+        b = b.property("user-id", u.as_str());
+    }
+    if let Some(pw) = password {
+        b = b.property("user-pw", pw.as_str());
+    }
+    let src = b.build().map_err(|e| format!("rtspsrc: {e}"))?;
+    // Before the server answers, status shows the H.264 chain this machine would use.
+    if let Ok(planned) = pick_decoder("H264", has) {
+        let mut v = vec!["rtspsrc"];
+        v.extend(planned);
+        sh.state.set_elements(&v);
+    }
+    let video = Arc::new(AtomicBool::new(false));
+    let tracks = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (s, v, t) = (sh.clone(), video.clone(), tracks.clone());
+    src.connect_pad_added(move |src, pad| {
+        let caps = pad.current_caps().or_else(|| Some(pad.query_caps(None)));
+        let (media, encoding) = caps
+            .as_ref()
+            .and_then(|c| c.structure(0))
+            .map(|st| {
+                (
+                    st.get::<String>("media").unwrap_or_default(),
+                    st.get::<String>("encoding-name").unwrap_or_default(),
+                )
+            })
+            .unwrap_or_default();
+        t.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(format!("{media}/{encoding}"));
+        let Some(bin) = src.parent().and_downcast::<gst::Bin>() else {
+            return;
+        };
+        if media != "video" || v.load(Ordering::SeqCst) {
+            // Audio and metadata tracks (or a second video track) end in a
+            // fakesink, so they neither block nor fail the stream.
+            if let Ok(f) = gst::ElementFactory::make("fakesink")
+                .property("sync", false)
+                .build()
+                && bin.add(&f).is_ok()
+            {
+                let _ = f.sync_state_with_parent();
+                if let Some(sp) = f.static_pad("sink") {
+                    let _ = pad.link(&sp);
+                }
+            }
+            return;
+        }
+        let chain = match pick_decoder(&encoding, has) {
+            Ok(c) => c,
+            Err(e) => {
+                gst::element_error!(src, gst::StreamError::CodecNotFound, ["{}", e]);
+                return;
+            }
+        };
+        v.store(true, Ordering::SeqCst);
+        let linked = (|| -> Result<(), String> {
+            let dec = gst::parse::bin_from_description(&chain.join(" ! "), true)
+                .map_err(|e| e.to_string())?;
+            bin.add(&dec).map_err(|e| e.to_string())?;
+            let convert = bin
+                .by_name("outpost_convert")
+                .ok_or("no outpost_convert element")?;
+            dec.link(&convert).map_err(|e| e.to_string())?;
+            dec.sync_state_with_parent().map_err(|e| e.to_string())?;
+            let sink = dec
+                .static_pad("sink")
+                .ok_or("decoder bin has no sink pad")?;
+            pad.link(&sink).map_err(|e| format!("{e:?}"))?;
+            Ok(())
+        })();
+        if let Err(e) = linked {
+            gst::element_error!(
+                src,
+                gst::CoreError::Negotiation,
+                ["linking the decoder: {}", e]
+            );
+            return;
+        }
+        let mut names = vec!["rtspsrc"];
+        names.extend(chain.iter().copied());
+        s.state.set_elements(&names);
+        log_chain(&s, &names.join(" ! "));
+    });
+    let (v, t) = (video, tracks);
+    src.connect_no_more_pads(move |src| {
+        if !v.load(Ordering::SeqCst) {
+            let tracks = t.lock().unwrap_or_else(|p| p.into_inner()).join(", ");
+            gst::element_error!(
+                src,
+                gst::StreamError::WrongType,
+                [
+                    "the stream has no video track (tracks: {})",
+                    if tracks.is_empty() { "none" } else { &tracks }
+                ]
+            );
+        }
+    });
+    p.add(&src).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// A decoded RGB frame: into the pipeline's queue, with its capture time.
+fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Sample) {
+    let now = SystemTime::now();
+    sh.last_frame_ms.store(
+        (sh.epoch.elapsed().as_millis() as u64).max(1),
+        Ordering::Relaxed,
+    );
+    let (Some(buffer), Some(caps)) = (sample.buffer_owned(), sample.caps()) else {
+        return;
+    };
+    let Ok(info) = gst_video::VideoInfo::from_caps(caps) else {
+        sh.ctx
+            .scheduler
+            .count_drop(sh.ctx.index, "bad_frame", "caps are not raw video");
+        return;
+    };
+    // Capture time: the buffer's running time against the pipeline clock's
+    // now, so decode and transfer delays count in the frame's age.
+    let lag = (|| {
+        let clock = sink.clock()?;
+        let base = sink.base_time()?;
+        let now_rt = clock.time().checked_sub(base)?;
+        let seg = sample.segment()?.downcast_ref::<gst::ClockTime>()?;
+        let rt = seg.to_running_time(buffer.pts()?)?;
+        now_rt.checked_sub(rt)
+    })()
+    .map(|d| Duration::from_nanos(d.nseconds()))
+    .filter(|d| *d < Duration::from_secs(10))
+    .unwrap_or_default();
+    let captured = now.checked_sub(lag).unwrap_or(now);
+    let (w, h) = (info.width(), info.height());
+    let row = w as usize * 3;
+    let stride = info.stride().first().copied().unwrap_or(0) as usize;
+    let offset = info.offset().first().copied().unwrap_or(0);
+    let need = row * h as usize;
+    let payload = if stride == row && offset == 0 {
+        match buffer.into_mapped_buffer_readable() {
+            Ok(m) if m.len() >= need => Bytes::from_owner(m).slice(..need),
+            _ => {
+                sh.ctx.scheduler.count_drop(
+                    sh.ctx.index,
+                    "bad_frame",
+                    "frame shorter than its caps",
+                );
+                return;
+            }
+        }
+    } else {
+        // Padded rows: pack them.
+        let Ok(m) = buffer.map_readable() else {
+            return;
+        };
+        let mut out = Vec::with_capacity(need);
+        for y in 0..h as usize {
+            let at = offset + y * stride;
+            match m.get(at..at + row) {
+                Some(r) => out.extend_from_slice(r),
+                None => {
+                    sh.ctx.scheduler.count_drop(
+                        sh.ctx.index,
+                        "bad_frame",
+                        "frame shorter than its caps",
+                    );
+                    return;
+                }
+            }
+        }
+        Bytes::from(out)
+    };
+    let mut frame = Frame::new(sh.stream.clone(), payload);
+    frame.raw_rgb = Some((w, h));
+    frame.captured = Some(captured);
+    sh.state.set_size(w, h);
+    // The camera's queue drops its oldest frame: submit never waits.
+    if sh.ctx.scheduler.submit(sh.ctx.index, frame).is_err() {
+        sh.ctx
+            .scheduler
+            .count_drop(sh.ctx.index, "stale", "queue full");
+    }
+}

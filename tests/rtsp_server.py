@@ -1,0 +1,127 @@
+#!/usr/bin/python3
+"""An RTSP server on 127.0.0.1 for the camera tests and benchmarks.
+
+Runs on Debian's python3 with python3-gi and gir1.2-gst-rtsp-server-1.0.
+Serves, encoded live with x264enc:
+  /cam    the given photographs, each held for --hold seconds, in a loop,
+          as H.264 at --width x --height and --fps
+  /audio  an audio-only stream (a stream with no video track)
+With --user/--password every path needs those credentials (basic auth).
+Binds port 0 unless --port is given and prints `PORT <n>` once listening.
+"""
+
+import argparse
+import sys
+
+import gi
+
+gi.require_version("Gst", "1.0")
+gi.require_version("GstRtspServer", "1.0")
+from gi.repository import GLib, Gst, GstRtspServer  # noqa: E402
+
+
+def load_frame(path, width, height):
+    """Decodes a photograph to one I420 frame of width x height."""
+    desc = (
+        f'filesrc location="{path}" ! decodebin ! videoconvert ! videoscale '
+        f"! video/x-raw,format=I420,width={width},height={height},pixel-aspect-ratio=1/1 "
+        "! appsink name=out sync=false"
+    )
+    p = Gst.parse_launch(desc)
+    sink = p.get_by_name("out")
+    p.set_state(Gst.State.PLAYING)
+    sample = sink.emit("try-pull-sample", 10 * Gst.SECOND)
+    if sample is None:
+        sys.exit(f"cannot decode {path}")
+    buf = sample.get_buffer()
+    ok, info = buf.map(Gst.MapFlags.READ)
+    data = bytes(info.data)
+    buf.unmap(info)
+    p.set_state(Gst.State.NULL)
+    return data
+
+
+class PhotoFactory(GstRtspServer.RTSPMediaFactory):
+    """Each client gets the photographs as a live H.264 stream."""
+
+    def __init__(self, frames, args):
+        super().__init__()
+        self.frames = frames
+        self.args = args
+        self.set_shared(True)
+
+    def do_create_element(self, url):
+        a = self.args
+        desc = (
+            "appsrc name=src is-live=true format=time do-timestamp=false "
+            f"caps=video/x-raw,format=I420,width={a.width},height={a.height},framerate={a.fps}/1 "
+            f"! x264enc tune=zerolatency speed-preset=ultrafast key-int-max={a.fps} bitrate={a.bitrate} "
+            "! video/x-h264,profile=constrained-baseline ! rtph264pay name=pay0 pt=96 config-interval=1"
+        )
+        bin_ = Gst.parse_launch(f"( {desc} )")
+        src = bin_.get_by_name("src")
+        state = {"n": 0}
+        dur = Gst.SECOND // a.fps
+        hold = max(1, int(a.hold * a.fps))
+
+        def need_data(appsrc, _length):
+            n = state["n"]
+            frame = self.frames[(n // hold) % len(self.frames)]
+            buf = Gst.Buffer.new_wrapped(frame)
+            buf.pts = n * dur
+            buf.duration = dur
+            state["n"] = n + 1
+            appsrc.emit("push-buffer", buf)
+
+        src.connect("need-data", need_data)
+        return bin_
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("images", nargs="+")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--width", type=int, default=640)
+    ap.add_argument("--height", type=int, default=480)
+    ap.add_argument("--fps", type=int, default=30)
+    ap.add_argument("--hold", type=float, default=1.0, help="seconds per photograph")
+    ap.add_argument("--bitrate", type=int, default=2048, help="kbit/s")
+    ap.add_argument("--user")
+    ap.add_argument("--password")
+    args = ap.parse_args()
+
+    Gst.init(None)
+    frames = [load_frame(p, args.width, args.height) for p in args.images]
+    server = GstRtspServer.RTSPServer()
+    server.set_address("127.0.0.1")
+    server.set_service(str(args.port))
+    mounts = server.get_mount_points()
+    cam = PhotoFactory(frames, args)
+    audio = GstRtspServer.RTSPMediaFactory()
+    audio.set_launch(
+        "( audiotestsrc is-live=true wave=sine ! audio/x-raw,rate=16000,channels=1 "
+        "! audioconvert ! rtpL16pay name=pay0 )"
+    )
+    audio.set_shared(True)
+    if args.user is not None:
+        auth = GstRtspServer.RTSPAuth()
+        token = GstRtspServer.RTSPToken()
+        token.set_string("media.factory.role", "viewer")
+        auth.add_basic(GstRtspServer.RTSPAuth.make_basic(args.user, args.password or ""), token)
+        server.set_auth(auth)
+        for f in (cam, audio):
+            f.add_role_from_structure(
+                Gst.Structure.from_string(
+                    "viewer, media.factory.access=(boolean)true, media.factory.construct=(boolean)true"
+                )[0]
+            )
+    mounts.add_factory("/cam", cam)
+    mounts.add_factory("/audio", audio)
+    if server.attach(None) == 0:
+        sys.exit("cannot listen")
+    print(f"PORT {server.get_bound_port()}", flush=True)
+    GLib.MainLoop().run()
+
+
+if __name__ == "__main__":
+    main()

@@ -264,6 +264,14 @@ impl SourceCtx {
         *self.shutdown.borrow()
     }
 
+    /// Says what the source is doing (`connected`, `reconnecting`, ...),
+    /// shown by `/v1/status` and the console.
+    pub fn set_state(&self, state: &'static str) {
+        if let Some(p) = self.scheduler.pipelines().get(self.index) {
+            p.stats.set_source_state(state);
+        }
+    }
+
     /// Resolves when the daemon begins to stop.
     pub async fn stopped(&self) {
         let mut s = self.shutdown.clone();

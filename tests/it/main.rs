@@ -2,6 +2,7 @@
 //! models fetched by `models/fetch` and built by `models/build`.
 
 mod common;
+mod console;
 mod errors;
 mod ota;
 mod outbox;

@@ -110,11 +110,8 @@
       path.setAttribute('vector-effect', 'non-scaling-stroke');
       svg.appendChild(path);
     }
-    const label = document.createElementNS(SVGNS, 'text');
-    label.setAttribute('x', '2'); label.setAttribute('y', '11');
-    label.setAttribute('class', 'label');
-    label.textContent = 'max ' + (unit === 'us' ? us(Math.round(max)) : rate(max) + (unit ? ' ' + unit : ''));
-    svg.appendChild(label);
+    const label = svg.parentNode ? svg.parentNode.querySelector('.plotmax') : null;
+    if (label) label.textContent = 'peak ' + (unit === 'us' ? us(Math.round(max)) : rate(max) + unit);
     svg.dataset.n = String(n);
     svg.dataset.max = String(max);
   }
@@ -194,7 +191,8 @@
     fcap.appendChild(el('span', 'key k1'));
     fcap.appendChild(document.createTextNode('in '));
     fcap.appendChild(el('span', 'key k2'));
-    fcap.appendChild(document.createTextNode('out, frames/s'));
+    fcap.appendChild(document.createTextNode('out, frames/s '));
+    fcap.appendChild(el('span', 'plotmax'));
     fpsFig.appendChild(fcap);
     plots.appendChild(fpsFig);
     const p99Fig = el('figure');
@@ -207,7 +205,8 @@
     p99Fig.appendChild(p99);
     const pcap = el('figcaption');
     pcap.appendChild(el('span', 'key k3'));
-    pcap.appendChild(document.createTextNode('p99 latency per second'));
+    pcap.appendChild(document.createTextNode('p99 latency, each second '));
+    pcap.appendChild(el('span', 'plotmax'));
     p99Fig.appendChild(pcap);
     plots.appendChild(p99Fig);
     card.appendChild(plots);
@@ -259,9 +258,24 @@
     probe.src = '/v1/pipelines/' + encodeURIComponent(name) + '/snapshot.jpg?frame=' + framesDone;
   }
 
-  function summary(outputs) {
-    if (outputs === null || outputs === undefined) return '';
-    let s = JSON.stringify(outputs);
+  // A line a person reads: classes with scores, events, box counts; else JSON.
+  function summary(o) {
+    if (o === null || o === undefined) return '';
+    const parts = [];
+    if (Array.isArray(o.top)) {
+      parts.push(o.top.slice(0, 3).map(t => (t.label !== undefined ? t.label : t.index) +
+        (typeof t.score === 'number' ? ' ' + t.score.toFixed(3) : '')).join(', '));
+    }
+    if (o.event !== undefined) {
+      parts.push(String(o.event) + (typeof o.t === 'number' ? ' at ' + o.t.toFixed(2) + ' s' : '') +
+        (typeof o.duration_s === 'number' ? ', ' + o.duration_s.toFixed(2) + ' s long' : ''));
+    }
+    for (const k of ['boxes', 'detections', 'faces', 'texts']) {
+      if (Array.isArray(o[k])) parts.push(o[k].length + ' ' + k);
+    }
+    if (o.text !== undefined) parts.push(String(o.text));
+    if (o.truncated) parts.push('(' + bytes(o.bytes) + ', too large to show)');
+    let s = parts.length ? parts.join('; ') : JSON.stringify(o);
     if (s.length > 140) s = s.slice(0, 139) + '…';
     return s;
   }

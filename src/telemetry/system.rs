@@ -99,7 +99,7 @@ mod tests {
             }
         );
         let b = parse_stat("cpu  200 0 100 1100 100 0 0 0 0 0\n").unwrap();
-        assert_eq!(b.percent_since(&a), Some(37.5));
+        assert_eq!(b.percent_since(&a), Some(30.0));
         assert_eq!(a.percent_since(&a), None);
         assert_eq!(a.percent_since(&b), None);
         assert!(parse_stat("intr 1 2 3\n").is_none());

@@ -179,6 +179,9 @@ impl Live {
             h.push_back(point.clone());
         }
         if self.tick.receiver_count() == 0 {
+            // Nobody listens: drop the last tick, so the next console to
+            // connect does not start from an old one.
+            self.tick.send_replace(None);
             return;
         }
         let status = super::status_json(&self.state).to_string();

@@ -449,7 +449,7 @@
     });
     es.addEventListener('tick', e => {
       const t = JSON.parse(e.data);
-      if (!points.length || points[points.length - 1].t !== t.point.t) addPoint(t.point);
+      if (!points.length || points[points.length - 1].t < t.point.t) addPoint(t.point);
       last = t;
       render(t);
     });

@@ -312,8 +312,7 @@ impl Core {
         for (i, src) in sources.iter().enumerate() {
             let ctx = SourceCtx {
                 pipeline: scheduler.pipelines()[i].name().to_string(),
-                index: i,
-                scheduler: scheduler.clone(),
+                sink: scheduler.input(i),
                 shutdown: stop_rx.clone(),
                 mqtt: mqtt.clone(),
                 outbox: Some(self.outbox.clone()),
@@ -787,7 +786,7 @@ impl crate::ota::host::ModelHost for DaemonModelHost {
             "pipeline": "ota",
             "stream": stream,
             "seq": seq,
-            "ts": crate::pipeline::record::rfc3339(std::time::SystemTime::now()),
+            "ts": crate::record::rfc3339(std::time::SystemTime::now()),
             "event": event,
         });
         let bytes = serde_json::to_vec(&rec).map_err(|e| e.to_string())?;

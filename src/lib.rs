@@ -13,6 +13,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod postprocess;
 pub mod preprocess;
+pub mod record;
 pub mod source;
 pub mod telemetry;
 pub mod uplink;

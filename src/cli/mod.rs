@@ -13,11 +13,12 @@ pub mod run;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 
 use crate::backend::Provider;
 use crate::backend::ort::{Runtime, SessionOptions};
 use crate::config::Config;
+pub use crate::telemetry::logging::LogFormat;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -43,12 +44,6 @@ pub struct Cli {
     pub verbose: u8,
     #[command(subcommand)]
     pub command: Command,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Debug, Subcommand)]

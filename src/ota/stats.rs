@@ -59,7 +59,7 @@ impl OtaStats {
         if let Some(o) = v.as_object_mut() {
             o.insert(
                 "ts".into(),
-                crate::pipeline::record::rfc3339(std::time::SystemTime::now()).into(),
+                crate::record::rfc3339(std::time::SystemTime::now()).into(),
             );
         }
         let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());

@@ -3,7 +3,9 @@
 
 pub mod queue;
 pub mod recent;
-pub mod record;
+/// The result record is a leaf room of its own; `pipeline::record` stays as
+/// a path to it.
+pub use crate::record;
 pub mod scheduler;
 pub mod worker;
 
@@ -15,11 +17,11 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 pub use self::queue::WhenFull;
-pub use self::record::ResultRecord;
 pub use self::scheduler::{Priority, Scheduler};
 pub use self::worker::Pipeline;
 use crate::postprocess::PostprocessConfig;
 use crate::preprocess::PreprocessConfig;
+pub use crate::record::ResultRecord;
 use crate::source::SourceConfig;
 
 /// `[[pipelines]]` in the config.

@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 
 use super::queue::{BoundedQueue, Offer};
 use super::worker::Pipeline;
-use crate::source::Frame;
+use crate::source::{Frame, FrameSink};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -158,6 +158,14 @@ impl Scheduler {
         p.stats.frames_in.fetch_add(1, Ordering::Relaxed);
         self.inner.work.notify_one();
         Ok(())
+    }
+
+    /// Pipeline `idx`'s way in, for its source.
+    pub fn input(&self, idx: usize) -> Arc<dyn FrameSink> {
+        Arc::new(PipelineInput {
+            scheduler: self.clone(),
+            idx,
+        })
     }
 
     /// Notified when a queue has room again.
@@ -322,6 +330,32 @@ impl Scheduler {
                 self.lock().busy[idx] = false;
                 self.inner.work.notify_all();
             }
+        }
+    }
+}
+
+/// One pipeline's input: what its source sees of the scheduler.
+struct PipelineInput {
+    scheduler: Scheduler,
+    idx: usize,
+}
+
+impl FrameSink for PipelineInput {
+    fn offer(&self, frame: Frame) -> Result<(), Frame> {
+        self.scheduler.submit(self.idx, frame)
+    }
+
+    fn space(&self) -> Arc<Notify> {
+        self.scheduler.space(self.idx)
+    }
+
+    fn count_drop(&self, reason: &'static str, detail: &str) {
+        self.scheduler.count_drop(self.idx, reason, detail);
+    }
+
+    fn set_state(&self, state: &'static str) {
+        if let Some(p) = self.scheduler.pipelines().get(self.idx) {
+            p.stats.set_source_state(state);
         }
     }
 }

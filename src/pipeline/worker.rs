@@ -9,13 +9,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::record::{ResultRecord, rfc3339};
 use super::{IdGen, PipelineConfig, PipelineStats, RateLimitedLog, RecordSink};
 use crate::backend::{Dim, Tensor, is_batch_name};
 use crate::model::registry::LoadedModel;
 use crate::model::state::StreamStates;
 use crate::postprocess::{PostprocessConfig, Postprocessor};
 use crate::preprocess::{Item, ItemMeta, PreprocessConfig, Preprocessor};
+use crate::record::{ResultRecord, rfc3339};
 use crate::source::Frame;
 
 #[derive(Debug, thiserror::Error)]

@@ -19,8 +19,9 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch as tokio_watch};
 
-use crate::pipeline::record::ResultRecord;
-use crate::pipeline::scheduler::Scheduler;
+use tokio::sync::Notify;
+
+use crate::record::ResultRecord;
 
 /// One frame as it arrives: which stream it belongs to and its bytes.
 pub struct Frame {
@@ -221,12 +222,27 @@ pub enum SourceError {
     },
 }
 
+/// The narrow way into a pipeline, all a source may do with its frames:
+/// offer one, wait for room, count one it could not hand in. The scheduler
+/// implements it; sources never hold the scheduler itself.
+pub trait FrameSink: Send + Sync {
+    /// Queues a frame. `Err(frame)` only when the pipeline's queue is full
+    /// and its policy is to block: wait on [`FrameSink::space`], then retry.
+    fn offer(&self, frame: Frame) -> Result<(), Frame>;
+    /// Notified when the queue has room again.
+    fn space(&self) -> Arc<Notify>;
+    /// Counts (and logs, rate-limited) a frame dropped before it reached the queue.
+    fn count_drop(&self, reason: &'static str, detail: &str);
+    /// Says what the source is doing (`connected`, `reconnecting`, ...),
+    /// shown by `/v1/status` and the console.
+    fn set_state(&self, state: &'static str);
+}
+
 /// What a running source gets: where to put frames and when to stop.
 #[derive(Clone)]
 pub struct SourceCtx {
     pub pipeline: String,
-    pub index: usize,
-    pub scheduler: Scheduler,
+    pub sink: Arc<dyn FrameSink>,
     pub shutdown: tokio_watch::Receiver<bool>,
     /// The MQTT broker the mqtt sources connect to (site broker or the embedded one).
     pub mqtt: Option<mqtt::BrokerAddr>,
@@ -240,11 +256,11 @@ impl SourceCtx {
     /// Returns false when the daemon is stopping.
     pub async fn submit(&self, mut frame: Frame) -> bool {
         loop {
-            match self.scheduler.submit(self.index, frame) {
+            match self.sink.offer(frame) {
                 Ok(()) => return true,
                 Err(back) => {
                     frame = back;
-                    let space = self.scheduler.space(self.index);
+                    let space = self.sink.space();
                     let mut stop = self.shutdown.clone();
                     tokio::select! {
                         _ = space.notified() => {}
@@ -260,6 +276,11 @@ impl SourceCtx {
         }
     }
 
+    /// Counts (and logs, rate-limited) a frame dropped before it reached the queue.
+    pub fn count_drop(&self, reason: &'static str, detail: &str) {
+        self.sink.count_drop(reason, detail);
+    }
+
     pub fn stopping(&self) -> bool {
         *self.shutdown.borrow()
     }
@@ -267,9 +288,7 @@ impl SourceCtx {
     /// Says what the source is doing (`connected`, `reconnecting`, ...),
     /// shown by `/v1/status` and the console.
     pub fn set_state(&self, state: &'static str) {
-        if let Some(p) = self.scheduler.pipelines().get(self.index) {
-            p.stats.set_source_state(state);
-        }
+        self.sink.set_state(state);
     }
 
     /// Resolves when the daemon begins to stop.

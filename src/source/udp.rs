@@ -53,8 +53,7 @@ impl Source for UdpSource {
                             Frame::new(stream, Bytes::copy_from_slice(payload))
                         }
                         Err(e) => {
-                            ctx.scheduler
-                                .count_drop(ctx.index, e.reason(), &e.to_string());
+                            ctx.count_drop(e.reason(), &e.to_string());
                             continue;
                         }
                     },

@@ -79,8 +79,7 @@ async fn connection(
         };
         if len > MAX_FRAME_BYTES {
             let e = FramingError::TooLarge(len);
-            ctx.scheduler.count_drop(
-                ctx.index,
+            ctx.count_drop(
                 e.reason(),
                 &format!("{default_stream}: {e}; closing the connection"),
             );
@@ -88,8 +87,7 @@ async fn connection(
         }
         let mut body = vec![0u8; len];
         if s.read_exact(&mut body).await.is_err() {
-            ctx.scheduler.count_drop(
-                ctx.index,
+            ctx.count_drop(
                 "truncated_frame",
                 &format!("{default_stream}: connection closed inside a frame"),
             );
@@ -103,8 +101,7 @@ async fn connection(
                     Bytes::copy_from_slice(payload),
                 ),
                 Err(e) => {
-                    ctx.scheduler
-                        .count_drop(ctx.index, e.reason(), &e.to_string());
+                    ctx.count_drop(e.reason(), &e.to_string());
                     continue;
                 }
             },

@@ -10,8 +10,6 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::cli::LogFormat;
-
 /// The syslog priority journald reads from a `<N>` line prefix.
 pub fn syslog_priority(level: &Level) -> u8 {
     match *level {
@@ -40,6 +38,14 @@ where
         write!(writer, "<{}>", syslog_priority(event.metadata().level()))?;
         self.0.format_event(ctx, writer, event)
     }
+}
+
+/// How log lines are written: plain text (journald-friendly when under
+/// systemd) or one JSON object per line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// Installs the global subscriber. `RUST_LOG` overrides the verbosity.

@@ -12,11 +12,13 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 
-/// A file the fleet server serves; `truncate` responses end halfway.
+/// A file the fleet server serves; `truncate` responses end halfway; while
+/// `held`, requests for it wait before the response is written.
 #[derive(Clone, Default)]
 struct Served {
     body: Vec<u8>,
     truncate: usize,
+    held: bool,
 }
 
 /// (path, Range header) of every GET the fleet server saw.
@@ -47,10 +49,18 @@ impl Fleet {
     }
 
     fn put(&self, path: &str, body: Vec<u8>) {
-        self.files
-            .lock()
-            .unwrap()
-            .insert(path.to_string(), Served { body, truncate: 0 });
+        self.files.lock().unwrap().insert(
+            path.to_string(),
+            Served {
+                body,
+                ..Served::default()
+            },
+        );
+    }
+
+    /// Requests for `path` wait (after they are logged) until `release`.
+    fn hold(&self, path: &str, held: bool) {
+        self.files.lock().unwrap().get_mut(path).unwrap().held = held;
     }
 
     fn truncate_next(&self, path: &str, n: usize) {
@@ -103,6 +113,10 @@ fn serve(
         }
     }
     log.lock().unwrap().push((path.clone(), range.clone()));
+    // A held file: the test releases it once it has seen this request.
+    while files.lock().unwrap().get(&path).is_some_and(|f| f.held) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let found = {
         let mut m = files.lock().unwrap();
         m.get_mut(&path).map(|f| {
@@ -743,8 +757,19 @@ fn sigkill_mid_download_resumes() {
     assert!(have < size, "killed mid-download ({have} of {size})");
     let dir = std::mem::replace(&mut d.dir, tempfile::tempdir().unwrap());
     drop(d);
+    // The rest of the bundle is held back until the restarted daemon has
+    // asked for it with a Range and the old version is seen serving: without
+    // the hold an uncapped download can install before the check.
+    let tar = "/sensor_mlp-1.1.0.tar";
+    fleet.hold(tar, true);
     let d = start(&config(&fleet, &pubkey, ""), dir);
+    let t0 = Instant::now();
+    while fleet.ranges(tar).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(serving(&d), "sensor_mlp@1.0.0");
+    fleet.hold(tar, false);
     wait_log(&d, "step=\"installed\"", Duration::from_secs(20));
     assert_eq!(serving(&d), "sensor_mlp@1.1.0");
     assert!(

@@ -1,4 +1,6 @@
-//! The result record: what a pipeline produces for the fleet.
+//! The result record: what a pipeline produces for the fleet. A leaf room:
+//! sources (which answer with records), pipelines, the outbox and the API
+//! all use it, and it uses nothing of theirs.
 //!
 //! `id` = `<device>/<boot>/<seq>`: `boot` counts daemon starts (persisted by
 //! the outbox), `seq` counts records within a boot. The id is fixed when the

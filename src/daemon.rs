@@ -37,6 +37,7 @@ use crate::model::registry::{LoadedModel, open_model_arg};
 use crate::outbox::Outbox;
 use crate::output::{OutputConfig, OutputCtx};
 use crate::pipeline::realtime::RealtimeStats;
+use crate::pipeline::recent::RecentRecords;
 use crate::pipeline::{IdGen, Pipeline, RecordSink, ResultRecord, Scheduler};
 use crate::source::http::HttpIngress;
 use crate::source::mqtt::{BrokerAddr, start_embedded_broker};
@@ -55,10 +56,12 @@ pub struct RunOptions {
     pub model_dir_override: Option<PathBuf>,
 }
 
-/// Records go to the outbox first; printing is for demos.
+/// Records go to the outbox first; printing is for demos; the last few
+/// of each pipeline stay in memory for the console.
 struct OutboxSink {
     outbox: Outbox,
     print: bool,
+    recent: Arc<RecentRecords>,
 }
 
 impl RecordSink for OutboxSink {
@@ -77,6 +80,7 @@ impl RecordSink for OutboxSink {
             let _ = out.write_all(b"\n");
             let _ = out.flush();
         }
+        self.recent.push(&record.pipeline, bytes);
         Ok(())
     }
 }
@@ -376,6 +380,7 @@ impl Core {
             if matches!(src, SourceConfig::Http {}) {
                 ingress.insert(ctx.pipeline.clone(), ctx.clone());
             }
+            ctx.set_state("started");
             match src.build().spawn(ctx) {
                 Ok(t) => tasks.push(t),
                 Err(e) => {
@@ -473,9 +478,11 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
         .await?
         .with_context(|| format!("outbox {}", outbox_dir.display()))?;
     let ids = Arc::new(IdGen::new(device.clone(), outbox.boot()));
+    let recent = Arc::new(RecentRecords::default());
     let sink: Arc<dyn RecordSink> = Arc::new(OutboxSink {
         outbox: outbox.clone(),
         print: opts.print_records,
+        recent: recent.clone(),
     });
     let mut core = Core {
         device: device.clone(),
@@ -577,6 +584,10 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
         metrics: registry,
         control,
         daemon: daemon_info,
+        uplink: uplink.as_ref().map(|u| u.stats.clone()),
+        ota: ota.as_ref().map(|o| o.stats.clone()),
+        recent,
+        shutdown: global_stop_rx.clone(),
     };
     let listener = tokio::net::TcpListener::bind(cfg.api.listen)
         .await

@@ -1,8 +1,12 @@
 //! The local HTTP API (axum), bound to loopback by default:
 //! `/healthz` (the process answers), `/readyz` (models warmed, outbox open,
-//! sources started), `/metrics` (OpenMetrics), `/v1/status` (pipelines, models, outbox),
-//! `GET /v1/pipelines/{name}/snapshot.jpg` (the latest frame, annotated) and the http
-//! source's `POST /v1/pipelines/{name}/infer`.
+//! sources started), `/metrics` (OpenMetrics), `/v1/status` (pipelines, models, outbox,
+//! uplink, OTA, machine), `GET /v1/pipelines/{name}/snapshot.jpg` (the latest frame,
+//! annotated), the http source's `POST /v1/pipelines/{name}/infer`, and the local
+//! console (`GET /`, `/v1/events`, `/v1/pipelines/{name}/records`).
+
+pub mod console;
+pub mod live;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -15,9 +19,13 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 
+use crate::ota::stats::OtaStats;
 use crate::outbox::Outbox;
+use crate::pipeline::recent::RecentRecords;
 use crate::pipeline::{PipelineStats, Scheduler};
+use crate::preprocess::PreprocessConfig;
 use crate::source::http::{HttpIngress, infer};
+use crate::uplink::UplinkStats;
 
 /// What the API reads.
 #[derive(Clone)]
@@ -32,10 +40,19 @@ pub struct ApiState {
     pub control: Control,
     /// The running daemon: version and OTA slot (`package`: not from a slot).
     pub daemon: (String, String),
+    /// The uplink's figures (None: no uplink configured).
+    pub uplink: Option<Arc<UplinkStats>>,
+    /// The OTA agent's figures (None: OTA not configured).
+    pub ota: Option<Arc<OtaStats>>,
+    /// The last records of each pipeline (console, `/v1/pipelines/{name}/records`).
+    pub recent: Arc<RecentRecords>,
+    /// Turns true when the daemon stops: ends the console's event streams,
+    /// which would otherwise hold the graceful shutdown open.
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
 impl ApiState {
-    fn scheduler(&self) -> Scheduler {
+    pub fn scheduler(&self) -> Scheduler {
         self.scheduler
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -210,9 +227,23 @@ pub fn status_json(s: &ApiState) -> serde_json::Value {
         .enumerate()
         .map(|(i, p)| {
             let st = &p.stats;
+            let model = p.model();
+            let input = match p
+                .cfg
+                .preprocess
+                .as_ref()
+                .or(model.manifest.preprocess.as_ref())
+            {
+                Some(PreprocessConfig::Image { .. }) => "image",
+                Some(PreprocessConfig::Audio { .. }) => "audio",
+                Some(PreprocessConfig::Sensor { .. }) => "sensor",
+                Some(PreprocessConfig::None) | None => "",
+            };
             serde_json::json!({
                 "name": p.name(),
                 "source": p.cfg.source.kind(),
+                "source_state": st.source_state(),
+                "input": input,
                 "priority": p.cfg.priority.as_str(),
                 "model": p.model().id(),
                 "provider": p.model().provider,
@@ -249,6 +280,12 @@ pub fn status_json(s: &ApiState) -> serde_json::Value {
         })
         .collect();
     let o = s.outbox.stats();
+    let uplink = s.uplink.as_ref().map(|u| uplink_json(u));
+    let ota = s.ota.as_ref().map(|o| {
+        let mut v = o.summary();
+        v["daemon"] = serde_json::json!({"version": s.daemon.0, "slot": s.daemon.1});
+        v
+    });
     serde_json::json!({
         "device": s.device,
         "daemon": {"version": s.daemon.0, "slot": s.daemon.1},
@@ -267,6 +304,57 @@ pub fn status_json(s: &ApiState) -> serde_json::Value {
             "reopens_total": o.reopens_total,
             "lost_total": o.lost_total,
         },
+        "uplink": uplink,
+        "ota": ota,
+        "system": system_json(),
+    })
+}
+
+fn uplink_json(u: &UplinkStats) -> serde_json::Value {
+    let g = UplinkStats::get;
+    let last_error = u.last_error().map(|(at, msg)| {
+        serde_json::json!({
+            "message": msg,
+            "age_s": at.elapsed().map(|d| d.as_secs_f64()).unwrap_or(0.0),
+        })
+    });
+    serde_json::json!({
+        "kind": u.kind,
+        "connected": u.is_connected(),
+        "sent_total": g(&u.sent_total),
+        "acked_total": g(&u.acked_total),
+        "retries_total": g(&u.retries_total),
+        "bytes_total": g(&u.bytes_total),
+        "dead_letters_total": g(&u.dead_letters_total),
+        "connects_total": g(&u.connects_total),
+        "disconnects_total": g(&u.disconnects_total),
+        "inflight": g(&u.inflight),
+        "errors_total": g(&u.errors_total),
+        "last_error": last_error,
+    })
+}
+
+/// The machine: memory, load, temperatures, GPUs, and this process.
+fn system_json() -> serde_json::Value {
+    let d = crate::telemetry::device::sample();
+    let p = crate::telemetry::device::process();
+    let m = crate::telemetry::system::memory();
+    serde_json::json!({
+        "cpus": crate::telemetry::system::cpus(),
+        "load1": crate::telemetry::system::load1(),
+        "memory_total_bytes": m.map(|m| m.total_bytes),
+        "memory_available_bytes": m.map(|m| m.available_bytes),
+        "process_resident_bytes": p.resident_bytes,
+        "process_cpu_seconds": p.cpu_seconds,
+        "temperatures": d.temperatures.iter().map(|(zone, c)| serde_json::json!({"zone": zone, "celsius": c})).collect::<Vec<_>>(),
+        "gpus": d.gpus.iter().map(|g| serde_json::json!({
+            "index": g.index,
+            "name": g.name,
+            "utilization": g.utilization,
+            "memory_used_bytes": g.memory_used_bytes,
+            "memory_total_bytes": g.memory_total_bytes,
+            "temperature_celsius": g.temperature_celsius,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -319,10 +407,13 @@ async fn snapshot(
     }
 }
 
+/// The API's routes. Starts the console's sampler (one for every console),
+/// so it is called inside the tokio runtime.
 pub fn router(state: ApiState, ingress: HttpIngress) -> Router {
     let infer_routes = Router::new()
         .route("/v1/pipelines/{name}/infer", post(infer))
         .with_state(ingress);
+    let live = live::Live::start(state.clone());
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -334,4 +425,5 @@ pub fn router(state: ApiState, ingress: HttpIngress) -> Router {
         .route("/v1/pipelines/{name}/snapshot.jpg", get(snapshot))
         .with_state(state)
         .merge(infer_routes)
+        .merge(console::routes(live))
 }

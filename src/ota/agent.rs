@@ -524,6 +524,9 @@ impl Agent {
         let probation = self.cfg.daemon_probation;
         let mut stop = self.shutdown.clone();
         tracing::info!(slot = %slot, probation_s = probation.as_secs_f64(), "OTA: this daemon slot is on trial");
+        stats
+            .daemon_trial
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         tokio::spawn(async move {
             let trial = async {
                 while !host.ready() {
@@ -552,6 +555,9 @@ impl Agent {
             .and_then(|r| r);
             match r {
                 Ok(Some((b, true))) => {
+                    stats
+                        .daemon_trial
+                        .store(false, std::sync::atomic::Ordering::Relaxed);
                     let good = b.good.clone().unwrap_or_default();
                     emit(
                         &*host,
@@ -597,6 +603,7 @@ impl Agent {
         while let Some(ev) = next.take() {
             let (s, actions) = machine::step(state, ev, &self.policy);
             state = s;
+            self.wiring.stats.set_phase(state.phase());
             self.journal(&state);
             for a in actions {
                 if let Some(ev) = self.perform(a).await {
@@ -942,6 +949,7 @@ fn emit(host: &dyn ModelHost, stats: &OtaStats, s: &Status) {
     );
     stats.step(s.step);
     let v = serde_json::to_value(s).unwrap_or_default();
+    stats.remember(&v);
     if let Err(e) = host.event("ota", &v) {
         tracing::warn!(error = %e, "OTA: status event not stored");
     }

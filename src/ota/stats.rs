@@ -1,9 +1,9 @@
 //! OTA figures for `/metrics`: download progress, status events by step,
 //! commands by outcome, and which daemon version and slot run.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use prometheus_client::encoding::DescriptorEncoder;
 
@@ -21,7 +21,16 @@ pub struct OtaStats {
     skipped: Mutex<BTreeMap<&'static str, u64>>,
     /// (version, slot) of the running daemon.
     pub daemon: Mutex<(String, String)>,
+    /// The update's phase now (`idle`, `downloading`, ..., `probation`).
+    phase: Mutex<&'static str>,
+    /// The last status events with their time, oldest first (the console).
+    recent: Mutex<VecDeque<serde_json::Value>>,
+    /// The running daemon slot is on trial (its probation is not over).
+    pub daemon_trial: AtomicBool,
 }
+
+/// Status events kept for the console.
+const RECENT_EVENTS: usize = 20;
 
 impl OtaStats {
     pub fn step(&self, step: &'static str) {
@@ -50,6 +59,48 @@ impl OtaStats {
     /// An entry this device did not take, by reason.
     pub fn skipped(&self, reason: &'static str) {
         bump(&self.skipped, reason);
+    }
+
+    pub fn set_phase(&self, phase: &'static str) {
+        *self.phase.lock().unwrap_or_else(|p| p.into_inner()) = phase;
+    }
+
+    /// Keeps a status event (as sent upstream) among the recent ones.
+    pub fn remember(&self, status: &serde_json::Value) {
+        let mut v = status.clone();
+        if let Some(o) = v.as_object_mut() {
+            o.insert(
+                "ts".into(),
+                crate::record::rfc3339(std::time::SystemTime::now()).into(),
+            );
+        }
+        let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        if r.len() >= RECENT_EVENTS {
+            r.pop_front();
+        }
+        r.push_back(v);
+    }
+
+    /// Phase, probation, the recent status events and the commands, as JSON.
+    pub fn summary(&self) -> serde_json::Value {
+        let phase = *self.phase.lock().unwrap_or_else(|p| p.into_inner());
+        let phase = if phase.is_empty() { "idle" } else { phase };
+        let recent: Vec<serde_json::Value> = self
+            .recent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        serde_json::json!({
+            "phase": phase,
+            "model_probation": phase == "probation",
+            "daemon_trial": self.daemon_trial.load(Ordering::Relaxed),
+            "download_bytes": self.download_bytes.load(Ordering::Relaxed),
+            "download_size": self.download_size.load(Ordering::Relaxed),
+            "recent": recent,
+            "commands": self.commands(),
+        })
     }
 
     pub fn commands(&self) -> BTreeMap<&'static str, u64> {

@@ -2,6 +2,7 @@
 //! the scheduler that runs them. A daemon runs many; they share loaded models.
 
 pub mod queue;
+pub mod recent;
 /// The result record is a leaf room of its own; `pipeline::record` stays as
 /// a path to it.
 pub use crate::record;
@@ -165,6 +166,9 @@ pub struct PipelineStats {
     pub frame_age_us: LatencyHistogram,
     /// The camera feeding this pipeline (state, decoder, its counters).
     pub camera: Option<std::sync::Arc<crate::source::camera::CameraState>>,
+    /// What the source says of itself (`started`, `connected`,
+    /// `reconnecting`, ...), for the status and the console.
+    source_state: Mutex<&'static str>,
 }
 
 /// Latency percentiles (HDR histogram, 1 µs .. 60 s, 3 significant digits).
@@ -182,6 +186,19 @@ impl LatencyHistogram {
     pub fn record(&self, us: u64) {
         if let Some(h) = self.0.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
             h.saturating_record(us.max(1));
+        }
+    }
+
+    /// The recorded buckets as (highest value of the bucket, count), in
+    /// ascending order: two of these taken apart give the latencies recorded
+    /// in between (the console's p99 over time).
+    pub fn recorded(&self) -> Vec<(u64, u64)> {
+        match self.0.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            Some(h) => h
+                .iter_recorded()
+                .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                .collect(),
+            None => Vec::new(),
         }
     }
 
@@ -253,6 +270,17 @@ impl PipelineStats {
 
     pub fn get(a: &AtomicU64) -> u64 {
         a.load(Ordering::Relaxed)
+    }
+
+    /// Sets what the source says of itself (see [`PipelineStats::source_state`]).
+    pub fn set_source_state(&self, state: &'static str) {
+        *self.source_state.lock().unwrap_or_else(|p| p.into_inner()) = state;
+    }
+
+    /// `started` once the daemon started the source, then what the source
+    /// reports (`connected`, `reconnecting`, `streaming`, ...); empty before.
+    pub fn source_state(&self) -> &'static str {
+        *self.source_state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -425,6 +425,12 @@ impl FrameSink for PipelineInput {
     fn count_drop(&self, reason: &'static str, detail: &str) {
         self.scheduler.count_drop(self.idx, reason, detail);
     }
+
+    fn set_state(&self, state: &'static str) {
+        if let Some(p) = self.scheduler.pipelines().get(self.idx) {
+            p.stats.set_source_state(state);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -349,6 +349,9 @@ pub trait FrameSink: Send + Sync {
     fn space(&self) -> Arc<Notify>;
     /// Counts (and logs, rate-limited) a frame dropped before it reached the queue.
     fn count_drop(&self, reason: &'static str, detail: &str);
+    /// Says what the source is doing (`connected`, `reconnecting`, ...),
+    /// shown by `/v1/status` and the console.
+    fn set_state(&self, state: &'static str);
 }
 
 /// What a running source gets: where to put frames and when to stop.
@@ -398,6 +401,12 @@ impl SourceCtx {
 
     pub fn stopping(&self) -> bool {
         *self.shutdown.borrow()
+    }
+
+    /// Says what the source is doing (`connected`, `reconnecting`, ...),
+    /// shown by `/v1/status` and the console.
+    pub fn set_state(&self, state: &'static str) {
+        self.sink.set_state(state);
     }
 
     /// Resolves when the daemon begins to stop.

@@ -98,6 +98,7 @@ impl Source for MqttSource {
                             // The request is queued to the event loop; it cannot fail while the loop runs.
                             let _ = client.subscribe(t.clone(), qos).await;
                         }
+                        ctx.set_state("connected");
                         tracing::info!(pipeline = %ctx.pipeline, "mqtt source connected and subscribed");
                     }
                     Ok(Event::Incoming(Packet::Publish(p))) => {
@@ -127,6 +128,7 @@ impl Source for MqttSource {
                     }
                     Ok(_) => {}
                     Err(e) => {
+                        ctx.set_state("reconnecting");
                         tracing::warn!(pipeline = %ctx.pipeline, error = %e, retry_in = ?backoff, "mqtt source connection failed");
                         tokio::select! {
                             _ = tokio::time::sleep(backoff) => {}

@@ -1,5 +1,6 @@
-//! Logging setup, metrics, and process and device sensors.
+//! Logging setup, metrics, and process, device and machine sensors.
 
 pub mod device;
 pub mod logging;
 pub mod metrics;
+pub mod system;

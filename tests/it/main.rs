@@ -4,6 +4,7 @@
 mod batching;
 mod camera;
 mod common;
+mod console;
 mod errors;
 mod fleet;
 mod hardening;

@@ -3,6 +3,7 @@
 
 mod common;
 mod errors;
+mod gpu;
 mod ota;
 mod outbox;
 mod plan;

@@ -102,7 +102,9 @@ fn tensor_bytes(t: &Tensor) -> Option<&[u8]> {
         // SAFETY: a slice of plain numeric elements (f32, f16, f64, i64, i32,
         // i8, u8, bool) read as the bytes that make it up; the length is the
         // slice's size in bytes and the lifetime is the array's.
-        Some(unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) })
+        Some(unsafe {
+            std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s))
+        })
     }
     match t {
         Tensor::F32(a) => bytes(a),
@@ -152,7 +154,12 @@ impl DeviceBinding {
             Placement::Cpu => (
                 Allocator::new(
                     session,
-                    MemoryInfo::new(AllocationDevice::CPU, 0, AllocatorType::Device, MemoryType::Default)?,
+                    MemoryInfo::new(
+                        AllocationDevice::CPU,
+                        0,
+                        AllocatorType::Device,
+                        MemoryType::Default,
+                    )?,
                 )?,
                 None,
                 None,
@@ -160,15 +167,30 @@ impl DeviceBinding {
             Placement::Cuda(id) => (
                 Allocator::new(
                     session,
-                    MemoryInfo::new(AllocationDevice::CUDA, id, AllocatorType::Device, MemoryType::Default)?,
+                    MemoryInfo::new(
+                        AllocationDevice::CUDA,
+                        id,
+                        AllocatorType::Device,
+                        MemoryType::Default,
+                    )?,
                 )?,
                 Some(Allocator::new(
                     session,
-                    MemoryInfo::new(AllocationDevice::CUDA_PINNED, id, AllocatorType::Device, MemoryType::CPUInput)?,
+                    MemoryInfo::new(
+                        AllocationDevice::CUDA_PINNED,
+                        id,
+                        AllocatorType::Device,
+                        MemoryType::CPUInput,
+                    )?,
                 )?),
                 Some(Allocator::new(
                     session,
-                    MemoryInfo::new(AllocationDevice::CUDA_PINNED, id, AllocatorType::Device, MemoryType::CPUOutput)?,
+                    MemoryInfo::new(
+                        AllocationDevice::CUDA_PINNED,
+                        id,
+                        AllocatorType::Device,
+                        MemoryType::CPUOutput,
+                    )?,
                 )?),
             ),
         };
@@ -181,7 +203,11 @@ impl DeviceBinding {
             pinned_out,
             inputs: Vec::new(),
             outputs: Vec::new(),
-            output_names: session.outputs().iter().map(|o| o.name().to_string()).collect(),
+            output_names: session
+                .outputs()
+                .iter()
+                .map(|o| o.name().to_string())
+                .collect(),
             shape_sets: Vec::new(),
             run_options: RunOptions::new()?,
             allocations: 0,
@@ -194,7 +220,10 @@ impl DeviceBinding {
 
     /// Makes sure the inputs have buffers of these shapes; returns the
     /// graph id of the shape set and whether it is new.
-    fn prepare(&mut self, inputs: &[(&str, DType, &[usize])]) -> Result<(usize, bool), BindingError> {
+    fn prepare(
+        &mut self,
+        inputs: &[(&str, DType, &[usize])],
+    ) -> Result<(usize, bool), BindingError> {
         let same = self.inputs.len() == inputs.len()
             && self
                 .inputs
@@ -314,8 +343,18 @@ impl DeviceBinding {
     /// to learn the output shapes; then each output gets its own buffer.
     fn discover_outputs(&mut self, session: &mut Session) -> Result<(), BindingError> {
         let info = match self.placement {
-            Placement::Cpu => MemoryInfo::new(AllocationDevice::CPU, 0, AllocatorType::Device, MemoryType::Default)?,
-            Placement::Cuda(id) => MemoryInfo::new(AllocationDevice::CUDA, id, AllocatorType::Device, MemoryType::Default)?,
+            Placement::Cpu => MemoryInfo::new(
+                AllocationDevice::CPU,
+                0,
+                AllocatorType::Device,
+                MemoryType::Default,
+            )?,
+            Placement::Cuda(id) => MemoryInfo::new(
+                AllocationDevice::CUDA,
+                id,
+                AllocatorType::Device,
+                MemoryType::Default,
+            )?,
         };
         for n in &self.output_names {
             self.binding.bind_output_to_device(n.as_str(), &info)?;

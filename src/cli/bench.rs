@@ -264,13 +264,14 @@ pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     let threads = ctx.session.intra_threads;
-    let (mut samples, total, binding) =
-        model.with_session(|s| -> anyhow::Result<(Vec<Duration>, Duration, serde_json::Value)> {
+    let (mut samples, total, binding) = model.with_session(
+        |s| -> anyhow::Result<(Vec<Duration>, Duration, serde_json::Value)> {
             if a.io_binding && s.binding_mode().is_none() {
                 s.bind_buffers(Placement::Cpu);
             }
             if let Some(image) = &a.image {
-                let mut hot = super::bench_image::ImageLoop::new(s, &model, image, a.batch, &inputs)?;
+                let mut hot =
+                    super::bench_image::ImageLoop::new(s, &model, image, a.batch, &inputs)?;
                 for _ in 0..a.warmup {
                     hot.step(s)?;
                 }
@@ -338,7 +339,8 @@ pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
             let total = start.elapsed();
             bar.finish_and_clear();
             Ok((samples, total, serde_json::Value::Null))
-        })?;
+        },
+    )?;
     let s = summarize(&mut samples, total, a.batch);
     let rss = peak_rss_bytes();
     if a.json {

@@ -18,7 +18,10 @@ pub struct ImageLoop {
     frame: Vec<u8>,
     /// The model's image input and the shape of a batch of it.
     input: String,
+    // Read by the GPU path only (it binds the input buffer by type and shape).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     dtype: DType,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     shape: Vec<usize>,
     others: Vec<(String, Tensor)>,
     batch: usize,
@@ -39,7 +42,10 @@ impl ImageLoop {
         inputs: &[(String, Tensor)],
     ) -> anyhow::Result<ImageLoop> {
         let Some(mut cfg) = model.manifest.preprocess.clone() else {
-            anyhow::bail!("--image: model {} has no [preprocess] in its manifest", model.id());
+            anyhow::bail!(
+                "--image: model {} has no [preprocess] in its manifest",
+                model.id()
+            );
         };
         if !model.manifest.state.is_empty() {
             anyhow::bail!("--image: model {} is stateful", model.id());
@@ -83,9 +89,10 @@ impl ImageLoop {
             .collect();
         let (path, reason) = match session.binding_mode() {
             Some((Placement::Cuda(_), _)) => ("gpu", None),
-            Some((Placement::Cpu, _)) | None if session_provider(session) == "cpu" => {
-                ("cpu", Some("the model runs on the cpu provider".to_string()))
-            }
+            Some((Placement::Cpu, _)) | None if session_provider(session) == "cpu" => (
+                "cpu",
+                Some("the model runs on the cpu provider".to_string()),
+            ),
             _ => (
                 "cpu",
                 Some("I/O binding is off ([runtime.cuda] io_binding = false)".to_string()),
@@ -148,7 +155,11 @@ impl ImageLoop {
             };
             let mut shapes: Vec<(&str, DType, &[usize])> =
                 vec![(self.input.as_str(), self.dtype, self.shape.as_slice())];
-            shapes.extend(self.others.iter().map(|(n, t)| (n.as_str(), t.dtype(), t.shape())));
+            shapes.extend(
+                self.others
+                    .iter()
+                    .map(|(n, t)| (n.as_str(), t.dtype(), t.shape())),
+            );
             let data: Vec<(&str, &Tensor)> =
                 self.others.iter().map(|(n, t)| (n.as_str(), t)).collect();
             let batch = self.batch;

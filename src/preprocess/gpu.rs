@@ -137,7 +137,9 @@ extern "C" __global__ void outpost_preprocess(
 pub enum GpuError {
     #[error("CUDA driver library (libcuda.so) not found: no NVIDIA driver on this machine")]
     NoDriver,
-    #[error("NVRTC (libnvrtc.so.13) not found: install CUDA's NVRTC or add its folder to LD_LIBRARY_PATH")]
+    #[error(
+        "NVRTC (libnvrtc.so.13) not found: install CUDA's NVRTC or add its folder to LD_LIBRARY_PATH"
+    )]
     NoNvrtc,
     #[error("CUDA: {0}")]
     Driver(#[from] cudarc::driver::DriverError),
@@ -347,7 +349,9 @@ impl GpuImagePreprocessor {
         let shape = p.shape(1);
         let shape_err = |e: ndarray::ShapeError| GpuError::Params(e.to_string());
         let t = match p.dtype {
-            OutputDType::U8 => Tensor::U8(ArrayD::from_shape_vec(IxDyn(&shape), bytes).map_err(shape_err)?),
+            OutputDType::U8 => {
+                Tensor::U8(ArrayD::from_shape_vec(IxDyn(&shape), bytes).map_err(shape_err)?)
+            }
             OutputDType::F32 => {
                 let v = bytes
                     .chunks_exact(4)

@@ -106,7 +106,9 @@ impl LaunchParams {
         };
         let (tw, th) = (*width, *height);
         if src_w == 0 || src_h == 0 || tw == 0 || th == 0 {
-            return Err(format!("empty image or model input ({src_w}x{src_h} to {tw}x{th})"));
+            return Err(format!(
+                "empty image or model input ({src_w}x{src_h} to {tw}x{th})"
+            ));
         }
         if src_format == SourceFormat::Nv12 && (src_w % 2 != 0 || src_h % 2 != 0) {
             return Err(format!("NV12 needs an even size, got {src_w}x{src_h}"));
@@ -187,7 +189,6 @@ impl LaunchParams {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::preprocess::Preprocessor;
 
     fn config(extra: &str, w: u32, h: u32, format: &str) -> PreprocessConfig {
         #[derive(serde::Deserialize)]
@@ -204,7 +205,10 @@ mod tests {
     }
 
     /// The CPU path's tensor and transform for a raw frame of this size.
-    fn cpu(cfg: &PreprocessConfig, frame: &[u8]) -> (Vec<usize>, ImageTransform, crate::backend::Tensor) {
+    fn cpu(
+        cfg: &PreprocessConfig,
+        frame: &[u8],
+    ) -> (Vec<usize>, ImageTransform, crate::backend::Tensor) {
         let mut p = cfg.build();
         let mut items = p.process("s", frame).unwrap();
         let item = items.remove(0);
@@ -212,7 +216,15 @@ mod tests {
         (item.tensor.shape().to_vec(), t, item.tensor)
     }
 
-    const SIZES: [(u32, u32); 7] = [(640, 480), (300, 1000), (224, 224), (18, 6), (2, 2), (1920, 1080), (100, 37)];
+    const SIZES: [(u32, u32); 7] = [
+        (640, 480),
+        (300, 1000),
+        (224, 224),
+        (18, 6),
+        (2, 2),
+        (1920, 1080),
+        (100, 37),
+    ];
     const MODELS: [&str; 5] = [
         "width = 224\nheight = 224",
         "width = 640\nheight = 384\nresize = \"letterbox\"",
@@ -237,8 +249,14 @@ mod tests {
                 // The grid covers the output and not one block more.
                 let (gx, gy, gz) = p.grid;
                 assert_eq!(gz, 1);
-                assert!(gx * BLOCK.0 >= p.out_w && (gx - 1) * BLOCK.0 < p.out_w, "{ctx}");
-                assert!(gy * BLOCK.1 >= p.out_h && (gy - 1) * BLOCK.1 < p.out_h, "{ctx}");
+                assert!(
+                    gx * BLOCK.0 >= p.out_w && (gx - 1) * BLOCK.0 < p.out_w,
+                    "{ctx}"
+                );
+                assert!(
+                    gy * BLOCK.1 >= p.out_h && (gy - 1) * BLOCK.1 < p.out_h,
+                    "{ctx}"
+                );
                 // The resized image and the crop lie inside the canvas.
                 let [cw, ch] = [p.crop_x + p.out_w, p.crop_y + p.out_h];
                 assert!(p.pad_x + p.new_w <= 640 && cw <= 640, "{ctx}");
@@ -261,12 +279,17 @@ mod tests {
             let cfg = config(model, w, h, "raw_rgb");
             let frame: Vec<u8> = (0..w * h * 3).map(|i| (i * 7 % 251) as u8).collect();
             let (_, _, t) = cpu(&cfg, &frame);
-            let crate::backend::Tensor::U8(a) = t else { panic!("u8 tensor") };
+            let crate::backend::Tensor::U8(a) = t else {
+                panic!("u8 tensor")
+            };
             let flat = a.as_slice().unwrap();
             let p = LaunchParams::new(&cfg, w, h, SourceFormat::Rgb).unwrap();
             for y in 0..p.out_h as usize {
                 for x in 0..p.out_w as usize {
-                    let (sx, sy) = (x + p.crop_x as usize - p.pad_x as usize, y + p.crop_y as usize - p.pad_y as usize);
+                    let (sx, sy) = (
+                        x + p.crop_x as usize - p.pad_x as usize,
+                        y + p.crop_y as usize - p.pad_y as usize,
+                    );
                     for c in 0..3 {
                         let src = frame[(sy * w as usize + sx) * 3 + p.map[c] as usize];
                         assert_eq!(flat[p.offset(c, y, x)], src, "{model} c{c} y{y} x{x}");

@@ -182,19 +182,23 @@ pub(super) fn validate(c: &PreprocessConfig) -> Vec<String> {
                 p.push("image: `input_width`/`input_height` apply to raw formats only".into());
             }
         }
-        ImageFormat::RawRgb | ImageFormat::RawBgr | ImageFormat::RawNv12 => match (input_width, input_height) {
-            (Some(w), Some(h)) if *w > 0 && *h > 0 => {
-                if *format == ImageFormat::RawNv12 && (w % 2 != 0 || h % 2 != 0) {
-                    p.push(format!("image: raw_nv12 needs an even size, got {w}x{h}"));
+        ImageFormat::RawRgb | ImageFormat::RawBgr | ImageFormat::RawNv12 => {
+            match (input_width, input_height) {
+                (Some(w), Some(h)) if *w > 0 && *h > 0 => {
+                    if *format == ImageFormat::RawNv12 && (w % 2 != 0 || h % 2 != 0) {
+                        p.push(format!("image: raw_nv12 needs an even size, got {w}x{h}"));
+                    }
+                    if *w as u64 * *h as u64 > *max_pixels {
+                        p.push(format!(
+                            "image: raw {w}x{h} exceeds `max_pixels` {max_pixels}"
+                        ));
+                    }
                 }
-                if *w as u64 * *h as u64 > *max_pixels {
-                    p.push(format!(
-                        "image: raw {w}x{h} exceeds `max_pixels` {max_pixels}"
-                    ));
-                }
+                _ => p.push(
+                    "image: raw formats need positive `input_width` and `input_height`".into(),
+                ),
             }
-            _ => p.push("image: raw formats need positive `input_width` and `input_height`".into()),
-        },
+        }
     }
     if *max_pixels == 0 {
         p.push("image: `max_pixels` must be positive".into());

@@ -38,13 +38,22 @@ fn assert_onnxruntime_reason(reason: &str, provider_lib: &str) {
 
 #[test]
 fn gpu_build_falls_back_to_cpu_with_onnxruntime_reasons() {
-    let o = run(outpost()
-        .env("ORT_DYLIB_PATH", gpu_ort_lib())
-        .args(["-v", "models", "inspect", "classifier", "--json", "--ep", "tensorrt,cuda,cpu"]));
+    let o = run(outpost().env("ORT_DYLIB_PATH", gpu_ort_lib()).args([
+        "-v",
+        "models",
+        "inspect",
+        "classifier",
+        "--json",
+        "--ep",
+        "tensorrt,cuda,cpu",
+    ]));
     let v = json(&o);
     assert_eq!(v["provider"], "cpu", "{v}");
     assert!(
-        v["runtime"]["path"].as_str().unwrap().contains("x86_64-nvidia"),
+        v["runtime"]["path"]
+            .as_str()
+            .unwrap()
+            .contains("x86_64-nvidia"),
         "{v}"
     );
     let fb = v["fallbacks"].as_array().unwrap();
@@ -132,7 +141,10 @@ fn bound_runs_match_plain_runs_and_allocate_once_per_shape() {
         let first = s.run_prechecked(&[("input", &one)]).unwrap();
         outputs_close(&first, &plain[0]);
         let after_first = s.binding().unwrap().unwrap().allocations;
-        assert!(after_first >= 2, "an input and an output buffer: {after_first}");
+        assert!(
+            after_first >= 2,
+            "an input and an output buffer: {after_first}"
+        );
         // Same shape, new data: no allocation, new result.
         for _ in 0..3 {
             let again = s.run_prechecked(&[("input", &one_b)]).unwrap();

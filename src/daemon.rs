@@ -173,6 +173,7 @@ fn session_options(cfg: &Config) -> SessionOptions {
         intra_threads: cfg.runtime.intra_threads,
         tensorrt: cfg.runtime.tensorrt.clone(),
         cuda_device_id: cfg.runtime.cuda_device_id,
+        cuda: cfg.runtime.cuda.clone(),
         cache_dir: cfg.tensorrt_cache_dir(),
     }
 }

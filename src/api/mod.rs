@@ -247,6 +247,7 @@ pub fn status_json(s: &ApiState) -> serde_json::Value {
                 "priority": p.cfg.priority.as_str(),
                 "model": p.model().id(),
                 "provider": p.model().provider,
+                "provider_fallbacks": p.model().fallbacks,
                 "queue_depth": sched.queue_depth(i),
                 "paused": sched.is_paused(i),
                 "queue_capacity": p.cfg.queue,

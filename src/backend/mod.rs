@@ -2,6 +2,7 @@
 //! that crosses it, and the ONNX Runtime engine (`ort.rs`) with its execution
 //! provider selection (TensorRT, CUDA, CPU).
 
+pub mod binding;
 pub mod ort;
 pub mod tensor;
 

@@ -22,6 +22,7 @@ use ort::ep::{self, ExecutionProvider};
 use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::{Session, SessionInputValue};
 
+use super::binding::{DeviceBinding, Placement};
 use super::{
     DType, Dim, InferenceSession, IoSpec, ModelIo, Provider, RunError, Tensor, check_inputs,
 };
@@ -312,6 +313,31 @@ pub enum EpContextMode {
     Dump,
 }
 
+/// How sessions on the CUDA or TensorRT provider move data (`[runtime.cuda]`).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CudaOptions {
+    /// Bind inputs and outputs to buffers allocated once per session and
+    /// input shape (device memory; pinned host memory for the copies), so a
+    /// run allocates nothing and each output is copied back once.
+    pub io_binding: bool,
+    /// Record each input shape's run as a CUDA graph and replay it (ONNX
+    /// Runtime's CUDA graph capture; the TensorRT provider's
+    /// `trt_cuda_graph_enable`). For models with static shapes and no
+    /// control flow (If, Loop); a model ONNX Runtime cannot capture is served
+    /// without, the reason logged. Needs `io_binding`.
+    pub cuda_graph: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            io_binding: true,
+            cuda_graph: false,
+        }
+    }
+}
+
 /// Options every session gets.
 #[derive(Debug, Clone)]
 pub struct SessionOptions {
@@ -319,6 +345,7 @@ pub struct SessionOptions {
     pub intra_threads: usize,
     pub tensorrt: TensorRtOptions,
     pub cuda_device_id: i32,
+    pub cuda: CudaOptions,
     /// Root for engine caches (`<data_dir>/tensorrt`).
     pub cache_dir: PathBuf,
 }
@@ -330,6 +357,7 @@ impl Default for SessionOptions {
             intra_threads: 1,
             tensorrt: TensorRtOptions::default(),
             cuda_device_id: 0,
+            cuda: CudaOptions::default(),
             cache_dir: PathBuf::from("/var/lib/outpost/tensorrt"),
         }
     }
@@ -427,6 +455,10 @@ pub struct OrtSession {
     io: ModelIo,
     provider: Provider,
     pub fallbacks: Vec<Fallback>,
+    /// Where runs go through I/O binding, and whether with CUDA graphs.
+    bind: Option<(Placement, bool)>,
+    /// The bound buffers, made at the first run.
+    binding: Option<DeviceBinding>,
 }
 
 /// What identifies a model for caches and logs.
@@ -451,6 +483,7 @@ fn register(
     b: &mut SessionBuilder,
     o: &SessionOptions,
     key: &ModelKey<'_>,
+    graph: bool,
 ) -> Result<(), String> {
     if !rt.provider_available(p) {
         return Err(format!(
@@ -468,6 +501,7 @@ fn register(
         Provider::Cpu => Ok(()),
         Provider::Cuda => ep::CUDA::default()
             .with_device_id(o.cuda_device_id)
+            .with_cuda_graph(graph)
             .register(b)
             .map_err(|e| e.to_string()),
         Provider::Tensorrt => {
@@ -482,6 +516,9 @@ fn register(
             {
                 trt =
                     ep::ArbitrarilyConfigurableExecutionProvider::with_arbitrary_config(trt, k, v);
+            }
+            if graph {
+                trt = trt.with_cuda_graph(true);
             }
             trt.register(b).map_err(|e| e.to_string())?;
             // Nodes TensorRT cannot take go to CUDA rather than the CPU when CUDA is there.
@@ -513,7 +550,10 @@ impl OrtSession {
                 path: shown.clone(),
                 detail: e.to_string(),
             })?;
-            if let Err(reason) = register(rt, p, &mut b, o, key) {
+            // CUDA graphs where asked for; a model ONNX Runtime cannot
+            // capture (control flow, nodes off the GPU) is served without.
+            let mut graph = o.cuda.cuda_graph && o.cuda.io_binding && p != Provider::Cpu;
+            if let Err(reason) = register(rt, p, &mut b, o, key, graph) {
                 // A provider missing from the build is expected on CPU gateways (info);
                 // one that is there but fails to register is worth a warning.
                 if rt.provider_available(p) {
@@ -533,14 +573,18 @@ impl OrtSession {
                 && ctx.exists()
             {
                 match b.commit_from_file(&ctx) {
-                    Ok(s) => return Self::finish(s, p, fallbacks, &shown),
+                    Ok(s) => {
+                        let mut session = Self::finish(s, p, fallbacks, &shown)?;
+                        session.configure_binding(o, graph, key.name);
+                        return Ok(session);
+                    }
                     Err(e) => {
                         tracing::warn!(model = key.name, context = %ctx.display(), error = %e, "precompiled EPContext model unusable, building from the source model");
                         b = base_builder(rt, o).map_err(|e| SessionError::Load {
                             path: shown.clone(),
                             detail: e.to_string(),
                         })?;
-                        if let Err(reason) = register(rt, p, &mut b, o, key) {
+                        if let Err(reason) = register(rt, p, &mut b, o, key, graph) {
                             fallbacks.push(Fallback {
                                 provider: p,
                                 reason,
@@ -550,8 +594,25 @@ impl OrtSession {
                     }
                 }
             }
-            match b.commit_from_file(path) {
-                Ok(s) => return Self::finish(s, p, fallbacks, &shown),
+            let mut committed = b.commit_from_file(path);
+            if graph && let Err(e) = &committed {
+                tracing::warn!(model = key.name, provider = %p, reason = %e, "CUDA graph capture refused for this model; serving it without CUDA graphs");
+                graph = false;
+                let mut b = base_builder(rt, o).map_err(|e| SessionError::Load {
+                    path: shown.clone(),
+                    detail: e.to_string(),
+                })?;
+                committed = match register(rt, p, &mut b, o, key, false) {
+                    Ok(()) => b.commit_from_file(path),
+                    Err(reason) => Err(ort::Error::new(reason)),
+                };
+            }
+            match committed {
+                Ok(s) => {
+                    let mut session = Self::finish(s, p, fallbacks, &shown)?;
+                    session.configure_binding(o, graph, key.name);
+                    return Ok(session);
+                }
                 Err(e) => {
                     let detail = e.to_string();
                     if p == Provider::Cpu {
@@ -649,7 +710,97 @@ impl OrtSession {
             io,
             provider,
             fallbacks,
+            bind: None,
+            binding: None,
         })
+    }
+
+    /// GPU sessions run through I/O binding unless `[runtime.cuda]
+    /// io_binding = false`.
+    fn configure_binding(&mut self, o: &SessionOptions, graph: bool, model: &str) {
+        if self.provider == Provider::Cpu || !o.cuda.io_binding {
+            return;
+        }
+        tracing::info!(model, provider = %self.provider, cuda_graph = graph, "inputs and outputs bound to device buffers");
+        self.bind = Some((Placement::Cuda(o.cuda_device_id), graph));
+    }
+
+    /// Runs this session through I/O binding with buffers at `placement`
+    /// from the next run on (CPU sessions use host buffers: the same code
+    /// path, testable without a GPU).
+    pub fn bind_buffers(&mut self, placement: Placement) {
+        self.bind = Some((placement, false));
+        self.binding = None;
+    }
+
+    /// Whether runs go through I/O binding, and with CUDA graphs.
+    pub fn binding_mode(&self) -> Option<(Placement, bool)> {
+        self.bind
+    }
+
+    /// The bound buffers, made if needed (None when runs are not bound).
+    pub fn binding(&mut self) -> Result<Option<&mut DeviceBinding>, RunError> {
+        let Some((placement, graph)) = self.bind else {
+            return Ok(None);
+        };
+        if self.binding.is_none() {
+            let b = DeviceBinding::new(&self.session, placement, graph)
+                .map_err(|e| RunError::Engine(e.to_string()))?;
+            self.binding = Some(b);
+        }
+        Ok(self.binding.as_mut())
+    }
+
+    /// A bound run whose input `device_input` is written on the device by
+    /// `fill` (given the buffer's device address and size in bytes), the
+    /// others uploaded from `data`. `shapes` names every input.
+    pub fn run_bound_filled(
+        &mut self,
+        shapes: &[(&str, DType, &[usize])],
+        data: &[(&str, &Tensor)],
+        device_input: &str,
+        fill: &mut dyn FnMut(u64, usize) -> Result<(), String>,
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
+        let Some((placement, graph)) = self.bind else {
+            return Err(RunError::Engine("session is not bound".into()));
+        };
+        if self.binding.is_none() {
+            let b = DeviceBinding::new(&self.session, placement, graph)
+                .map_err(|e| RunError::Engine(e.to_string()))?;
+            self.binding = Some(b);
+        }
+        let (Some(binding), session) = (self.binding.as_mut(), &mut self.session) else {
+            return Err(RunError::Engine("session is not bound".into()));
+        };
+        let (ptr, len) = binding
+            .input_buffer(shapes, device_input)
+            .map_err(|e| RunError::Engine(e.to_string()))?;
+        fill(ptr as u64, len).map_err(RunError::Engine)?;
+        binding
+            .run(session, shapes, data)
+            .map_err(|e| RunError::Engine(e.to_string()))
+    }
+
+    /// A bound run: uploads `inputs`, runs, copies the outputs back.
+    fn run_bound(&mut self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>, RunError> {
+        let shapes: Vec<(&str, DType, &[usize])> = inputs
+            .iter()
+            .map(|(n, t)| (*n, t.dtype(), t.shape()))
+            .collect();
+        let Some((placement, graph)) = self.bind else {
+            return Err(RunError::Engine("session is not bound".into()));
+        };
+        if self.binding.is_none() {
+            let b = DeviceBinding::new(&self.session, placement, graph)
+                .map_err(|e| RunError::Engine(e.to_string()))?;
+            self.binding = Some(b);
+        }
+        let (Some(binding), session) = (self.binding.as_mut(), &mut self.session) else {
+            return Err(RunError::Engine("session is not bound".into()));
+        };
+        binding
+            .run(session, &shapes, inputs)
+            .map_err(|e| RunError::Engine(e.to_string()))
     }
 
     /// Runs inputs the caller has already checked against a spec at least as
@@ -659,6 +810,9 @@ impl OrtSession {
         &mut self,
         inputs: &[(&str, &Tensor)],
     ) -> Result<Vec<(String, Tensor)>, RunError> {
+        if self.bind.is_some() {
+            return self.run_bound(inputs);
+        }
         let mut values: Vec<(std::borrow::Cow<'_, str>, SessionInputValue<'_>)> =
             Vec::with_capacity(inputs.len());
         for (n, t) in inputs {

@@ -436,7 +436,9 @@ impl Tensor {
     }
 
     /// Copies an ONNX Runtime output value into an owned tensor.
-    pub fn from_ort(v: &ort::value::DynValue) -> Result<Tensor, String> {
+    pub fn from_ort<V: ort::value::TensorValueTypeMarker + ?Sized>(
+        v: &ort::value::Value<V>,
+    ) -> Result<Tensor, String> {
         let Some(ty) = v.dtype().tensor_type() else {
             return Err(format!("output is a {:?}, not a tensor", v.dtype()));
         };

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use ort::session::{Session, SessionInputValue};
 use ort::value::DynValue;
 
+use crate::backend::binding::Placement;
 use crate::backend::ort::OrtSession;
 use crate::backend::{DType, InferenceSession, Tensor, check_inputs};
 use crate::model::manifest::StatePair;
@@ -45,6 +46,16 @@ pub struct BenchArgs {
     /// waiting for frames) or `spin` (the thread stays on the core).
     #[arg(long, value_enum, default_value_t = Pause::Sleep)]
     pub pause: Pause,
+    /// End to end from a picture (PNG/JPEG): each iteration preprocesses it
+    /// as the model's manifest says (on the GPU when the model runs on
+    /// CUDA/TensorRT and this build has the `cuda` feature), runs the model
+    /// and copies the outputs back.
+    #[arg(long, value_name = "FILE")]
+    pub image: Option<PathBuf>,
+    /// Run through I/O binding even on the CPU provider (host buffers): the
+    /// bound path of CUDA/TensorRT sessions, on any machine.
+    #[arg(long)]
+    pub io_binding: bool,
     #[command(flatten)]
     pub run: super::RunOpts,
 }
@@ -145,6 +156,48 @@ impl HotLoop {
     }
 }
 
+/// One bound inference step: the inputs are uploaded into the session's
+/// bound buffers, the outputs copied back, and state outputs become the next
+/// state inputs.
+pub struct BoundLoop {
+    feed: Vec<(String, Tensor)>,
+    /// (index of the state input in `feed`, name of the output feeding it)
+    state: Vec<(usize, String)>,
+}
+
+impl BoundLoop {
+    pub fn new(
+        session: &OrtSession,
+        inputs: &[(String, Tensor)],
+        state: &[StatePair],
+    ) -> anyhow::Result<BoundLoop> {
+        check_inputs(session.io(), inputs.iter().map(|(n, t)| (n.as_str(), t)))?;
+        let mut pairs = Vec::new();
+        for p in state {
+            match inputs.iter().position(|(n, _)| *n == p.input) {
+                Some(i) => pairs.push((i, p.output.clone())),
+                None => anyhow::bail!("state input `{}` is not an input of the model", p.input),
+            }
+        }
+        Ok(BoundLoop {
+            feed: inputs.to_vec(),
+            state: pairs,
+        })
+    }
+
+    pub fn step(&mut self, session: &mut OrtSession) -> anyhow::Result<()> {
+        let refs: Vec<(&str, &Tensor)> = self.feed.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let mut outs = session.run_prechecked(&refs)?;
+        for (idx, out) in &self.state {
+            let Some(pos) = outs.iter().position(|(n, _)| n == out) else {
+                anyhow::bail!("state output `{out}` missing");
+            };
+            self.feed[*idx].1 = outs.swap_remove(pos).1;
+        }
+        Ok(())
+    }
+}
+
 /// Latency figures of one benchmark.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Summary {
@@ -211,8 +264,57 @@ pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     let threads = ctx.session.intra_threads;
-    let (mut samples, total) =
-        model.with_session(|s| -> anyhow::Result<(Vec<Duration>, Duration)> {
+    let (mut samples, total, binding) = model.with_session(
+        |s| -> anyhow::Result<(Vec<Duration>, Duration, serde_json::Value)> {
+            if a.io_binding && s.binding_mode().is_none() {
+                s.bind_buffers(Placement::Cpu);
+            }
+            if let Some(image) = &a.image {
+                let mut hot =
+                    super::bench_image::ImageLoop::new(s, &model, image, a.batch, &inputs)?;
+                for _ in 0..a.warmup {
+                    hot.step(s)?;
+                }
+                let mut samples = Vec::with_capacity(a.iterations);
+                let start = Instant::now();
+                for _ in 0..a.iterations {
+                    pause(a.interval, a.pause);
+                    let t0 = Instant::now();
+                    hot.step(s)?;
+                    samples.push(t0.elapsed());
+                }
+                let mode = s.binding_mode();
+                let info = serde_json::json!({
+                    "placement": mode.map(|(p, _)| format!("{p:?}").to_lowercase()),
+                    "cuda_graph": mode.map(|(_, g)| g),
+                    "preprocess": hot.path,
+                    "preprocess_cpu_reason": hot.reason,
+                });
+                return Ok((samples, start.elapsed(), info));
+            }
+            if let Some((placement, graph)) = s.binding_mode() {
+                // The bound path: upload, run, download per iteration, as a pipeline does.
+                let mut hot = BoundLoop::new(s, &inputs, &model.manifest.state)
+                    .map_err(|e| super::infer::BadInput(e.to_string()))?;
+                for _ in 0..a.warmup {
+                    hot.step(s)?;
+                }
+                let mut samples = Vec::with_capacity(a.iterations);
+                let start = Instant::now();
+                for _ in 0..a.iterations {
+                    pause(a.interval, a.pause);
+                    let t0 = Instant::now();
+                    hot.step(s)?;
+                    samples.push(t0.elapsed());
+                }
+                let allocations = s.binding()?.map(|b| b.allocations).unwrap_or(0);
+                let info = serde_json::json!({
+                    "placement": format!("{placement:?}").to_lowercase(),
+                    "cuda_graph": graph,
+                    "allocations": allocations,
+                });
+                return Ok((samples, start.elapsed(), info));
+            }
             let mut hot = HotLoop::new(s, &inputs, &model.manifest.state)
                 .map_err(|e| super::infer::BadInput(e.to_string()))?;
             let raw = s.raw();
@@ -236,8 +338,9 @@ pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
             }
             let total = start.elapsed();
             bar.finish_and_clear();
-            Ok((samples, total))
-        })?;
+            Ok((samples, total, serde_json::Value::Null))
+        },
+    )?;
     let s = summarize(&mut samples, total, a.batch);
     let rss = peak_rss_bytes();
     if a.json {
@@ -257,6 +360,7 @@ pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
             "mean_us": s.mean_us,
             "throughput_per_s": s.throughput_per_s,
             "peak_rss_bytes": rss,
+            "io_binding": binding,
         });
         println!("{}", serde_json::to_string(&v)?);
     } else {
@@ -268,6 +372,9 @@ pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
             a.batch
         );
         println!("iterations {} (+{} warm-up)", a.iterations, a.warmup);
+        if !binding.is_null() {
+            println!("io binding {binding}");
+        }
         println!(
             "latency    p50 {:.1} us   p90 {:.1} us   p99 {:.1} us   max {:.1} us   mean {:.1} us",
             s.p50_us, s.p90_us, s.p99_us, s.max_us, s.mean_us

@@ -25,6 +25,10 @@ int8 = false
 engine_cache = true                 # engines built once on the device, reused after restarts
 ep_context = "dump"                 # precompiled EPContext models beside the engines
 
+[runtime.cuda]                      # sessions served by the CUDA or TensorRT provider
+io_binding = true                   # device buffers per session and shape; pinned host copies
+cuda_graph = false                  # record and replay CUDA graphs (static shapes, no If/Loop)
+
 [scheduler]
 workers = 0                         # inference threads; 0 = one per core
 # cpus = [2, 3]                     # pin inference threads (worker i -> cpus[i % len])

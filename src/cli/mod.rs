@@ -1,6 +1,7 @@
 //! Command-line interface: one file per subcommand.
 
 pub mod bench;
+pub mod bench_image;
 pub mod check;
 pub mod config;
 pub mod fleet;
@@ -87,6 +88,12 @@ pub struct RunOpts {
     /// Intra-op threads.
     #[arg(long)]
     pub threads: Option<usize>,
+    /// CUDA graphs for CUDA/TensorRT sessions (as `[runtime.cuda] cuda_graph = true`).
+    #[arg(long)]
+    pub cuda_graph: bool,
+    /// No I/O binding for CUDA/TensorRT sessions (as `[runtime.cuda] io_binding = false`).
+    #[arg(long, conflicts_with = "cuda_graph")]
+    pub no_io_binding: bool,
 }
 
 /// A comma-separated provider preference list (one clap value).
@@ -133,6 +140,10 @@ impl Ctx {
             intra_threads: run.threads.unwrap_or(r.intra_threads),
             tensorrt: r.tensorrt.clone(),
             cuda_device_id: r.cuda_device_id,
+            cuda: crate::backend::ort::CudaOptions {
+                io_binding: r.cuda.io_binding && !run.no_io_binding,
+                cuda_graph: r.cuda.cuda_graph || run.cuda_graph,
+            },
             cache_dir: config.tensorrt_cache_dir(),
         };
         Ok(Ctx {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Provider;
-use crate::backend::ort::TensorRtOptions;
+use crate::backend::ort::{CudaOptions, TensorRtOptions};
 use crate::outbox::OutboxConfig;
 use crate::pipeline::PipelineConfig;
 pub use crate::pipeline::SchedulerConfig;
@@ -204,6 +204,8 @@ pub struct RuntimeConfig {
     /// CUDA device ordinal for the CUDA provider.
     pub cuda_device_id: i32,
     pub tensorrt: TensorRtOptions,
+    /// I/O binding and CUDA graphs for CUDA and TensorRT sessions.
+    pub cuda: CudaOptions,
 }
 
 impl Default for RuntimeConfig {
@@ -214,6 +216,7 @@ impl Default for RuntimeConfig {
             intra_threads: 1,
             cuda_device_id: 0,
             tensorrt: TensorRtOptions::default(),
+            cuda: CudaOptions::default(),
         }
     }
 }
@@ -416,6 +419,9 @@ impl Config {
                 "runtime.onnxruntime: {} does not exist",
                 lib.display()
             ));
+        }
+        if r.cuda.cuda_graph && !r.cuda.io_binding {
+            p.push("runtime.cuda.cuda_graph = true needs runtime.cuda.io_binding = true (a replayed graph reads and writes bound buffers)".into());
         }
         let t = &r.tensorrt;
         if let Some(table) = &t.int8_calibration_table {

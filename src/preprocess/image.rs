@@ -63,6 +63,70 @@ pub enum ImageFormat {
     RawRgb,
     /// `input_width * input_height * 3` bytes, BGR order (OpenCV frames).
     RawBgr,
+    /// NV12 (what Jetson cameras and hardware decoders give): a full-size Y
+    /// plane, then a half-size plane of interleaved U and V;
+    /// `input_width * input_height * 3 / 2` bytes, even width and height.
+    /// Converted to RGB with the BT.601 limited-range matrix.
+    RawNv12,
+}
+
+/// The size the image is scaled to inside the model's `tw x th`: both axes
+/// for `stretch`; for `letterbox` the largest that keeps the aspect ratio.
+/// The GPU preprocessing computes its launch parameters with this too.
+pub fn fit_size(resize: ResizeMode, tw: u32, th: u32, w: u32, h: u32) -> (u32, u32) {
+    match resize {
+        ResizeMode::Stretch => (tw, th),
+        ResizeMode::Letterbox | ResizeMode::PadRight => {
+            let s = (tw as f64 / w as f64).min(th as f64 / h as f64);
+            (
+                ((w as f64 * s).round() as u32).clamp(1, tw),
+                ((h as f64 * s).round() as u32).clamp(1, th),
+            )
+        }
+    }
+}
+
+/// Where a resized image of `nw` x `nh` sits in the `tw` x `th` input:
+/// centred for a letterbox, top left for `pad_right`.
+pub fn pad_offset(resize: ResizeMode, tw: u32, th: u32, nw: u32, nh: u32) -> (u32, u32) {
+    match resize {
+        ResizeMode::PadRight => (0, 0),
+        _ => (centre_offset(tw, nw), centre_offset(th, nh)),
+    }
+}
+
+/// Offset that centres `inner` in `outer` (letterbox padding, centre crop).
+pub fn centre_offset(outer: u32, inner: u32) -> u32 {
+    outer.saturating_sub(inner) / 2
+}
+
+/// One pixel of NV12 to RGB, BT.601 limited range, in integer arithmetic
+/// (the GPU kernel does the same operations, so both give the same bytes).
+#[inline]
+pub fn yuv_to_rgb(y: u8, u: u8, v: u8) -> [u8; 3] {
+    let c = (y as i32 - 16) * 298;
+    let d = u as i32 - 128;
+    let e = v as i32 - 128;
+    let clip = |x: i32| ((x + 128) >> 8).clamp(0, 255) as u8;
+    [
+        clip(c + 409 * e),
+        clip(c - 100 * d - 208 * e),
+        clip(c + 516 * d),
+    ]
+}
+
+/// An NV12 frame (`w * h` Y bytes, then `w * h / 2` interleaved UV bytes;
+/// even `w` and `h`) as packed RGB.
+pub fn nv12_to_rgb(frame: &[u8], w: usize, h: usize, out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(w * h * 3);
+    let (yp, uv) = frame.split_at(w * h);
+    for y in 0..h {
+        for x in 0..w {
+            let i = (y / 2) * w + (x / 2) * 2;
+            out.extend_from_slice(&yuv_to_rgb(yp[y * w + x], uv[i], uv[i + 1]));
+        }
+    }
 }
 
 /// Element type of the image tensor.
@@ -132,16 +196,23 @@ pub(super) fn validate(c: &PreprocessConfig) -> Vec<String> {
                 p.push("image: `input_width`/`input_height` apply to raw formats only".into());
             }
         }
-        ImageFormat::RawRgb | ImageFormat::RawBgr => match (input_width, input_height) {
-            (Some(w), Some(h)) if *w > 0 && *h > 0 => {
-                if *w as u64 * *h as u64 > *max_pixels {
-                    p.push(format!(
-                        "image: raw {w}x{h} exceeds `max_pixels` {max_pixels}"
-                    ));
+        ImageFormat::RawRgb | ImageFormat::RawBgr | ImageFormat::RawNv12 => {
+            match (input_width, input_height) {
+                (Some(w), Some(h)) if *w > 0 && *h > 0 => {
+                    if *format == ImageFormat::RawNv12 && (w % 2 != 0 || h % 2 != 0) {
+                        p.push(format!("image: raw_nv12 needs an even size, got {w}x{h}"));
+                    }
+                    if *w as u64 * *h as u64 > *max_pixels {
+                        p.push(format!(
+                            "image: raw {w}x{h} exceeds `max_pixels` {max_pixels}"
+                        ));
+                    }
                 }
+                _ => p.push(
+                    "image: raw formats need positive `input_width` and `input_height`".into(),
+                ),
             }
-            _ => p.push("image: raw formats need positive `input_width` and `input_height`".into()),
-        },
+        }
     }
     if *max_pixels == 0 {
         p.push("image: `max_pixels` must be positive".into());
@@ -247,6 +318,7 @@ impl ImagePreprocessor {
         let (order, (w, h)) = match self.format {
             ImageFormat::RawRgb => (ChannelOrder::Rgb, self.raw_size),
             ImageFormat::RawBgr => (ChannelOrder::Bgr, self.raw_size),
+            ImageFormat::RawNv12 => return self.decode_nv12(payload),
             ImageFormat::Auto => return self.decode_compressed(payload),
         };
         let expected = w as usize * h as usize * 3;
@@ -263,6 +335,25 @@ impl ImagePreprocessor {
             width: w,
             height: h,
             order,
+        })
+    }
+
+    fn decode_nv12(&mut self, payload: &[u8]) -> Result<Decoded, DecodeError> {
+        let (w, h) = self.raw_size;
+        let expected = w as usize * h as usize * 3 / 2;
+        if payload.len() != expected {
+            return Err(DecodeError::BadSize {
+                expected: format!("{expected} ({w}x{h} NV12, 1.5 bytes a pixel)"),
+                got: payload.len(),
+            });
+        }
+        let mut pixels = self.take_buffer(w as usize * h as usize * 3);
+        nv12_to_rgb(payload, w as usize, h as usize, &mut pixels);
+        Ok(Decoded {
+            pixels,
+            width: w,
+            height: h,
+            order: ChannelOrder::Rgb,
         })
     }
 
@@ -346,21 +437,9 @@ impl ImagePreprocessor {
             });
         }
         let (tw, th) = (self.width, self.height);
-        let (nw, nh) = match self.resize {
-            ResizeMode::Stretch => (tw, th),
-            ResizeMode::Letterbox | ResizeMode::PadRight => {
-                let s = (tw as f64 / w as f64).min(th as f64 / h as f64);
-                (
-                    ((w as f64 * s).round() as u32).clamp(1, tw),
-                    ((h as f64 * s).round() as u32).clamp(1, th),
-                )
-            }
-        };
+        let (nw, nh) = fit_size(self.resize, tw, th, w, h);
         let resized = self.resize_to(src, nw, nh)?;
-        let (px, py) = match self.resize {
-            ResizeMode::PadRight => (0, 0),
-            _ => ((tw - nw) / 2, (th - nh) / 2),
-        };
+        let (px, py) = pad_offset(self.resize, tw, th, nw, nh);
         let transform = ImageTransform {
             orig_width: w,
             orig_height: h,

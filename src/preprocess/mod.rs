@@ -8,6 +8,9 @@
 
 mod audio;
 pub mod crop;
+#[cfg(feature = "cuda")]
+pub mod gpu;
+pub mod gpu_launch;
 mod image;
 mod pyramid;
 mod resample;
@@ -120,7 +123,7 @@ pub enum PreprocessConfig {
         /// Optional centre crop `[w, h]` applied after resizing to width x height.
         #[serde(default)]
         crop: Option<[u32; 2]>,
-        /// `auto` (JPEG/PNG by magic bytes), `raw_rgb` or `raw_bgr`.
+        /// `auto` (JPEG/PNG by magic bytes), `raw_rgb`, `raw_bgr` or `raw_nv12`.
         #[serde(default)]
         format: ImageFormat,
         /// Size of raw frames (required for `raw_rgb`/`raw_bgr`).

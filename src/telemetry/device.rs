@@ -68,6 +68,7 @@ pub struct Gpu {
     pub name: String,
     pub utilization: Option<f64>,
     pub memory_used_bytes: Option<u64>,
+    pub memory_free_bytes: Option<u64>,
     pub memory_total_bytes: Option<u64>,
     pub temperature_celsius: Option<f64>,
 }
@@ -241,6 +242,7 @@ mod nvml {
                     name,
                     utilization: util,
                     memory_used_bytes: mem_ok.then_some(m.used),
+                    memory_free_bytes: mem_ok.then_some(m.free),
                     memory_total_bytes: mem_ok.then_some(m.total),
                     temperature_celsius: temp,
                 });

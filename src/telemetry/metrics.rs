@@ -506,6 +506,19 @@ impl Collector for DaemonCollector {
                     &used,
                 )?;
             }
+            let free: Vec<_> = d
+                .gpus
+                .iter()
+                .filter_map(|g| g.memory_free_bytes.map(|u| (lab(g), u as f64)))
+                .collect();
+            if !free.is_empty() {
+                gauge(
+                    &mut enc,
+                    "outpost_gpu_memory_free_bytes",
+                    "GPU memory free",
+                    &free,
+                )?;
+            }
             let total: Vec<_> = d
                 .gpus
                 .iter()

@@ -7,6 +7,7 @@ mod common;
 mod console;
 mod errors;
 mod fleet;
+mod gpu;
 mod hardening;
 mod ota;
 mod outbox;

@@ -11,12 +11,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
 
 use super::{Frame, Source, SourceCtx, SourceError};
+use crate::fsio::move_into;
 
 pub struct WatchSource {
     pub dir: PathBuf,
@@ -56,20 +57,6 @@ impl Journal {
         self.done.insert(name.to_string());
         Ok(())
     }
-}
-
-fn move_into(file: &Path, dir: &Path) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    let name = file.file_name().unwrap_or_default();
-    let mut to = dir.join(name);
-    // Never overwrite an earlier file of the same name.
-    let mut n = 1;
-    while to.exists() {
-        to = dir.join(format!("{}.{n}", name.to_string_lossy()));
-        n += 1;
-    }
-    std::fs::rename(file, &to)?;
-    Ok(to)
 }
 
 impl Source for WatchSource {

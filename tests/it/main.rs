@@ -5,6 +5,7 @@ mod common;
 mod errors;
 mod ota;
 mod outbox;
+mod outbox_model;
 mod plan;
 mod preprocess;
 mod providers;

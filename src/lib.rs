@@ -3,11 +3,14 @@
 
 pub mod api;
 pub mod backend;
+pub mod bytesize;
 pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod fleet;
+pub mod fsio;
 pub mod model;
+pub mod onnx_proto;
 pub mod ota;
 pub mod outbox;
 pub mod output;

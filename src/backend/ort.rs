@@ -216,11 +216,6 @@ impl Runtime {
         &self.env
     }
 
-    /// The runtime loaded earlier in this process, if any.
-    pub fn get() -> Option<Arc<Runtime>> {
-        RUNTIME.get().cloned()
-    }
-
     /// Providers compiled into this ONNX Runtime build.
     pub fn provider_available(&self, p: Provider) -> bool {
         match p {

@@ -38,7 +38,7 @@ workers = 0                         # inference threads; 0 = one per core
 [outbox]
 flush_interval = "10ms"             # a record is durable within this (group commit + fsync)
 flush_records = 1000
-max_bytes = 1073741824              # 1 GiB of records; then when_full applies
+max_bytes = "1 GiB"                 # records + dead letters; then when_full applies
 when_full = "drop_oldest"           # or "reject_new"
 
 [api]
@@ -168,7 +168,7 @@ UPLINK_HTTP
 # trusted_keys = ["/etc/outpost/keys/fleet.pub"]   # several: key rotation
 # poll_interval = "5m"
 # poll_jitter = "30s"
-# max_bytes_per_s = 200000
+# max_bytes_per_s = "200 kB"
 # probation = "60s"             # a new model serves under watch this long
 # max_error_rate = 0.05
 # max_p99_latency = "20ms"

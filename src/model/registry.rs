@@ -196,11 +196,10 @@ pub fn load_file(
             actual,
         });
     }
-    let info = inspect_bytes(&bytes).map_err(|e| ModelError::NotOnnx {
+    let info = inspect_bytes(bytes.into()).map_err(|e| ModelError::NotOnnx {
         path: shown.clone(),
         detail: e.to_string(),
     })?;
-    drop(bytes);
     let (name, version) = match &manifest {
         Some(m) => (m.name.clone(), m.version.clone()),
         None => (

@@ -339,7 +339,7 @@ pub fn unpack(bundle: &Path, dest: &Path) -> Result<BundleManifest, BundleError>
         return Err(invalid(format!("{missing}: listed but not in the bundle")));
     }
     for d in dirs.iter().rev() {
-        super::install::fsync_dir(d).map_err(io(d))?;
+        crate::fsio::fsync_dir(d).map_err(io(d))?;
     }
     Ok(m)
 }

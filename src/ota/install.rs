@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::fsio::{fsync_dir, write_atomic};
 use crate::model::manifest::Manifest;
 
 /// What survives a restart.
@@ -56,24 +57,6 @@ pub struct Journal {
     pub version: String,
     pub sha256: String,
     pub phase: String,
-}
-
-pub fn fsync_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
-}
-
-/// Writes a file atomically: temp, fsync, rename, fsync the folder.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
-    fsync_dir(dir)
 }
 
 /// The OTA folders of one device.

@@ -70,8 +70,9 @@ pub struct OtaConfig {
     /// Up to this much is added to each wait, at random, so a fleet does not poll in step.
     #[serde(default = "default_poll_jitter", with = "humantime_serde")]
     pub poll_jitter: Duration,
-    /// Download bandwidth cap, bytes per second (none: no cap).
-    #[serde(default)]
+    /// Download bandwidth cap, bytes per second (none: no cap); a number
+    /// or a size such as "200 kB".
+    #[serde(default, with = "crate::bytesize::option")]
     pub max_bytes_per_s: Option<u64>,
     /// Connect and read timeout of the HTTP requests.
     #[serde(default = "default_timeout", with = "humantime_serde")]

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::install::{fsync_dir, write_atomic};
+use crate::fsio::{fsync_dir, write_atomic};
 
 /// Set by the launcher for the slot binary it starts: `a` or `b`.
 pub const SLOT_ENV: &str = "OUTPOST_SLOT";

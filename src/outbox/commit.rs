@@ -392,11 +392,9 @@ impl Disk {
 
 /// fsyncs a directory, so the names in it (new files, renames) are durable.
 pub fn sync_dir(dir: &Path) -> Result<(), OutboxError> {
-    File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(|source| OutboxError::Io {
-            op: "fsync directory",
-            path: dir.to_path_buf(),
-            source,
-        })
+    crate::fsio::fsync_dir(dir).map_err(|source| OutboxError::Io {
+        op: "fsync directory",
+        path: dir.to_path_buf(),
+        source,
+    })
 }

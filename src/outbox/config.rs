@@ -18,11 +18,14 @@ pub struct OutboxConfig {
     pub flush_records: usize,
     /// Budget for stored records plus dead letters (keys, headers and
     /// record bytes; sled's on-disk size is larger, see the module header).
+    /// A number of bytes or a size such as "1 GiB".
+    #[serde(with = "crate::bytesize")]
     pub max_bytes: u64,
     /// What an append does when the budget is spent.
     pub when_full: WhenFull,
     /// sled's page cache in bytes. The outbox is written once and read once,
     /// so a big cache buys little and costs resident memory on small devices.
+    #[serde(with = "crate::bytesize")]
     pub cache_capacity: u64,
 }
 

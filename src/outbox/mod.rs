@@ -354,11 +354,6 @@ impl Outbox {
         self.s().commit.sync()
     }
 
-    /// Same as [`Outbox::sync`].
-    pub fn flush_now(&self) -> Result<(), OutboxError> {
-        self.sync()
-    }
-
     /// Up to `limit` unacknowledged records with key > `after` (`None`: from
     /// the start), oldest first. A value that cannot be decoded is moved to
     /// the dead letters (reason `undecodable: ...`) instead of blocking the

@@ -90,11 +90,6 @@ impl<T> BoundedQueue<T> {
     pub fn capacity(&self) -> usize {
         self.capacity
     }
-
-    /// Everything still queued (shutdown: answered or counted by the caller).
-    pub fn drain_all(&mut self) -> Vec<T> {
-        self.items.drain(..).collect()
-    }
 }
 
 #[cfg(test)]

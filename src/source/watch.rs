@@ -20,6 +20,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 
 use super::{Frame, FrameErrorKind, Source, SourceCtx, SourceError};
+use crate::fsio::move_into;
 
 /// Polls a file must look the same across before it is taken.
 const STABLE_POLLS: u32 = 2;
@@ -93,20 +94,6 @@ impl Journal {
         self.done.insert(name.to_string());
         Ok(())
     }
-}
-
-fn move_into(file: &Path, dir: &Path) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    let name = file.file_name().unwrap_or_default();
-    let mut to = dir.join(name);
-    // Never overwrite an earlier file of the same name.
-    let mut n = 1;
-    while to.exists() {
-        to = dir.join(format!("{}.{n}", name.to_string_lossy()));
-        n += 1;
-    }
-    std::fs::rename(file, &to)?;
-    Ok(to)
 }
 
 impl Source for WatchSource {

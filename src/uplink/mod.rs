@@ -96,13 +96,13 @@ pub struct MqttConfig {
     #[serde(default = "default_sparkplug_group")]
     pub sparkplug_group: String,
     /// Bytes per second at most (metered links); 0 = no cap.
-    #[serde(default)]
+    #[serde(default, with = "crate::bytesize")]
     pub max_bytes_per_s: u64,
     /// Messages published and not yet acknowledged, at most.
     #[serde(default = "default_max_inflight")]
     pub max_inflight: u16,
     /// Largest message; a record larger than this is dead-lettered.
-    #[serde(default = "default_max_packet")]
+    #[serde(default = "default_max_packet", with = "crate::bytesize::usize")]
     pub max_packet_bytes: usize,
     #[serde(default = "default_keep_alive", with = "humantime_serde")]
     pub keep_alive: Duration,
@@ -136,7 +136,7 @@ pub struct HttpConfig {
     #[serde(default)]
     pub key: Option<PathBuf>,
     /// Compressed bytes per second at most; 0 = no cap.
-    #[serde(default)]
+    #[serde(default, with = "crate::bytesize")]
     pub max_bytes_per_s: u64,
     #[serde(default = "default_backoff_min", with = "humantime_serde")]
     pub backoff_min: Duration,

@@ -355,3 +355,50 @@ thread_local! {
 pub fn wrap_next_daemon(prefix: &[&str]) {
     WRAP.with(|w| *w.borrow_mut() = Some(prefix.iter().map(|s| s.to_string()).collect()));
 }
+
+/// POST with `Authorization: Bearer TOKEN` and no body (pause, resume,
+/// reload); returns the status code.
+pub fn post_with_token(api: &str, path: &str, token: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(api).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {api}\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    buf.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Random moments for crash tests (when to SIGKILL). The seed comes from
+/// `OUTPOST_TEST_SEED` (to replay a failed run) or the clock, and is printed.
+pub struct KillTimes(u64);
+
+impl KillTimes {
+    pub fn new(test: &str) -> KillTimes {
+        let seed = match std::env::var("OUTPOST_TEST_SEED") {
+            Ok(s) => s.parse().expect("OUTPOST_TEST_SEED is a u64"),
+            Err(_) => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos() as u64,
+        };
+        eprintln!("{test}: random kill times from seed {seed} (replay: OUTPOST_TEST_SEED={seed})");
+        KillTimes(seed | 1)
+    }
+
+    /// A number of milliseconds in `lo..hi` (xorshift64).
+    pub fn millis(&mut self, lo: u64, hi: u64) -> std::time::Duration {
+        let x = &mut self.0;
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        std::time::Duration::from_millis(lo + *x % (hi - lo).max(1))
+    }
+}

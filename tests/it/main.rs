@@ -11,6 +11,7 @@ mod gpu;
 mod hardening;
 mod ota;
 mod outbox;
+mod outbox_model;
 mod outputs;
 mod plan;
 mod preprocess;

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use outpost::outbox::{Key, Outbox, OutboxConfig, OutboxError, Purge, WhenFull};
 
+use crate::common::KillTimes;
+
 fn cfg() -> OutboxConfig {
     OutboxConfig::default()
 }
@@ -362,63 +364,23 @@ fn sync_makes_acks_durable_too() {
 
 // ---- SIGKILL --------------------------------------------------------------
 
-const CHILD_DIR: &str = "OUTPOST_OUTBOX_CHILD_DIR";
-const CHILD_RUN: &str = "OUTPOST_OUTBOX_CHILD_RUN";
-
-/// Child mode of `sigkill_keeps_every_synced_record` (does nothing in a
-/// normal run): appends in batches, prints each key once `sync()` returned,
-/// until killed.
-#[test]
-fn sigkill_child() {
-    let Some(dir) = std::env::var_os(CHILD_DIR) else {
-        return;
-    };
-    let run: u64 = std::env::var(CHILD_RUN).unwrap().parse().unwrap();
-    let ob = Outbox::open(Path::new(&dir), cfg()).unwrap();
-    let mut i = 0u64;
-    let mut batch = 1u64;
-    loop {
-        let mut keys = Vec::new();
-        for _ in 0..batch {
-            keys.push((ob.append("s", &rec(run, i)).unwrap(), i));
-            i += 1;
-        }
-        ob.sync().unwrap();
-        let mut out = String::new();
-        for (k, i) in keys {
-            out.push_str(&format!("durable {} {} {}\n", k.0, k.1, i));
-        }
-        print!("{out}");
-        batch = batch % 64 + 1;
-    }
-}
-
 #[test]
 fn sigkill_keeps_every_synced_record() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("outbox");
-    let exe = std::env::current_exe().unwrap();
-    let mut rng = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64
-        | 1;
+    // tests/helpers/outbox_crash_child.rs: appends, prints what is durable.
+    let exe = env!("CARGO_BIN_EXE_outbox-crash-child");
+    let mut kill_at = KillTimes::new("sigkill_keeps_every_synced_record");
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut last_boot = 0;
     for run in 0..10u64 {
         assert!(Instant::now() < deadline, "took too long");
         let log = tmp.path().join(format!("child-{run}.out"));
-        let mut child = Command::new(&exe)
-            .args([
-                "outbox::sigkill_child",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_DIR, &dir)
-            .env(CHILD_RUN, run.to_string())
+        let mut child = Command::new(exe)
+            .arg(&dir)
+            .arg(run.to_string())
             .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
-            .stderr(Stdio::null())
+            .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
         // Wait for the first durable record, then kill at a random moment.
@@ -427,18 +389,14 @@ fn sigkill_keeps_every_synced_record() {
             assert!(t0.elapsed() < Duration::from_secs(20), "child never synced");
             std::thread::sleep(Duration::from_millis(5));
         }
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        std::thread::sleep(Duration::from_millis(rng % 300));
+        std::thread::sleep(kill_at.millis(0, 300));
         child.kill().unwrap(); // SIGKILL on Unix
         child.wait().unwrap();
 
         let mut durable = Vec::new();
         let out = std::fs::read_to_string(&log).unwrap();
         // Only whole lines: the text after the last newline may be cut by
-        // the kill ("durable 1 5 5" of "durable 1 5 57"). The first line
-        // follows libtest's "test ... " on the same line.
+        // the kill ("durable 1 5 5" of "durable 1 5 57").
         let whole = &out[..out.rfind('\n').map_or(0, |n| n + 1)];
         for line in whole.lines() {
             let Some(at) = line.find("durable ") else {

@@ -624,9 +624,11 @@ fn mqtt_sigkill_during_production_and_drain_loses_no_durable_record() {
     let mut durable: HashSet<String> = HashSet::new();
     let mut printed = 0;
     let t0 = Instant::now();
+    let mut kill_at =
+        KillTimes::new("mqtt_sigkill_during_production_and_drain_loses_no_durable_record");
     for run in 0..10 {
         let mut d = Daemon::start_in(&cfg, dir);
-        std::thread::sleep(Duration::from_millis(rand::random_range(100..1200)));
+        std::thread::sleep(kill_at.millis(100, 1200));
         d.child.kill().unwrap(); // SIGKILL
         d.child.wait().unwrap();
         d.records_until(Duration::from_millis(50), |_| false);

@@ -29,6 +29,7 @@ use std::time::Duration;
 use anyhow::Context;
 use sd_notify::NotifyState;
 
+use crate::api::metrics::{self as api_metrics, DaemonCollector};
 use crate::api::{self, ApiState, Control};
 use crate::backend::ort::{Runtime, SessionOptions};
 use crate::config::Config;
@@ -42,7 +43,7 @@ use crate::pipeline::{IdGen, Pipeline, RecordSink, ResultRecord, Scheduler};
 use crate::source::http::HttpIngress;
 use crate::source::mqtt::{BrokerAddr, start_embedded_broker};
 use crate::source::{FrameError, FrameErrorKind, SourceConfig, SourceCtx};
-use crate::telemetry::metrics::{self, DaemonCollector};
+use crate::telemetry::metrics;
 use crate::uplink;
 
 /// Options of `outpost run` beyond the config.
@@ -376,6 +377,7 @@ impl Core {
                 mqtt: mqtt.clone(),
                 outbox: Some(self.outbox.clone()),
                 ids: Some(self.ids.clone()),
+                camera: scheduler.pipelines()[i].stats.camera.clone(),
                 data_dir: data_dir.clone(),
             };
             if matches!(src, SourceConfig::Http {}) {
@@ -568,7 +570,7 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
     let ingress = Arc::new(RwLock::new(generation.ingress.clone()));
     let conn_stats = Arc::new(api::serve::ConnStats::default());
     extra.push(conn_stats.clone());
-    let registry = Arc::new(metrics::registry(DaemonCollector {
+    let registry = Arc::new(api_metrics::registry(DaemonCollector {
         scheduler: current.clone(),
         outbox: outbox.clone(),
         extra,

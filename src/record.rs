@@ -7,6 +7,8 @@
 //! record is made and stored with it, so every retry and every restart sends
 //! the same id and the fleet can drop duplicates.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,6 +59,28 @@ pub fn rfc3339(t: std::time::SystemTime) -> String {
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = if month <= 2 { y + 1 } else { y };
     format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{micros:06}Z")
+}
+
+/// Ids `<device>/<boot>/<seq>`: one sequence per daemon start.
+pub struct IdGen {
+    pub device: String,
+    pub boot: u64,
+    seq: AtomicU64,
+}
+
+impl IdGen {
+    pub fn new(device: String, boot: u64) -> Self {
+        IdGen {
+            device,
+            boot,
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    pub fn next(&self) -> (String, u64) {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        (ResultRecord::make_id(&self.device, self.boot, seq), seq)
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 
 pub mod console;
 pub mod live;
+pub mod metrics;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -234,7 +235,7 @@ pub fn status_json(s: &ApiState) -> serde_json::Value {
                 .as_ref()
                 .or(model.manifest.preprocess.as_ref())
             {
-                Some(PreprocessConfig::Image { .. }) => "image",
+                Some(PreprocessConfig::Image { .. } | PreprocessConfig::Pyramid { .. }) => "image",
                 Some(PreprocessConfig::Audio { .. }) => "audio",
                 Some(PreprocessConfig::Sensor { .. }) => "sensor",
                 Some(PreprocessConfig::None) | None => "",

@@ -102,7 +102,7 @@ fn model_problems(cfg: &Config, name: &str) -> Vec<String> {
             m.sha256
         ));
     }
-    if let Err(e) = crate::model::onnx::inspect_bytes(&bytes) {
+    if let Err(e) = crate::model::onnx::inspect_bytes(bytes::Bytes::from(bytes)) {
         p.push(format!("{}: {e}", file.display()));
     }
     p

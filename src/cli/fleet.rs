@@ -110,7 +110,7 @@ fn unix_ms() -> u64 {
 
 fn save_state(path: &std::path::Path, s: &crate::fleet::rollout::State) -> anyhow::Result<()> {
     let bytes = serde_json::to_vec_pretty(s)?;
-    crate::ota::install::write_atomic(path, &bytes).with_context(|| path.display().to_string())
+    crate::fsio::write_atomic(path, &bytes).with_context(|| path.display().to_string())
 }
 
 /// Writes a signed document as `name` and as `manifest.json` (what devices poll).
@@ -118,8 +118,7 @@ fn publish_document(out_dir: &std::path::Path, name: &str, doc: &str) -> anyhow:
     std::fs::create_dir_all(out_dir).with_context(|| out_dir.display().to_string())?;
     for n in [name, "manifest.json"] {
         let p = out_dir.join(n);
-        crate::ota::install::write_atomic(&p, doc.as_bytes())
-            .with_context(|| p.display().to_string())?;
+        crate::fsio::write_atomic(&p, doc.as_bytes()).with_context(|| p.display().to_string())?;
     }
     Ok(())
 }

@@ -207,7 +207,7 @@ pub fn run(cli: &super::Cli, cmd: &BundleCommand) -> anyhow::Result<()> {
             let signed = sign_document(&k, plain.bundles)?;
             match out {
                 Some(p) => {
-                    crate::ota::install::write_atomic(p, signed.as_bytes())
+                    crate::fsio::write_atomic(p, signed.as_bytes())
                         .with_context(|| p.display().to_string())?;
                     eprintln!("{}", p.display());
                 }

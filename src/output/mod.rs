@@ -40,8 +40,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::pipeline::{RateLimitedLog, ResultRecord};
+use crate::record::ResultRecord;
 use crate::source::mqtt::BrokerAddr;
+use crate::telemetry::logging::RateLimitedLog;
 use crate::uplink::PayloadFormat;
 
 /// One entry of a pipeline's `outputs`.
@@ -103,6 +104,11 @@ impl OutputConfig {
     /// Every problem, prefixed with `at` (e.g. `pipelines[0].outputs[1]`).
     pub fn validate(&self, at: &str) -> Vec<String> {
         let mut p = Vec::new();
+        if self.payload() == PayloadFormat::SparkplugB {
+            p.push(format!(
+                "{at}.payload: sparkplug_b is an uplink format (a session with births and deaths); a local output sends \"json\" or \"cbor\""
+            ));
+        }
         match self {
             OutputConfig::Mqtt { topic, .. } => {
                 if topic.is_empty() {
@@ -321,7 +327,8 @@ impl LocalOutputs {
         let mut cbor: Option<Option<Vec<u8>>> = None;
         for o in &self.outputs {
             let payload: &[u8] = match o.cfg.payload() {
-                PayloadFormat::Json => json,
+                // sparkplug_b is refused by validate(): an uplink format only.
+                PayloadFormat::Json | PayloadFormat::SparkplugB => json,
                 PayloadFormat::Cbor => {
                     let c = cbor.get_or_insert_with(|| {
                         let mut out = Vec::with_capacity(json.len());

@@ -15,7 +15,7 @@ pub mod worker;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -26,8 +26,9 @@ pub use self::worker::Pipeline;
 use crate::output::OutputConfig;
 use crate::postprocess::PostprocessConfig;
 use crate::preprocess::PreprocessConfig;
-pub use crate::record::ResultRecord;
+pub use crate::record::{IdGen, ResultRecord};
 use crate::source::SourceConfig;
+pub use crate::telemetry::logging::RateLimitedLog;
 
 /// `[[pipelines]]` in the config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -284,71 +285,12 @@ impl PipelineStats {
     }
 }
 
-/// Logs at most once per interval per reason, with the count suppressed since.
-pub struct RateLimitedLog {
-    every: Duration,
-    last: Mutex<BTreeMap<&'static str, (Instant, u64)>>,
-}
-
-impl RateLimitedLog {
-    pub fn new(every: Duration) -> Self {
-        RateLimitedLog {
-            every,
-            last: Mutex::new(BTreeMap::new()),
-        }
-    }
-
-    /// Some(suppressed count) when this event should be logged now.
-    pub fn allow(&self, reason: &'static str) -> Option<u64> {
-        let mut m = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        match m.get_mut(reason) {
-            Some((t, n)) if now.duration_since(*t) < self.every => {
-                *n += 1;
-                None
-            }
-            Some((t, n)) => {
-                let suppressed = *n;
-                *t = now;
-                *n = 0;
-                Some(suppressed)
-            }
-            None => {
-                m.insert(reason, (now, 0));
-                Some(0)
-            }
-        }
-    }
-}
-
 /// Where records go once made: the outbox (and, for demos, stdout).
 pub trait RecordSink: Send + Sync {
     /// Stores a record; `json` is its JSON encoding (made once per record
     /// and shared with the local outputs). `Unavailable` when the store may
     /// take it later (full, disk full).
     fn store(&self, record: &ResultRecord, json: &[u8]) -> Result<(), crate::source::FrameError>;
-}
-
-/// Ids `<device>/<boot>/<seq>`: one sequence per daemon start.
-pub struct IdGen {
-    pub device: String,
-    pub boot: u64,
-    seq: AtomicU64,
-}
-
-impl IdGen {
-    pub fn new(device: String, boot: u64) -> Self {
-        IdGen {
-            device,
-            boot,
-            seq: AtomicU64::new(0),
-        }
-    }
-
-    pub fn next(&self) -> (String, u64) {
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        (ResultRecord::make_id(&self.device, self.boot, seq), seq)
-    }
 }
 
 #[cfg(test)]

@@ -23,10 +23,10 @@ pub struct RecentRecords {
 
 impl RecentRecords {
     /// Keeps `json` (one record as stored) as the newest of `pipeline`.
-    pub fn push(&self, pipeline: &str, json: Vec<u8>) {
-        let text: Arc<str> = match String::from_utf8(json) {
+    pub fn push(&self, pipeline: &str, json: &[u8]) {
+        let text: Arc<str> = match std::str::from_utf8(json) {
             Ok(s) if s.len() <= MAX_RECORD_BYTES => s.into(),
-            Ok(s) => stand_in(&s).into(),
+            Ok(s) => stand_in(s).into(),
             // serde_json only writes UTF-8; keep the ring consistent regardless.
             Err(_) => return,
         };
@@ -98,7 +98,7 @@ mod tests {
     fn keeps_the_newest_records_newest_first() {
         let r = RecentRecords::default();
         for seq in 0..(PER_PIPELINE as u64 + 5) {
-            r.push("p", rec(seq, "{}"));
+            r.push("p", &rec(seq, "{}"));
         }
         let got = r.latest("p", 100);
         assert_eq!(got.len(), PER_PIPELINE);
@@ -121,7 +121,7 @@ mod tests {
     fn a_large_record_is_kept_as_a_stand_in() {
         let r = RecentRecords::default();
         let big = format!("[{}]", vec!["1.5"; 2000].join(","));
-        r.push("p", rec(7, &big));
+        r.push("p", &rec(7, &big));
         let got: serde_json::Value = serde_json::from_str(&r.latest("p", 1)[0]).unwrap();
         assert_eq!(got["seq"], 7);
         assert_eq!(got["outputs"]["truncated"], true);

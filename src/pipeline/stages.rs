@@ -23,7 +23,6 @@ use ndarray::{ArrayD, IxDyn};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::record::{ResultRecord, rfc3339};
 use super::snapshot;
 use super::worker::Pipeline;
 use super::{LatencyHistogram, PipelineConfig};
@@ -32,7 +31,8 @@ use crate::model::registry::LoadedModel;
 use crate::postprocess::{PostprocessConfig, Postprocessor};
 use crate::preprocess::crop::{Normalizer, Rgb, decode_frame};
 use crate::preprocess::{ItemMeta, Layout, OutputDType, PreprocessConfig, ResizeMode};
-use crate::source::Frame;
+use crate::record::{ResultRecord, rfc3339};
+use crate::source::{Frame, FrameError, FrameErrorKind};
 
 fn default_max_boxes() -> usize {
     256
@@ -253,11 +253,16 @@ impl Cascade {
         f: &Frame,
         worker: usize,
         taken: Instant,
-    ) -> Result<Vec<ResultRecord>, String> {
+    ) -> Result<Vec<ResultRecord>, FrameError> {
         let model = pl.model();
+        // Counts the drop; the frame's answer carries who can act on it.
         let drop = |reason: &'static str, e: String| {
             pl.count_drop(reason, &format!("stream {}: {e}", f.stream));
-            e
+            let kind = match reason {
+                "inference_error" | "postprocess_error" | "config" => FrameErrorKind::Engine,
+                _ => FrameErrorKind::Malformed,
+            };
+            FrameError::new(kind, e)
         };
         let slot = worker % pl.pre.len().max(1);
         let items = {
@@ -360,8 +365,21 @@ impl Cascade {
             ep: model.provider.as_str().to_string(),
             latency_us: inference_us,
             outputs: value,
+            captured: f.captured.map(rfc3339),
         };
-        let stored = pl.sink.store(&rec);
+        let json = serde_json::to_vec(&rec).map_err(|e| {
+            pl.count_drop("store_error", &format!("stream {}: {e}", f.stream));
+            FrameError::new(FrameErrorKind::Store, e.to_string())
+        })?;
+        // Local consumers first: they never wait for the outbox.
+        pl.send_local(&rec, &json);
+        if let Some(age) = f
+            .captured
+            .and_then(|c| SystemTime::now().duration_since(c).ok())
+        {
+            pl.stats.frame_age_us.record(age.as_micros() as u64);
+        }
+        let stored = pl.sink.store(&rec, &json);
         pl.stats
             .output_us
             .record(output_start.elapsed().as_micros() as u64);
@@ -370,7 +388,10 @@ impl Cascade {
                 pl.stats.records.fetch_add(1, Ordering::Relaxed);
                 Ok(vec![rec])
             }
-            Err(e) => Err(drop("store_error", e)),
+            Err(e) => {
+                pl.count_drop("store_error", &format!("stream {}: {e}", f.stream));
+                Err(e)
+            }
         }
     }
 }

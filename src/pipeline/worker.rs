@@ -252,6 +252,13 @@ impl Pipeline {
 
     /// The latest frame with its boxes drawn, as JPEG; `None` before the
     /// first frame or for pipelines that take no images.
+    /// Hands a record to the pipeline's local outputs (never waits).
+    pub(super) fn send_local(&self, rec: &ResultRecord, json: &[u8]) {
+        if !self.outputs.is_empty() {
+            self.outputs.send(rec, json);
+        }
+    }
+
     pub fn snapshot_jpeg(&self) -> Option<Result<Vec<u8>, String>> {
         self.snapshot.render()
     }
@@ -479,7 +486,7 @@ impl Pipeline {
                     Ok(j) => j,
                     Err(e) => {
                         self.count_drop("store_error", &format!("stream {}: {e}", f.stream));
-                        answers[i] = Err(e.to_string());
+                        answers[i] = Err(FrameError::new(FrameErrorKind::Store, e.to_string()));
                         continue;
                     }
                 };
@@ -532,7 +539,7 @@ impl Pipeline {
         work: &[(usize, Item)],
         frames: &[Frame],
         results: &mut Vec<Inferred>,
-        answers: &mut [Result<Vec<ResultRecord>, String>],
+        answers: &mut [Result<Vec<ResultRecord>, FrameError>],
     ) {
         let mut runs: Vec<Vec<usize>> = Vec::new();
         let mut seen: Vec<(&str, usize)> = Vec::new();
@@ -559,13 +566,13 @@ impl Pipeline {
                 let parts: Vec<&Tensor> = chunk.iter().map(|w| &work[*w].1.tensor).collect();
                 let streams: Vec<&str> =
                     chunk.iter().map(|w| &*frames[work[*w].0].stream).collect();
-                let fail = |answers: &mut [Result<Vec<ResultRecord>, String>],
+                let fail = |answers: &mut [Result<Vec<ResultRecord>, FrameError>],
                             reason: &'static str,
                             e: String| {
                     for w in chunk {
                         let i = work[*w].0;
                         self.count_drop(reason, &format!("stream {}: {e}", frames[i].stream));
-                        answers[i] = Err(e.clone());
+                        answers[i] = Err(FrameError::new(FrameErrorKind::Engine, e.clone()));
                     }
                 };
                 let batch = match Tensor::concat0(&parts) {

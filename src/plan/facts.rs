@@ -62,6 +62,7 @@ fn dim_sizes_from(manifest: &Manifest) -> BTreeMap<String, u64> {
             let (hi, wi) = match layout {
                 Layout::Nchw => (2, 3),
                 Layout::Nhwc => (1, 2),
+                Layout::Nwhc => (2, 1),
             };
             bind(hi, h as u64);
             bind(wi, w as u64);

@@ -66,6 +66,23 @@ pub fn decode_frame(payload: &[u8], cfg: &PreprocessConfig) -> Result<Rgb, Decod
                 pixels,
             })
         }
+        ImageFormat::RawNv12 => {
+            let (w, h) = raw;
+            let n = w as usize * h as usize * 3 / 2;
+            if payload.len() != n || w % 2 != 0 || h % 2 != 0 {
+                return Err(DecodeError::BadSize {
+                    expected: format!("{n} ({w}x{h} NV12, even sides, 1.5 bytes a pixel)"),
+                    got: payload.len(),
+                });
+            }
+            let mut pixels = Vec::with_capacity(w as usize * h as usize * 3);
+            super::image::nv12_to_rgb(payload, w as usize, h as usize, &mut pixels);
+            Ok(Rgb {
+                width: w,
+                height: h,
+                pixels,
+            })
+        }
     }
 }
 

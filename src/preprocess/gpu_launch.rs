@@ -122,6 +122,7 @@ impl LaunchParams {
         let strides = match layout {
             Layout::Nchw => [plane, out_w as usize, 1],
             Layout::Nhwc => [1, out_w as usize * 3, 3],
+            Layout::Nwhc => [1, 3, out_h as usize * 3],
         };
         let elem = match dtype {
             OutputDType::F32 => 4,
@@ -182,6 +183,7 @@ impl LaunchParams {
         match self.layout {
             Layout::Nchw => [n, 3, h, w],
             Layout::Nhwc => [n, h, w, 3],
+            Layout::Nwhc => [n, w, h, 3],
         }
     }
 }

@@ -365,7 +365,9 @@ pub struct SourceCtx {
     /// For the watch source: the durable store, to wait for its records to be on disk.
     pub outbox: Option<crate::outbox::Outbox>,
     /// Record ids, for the status records a source stores (camera_up / camera_down).
-    pub ids: Option<Arc<crate::pipeline::IdGen>>,
+    pub ids: Option<Arc<crate::record::IdGen>>,
+    /// For a camera source: the state its pipeline shows (`/v1/status`).
+    pub camera: Option<Arc<camera::CameraState>>,
     pub data_dir: PathBuf,
 }
 

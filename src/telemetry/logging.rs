@@ -2,7 +2,10 @@
 //! set) no timestamps (journald adds its own) and a `<N>` syslog priority
 //! prefix on each line, so `journalctl -p warning` works; JSON for collectors.
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::EnvFilter;
@@ -79,6 +82,43 @@ pub fn init_with_default(format: LogFormat, default: &str) {
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .try_init(),
     };
+}
+
+/// Logs at most once per interval per reason, with the count suppressed since.
+pub struct RateLimitedLog {
+    every: Duration,
+    last: Mutex<BTreeMap<&'static str, (Instant, u64)>>,
+}
+
+impl RateLimitedLog {
+    pub fn new(every: Duration) -> Self {
+        RateLimitedLog {
+            every,
+            last: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Some(suppressed count) when this event should be logged now.
+    pub fn allow(&self, reason: &'static str) -> Option<u64> {
+        let mut m = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        match m.get_mut(reason) {
+            Some((t, n)) if now.duration_since(*t) < self.every => {
+                *n += 1;
+                None
+            }
+            Some((t, n)) => {
+                let suppressed = *n;
+                *t = now;
+                *n = 0;
+                Some(suppressed)
+            }
+            None => {
+                m.insert(reason, (now, 0));
+                Some(0)
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -55,10 +55,8 @@ pub(super) fn spawn(
         .transpose()
         .map_err(setup)?;
     let state = ctx
-        .scheduler
-        .pipelines()
-        .get(ctx.index)
-        .and_then(|p| p.stats.camera.clone())
+        .camera
+        .clone()
         .unwrap_or_else(|| Arc::new(CameraState::new(cfg.shown())));
     let shared = Arc::new(Shared {
         stream: Arc::from(ctx.pipeline.as_str()),
@@ -564,9 +562,7 @@ fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Sample) {
         return;
     };
     let Ok(info) = gst_video::VideoInfo::from_caps(caps) else {
-        sh.ctx
-            .scheduler
-            .count_drop(sh.ctx.index, "bad_frame", "caps are not raw video");
+        sh.ctx.count_drop("bad_frame", "caps are not raw video");
         return;
     };
     // Capture time: the buffer's running time against the pipeline clock's
@@ -592,11 +588,8 @@ fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Sample) {
         match buffer.into_mapped_buffer_readable() {
             Ok(m) if m.len() >= need => Bytes::from_owner(m).slice(..need),
             _ => {
-                sh.ctx.scheduler.count_drop(
-                    sh.ctx.index,
-                    "bad_frame",
-                    "frame shorter than its caps",
-                );
+                sh.ctx
+                    .count_drop("bad_frame", "frame shorter than its caps");
                 return;
             }
         }
@@ -611,11 +604,8 @@ fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Sample) {
             match m.get(at..at + row) {
                 Some(r) => out.extend_from_slice(r),
                 None => {
-                    sh.ctx.scheduler.count_drop(
-                        sh.ctx.index,
-                        "bad_frame",
-                        "frame shorter than its caps",
-                    );
+                    sh.ctx
+                        .count_drop("bad_frame", "frame shorter than its caps");
                     return;
                 }
             }
@@ -627,9 +617,7 @@ fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Sample) {
     frame.captured = Some(captured);
     sh.state.set_size(w, h);
     // The camera's queue drops its oldest frame: submit never waits.
-    if sh.ctx.scheduler.submit(sh.ctx.index, frame).is_err() {
-        sh.ctx
-            .scheduler
-            .count_drop(sh.ctx.index, "stale", "queue full");
+    if sh.ctx.sink.offer(frame).is_err() {
+        sh.ctx.count_drop("stale", "queue full");
     }
 }

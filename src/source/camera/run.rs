@@ -110,6 +110,7 @@ fn supervise(cfg: &CameraConfig, url: Option<&CameraUrl>, sh: &Arc<Shared>) {
         sh.state.reconnects.fetch_add(1, Ordering::Relaxed);
         sh.state.set_error(&error);
         sh.state.set_state("reconnecting");
+        sh.ctx.set_state("reconnecting");
         tracing::warn!(
             pipeline = %sh.ctx.pipeline,
             camera = %sh.state.camera,
@@ -222,6 +223,7 @@ fn watch(
         if last != 0 && !streaming {
             streaming = true;
             sh.state.set_state("streaming");
+            sh.ctx.set_state("streaming");
             tracing::info!(pipeline = %sh.ctx.pipeline, camera = %sh.state.camera, "camera streaming");
             if *reported != Some(true) {
                 store_event(&sh.ctx, &sh.state.camera, "camera_up", None);

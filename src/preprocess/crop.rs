@@ -69,7 +69,7 @@ pub fn decode_frame(payload: &[u8], cfg: &PreprocessConfig) -> Result<Rgb, Decod
         ImageFormat::RawNv12 => {
             let (w, h) = raw;
             let n = w as usize * h as usize * 3 / 2;
-            if payload.len() != n || w % 2 != 0 || h % 2 != 0 {
+            if payload.len() != n || !w.is_multiple_of(2) || !h.is_multiple_of(2) {
                 return Err(DecodeError::BadSize {
                     expected: format!("{n} ({w}x{h} NV12, even sides, 1.5 bytes a pixel)"),
                     got: payload.len(),

@@ -92,7 +92,7 @@ pub fn connection_cap(cfg: &ApiConfig) -> (usize, Option<u64>) {
         && cur < max
     {
         lim.current = Some(max);
-        if setrlimit(Resource::Nofile, lim.clone()).is_err() {
+        if setrlimit(Resource::Nofile, lim).is_err() {
             lim.current = Some(cur);
         }
     }

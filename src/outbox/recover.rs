@@ -124,10 +124,10 @@ impl Target for Flusher {
             if Instant::now() < self.next_try {
                 return Attempt::Waiting;
             }
-            if b.reopen || self.disk.is_none() {
-                if let Err(e) = self.reopen() {
-                    return self.failed(e, true);
-                }
+            if (b.reopen || self.disk.is_none())
+                && let Err(e) = self.reopen()
+            {
+                return self.failed(e, true);
             }
         }
         // Every seq below this is in the flush that starts now.

@@ -77,15 +77,18 @@ fn wait_until(what: &str, d: &Daemon, pred: impl Fn() -> bool) {
     }
 }
 
+/// (topic, payload) of each message received.
+type Got = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
 /// A rumqttc subscriber on its own thread collecting (topic, payload).
 struct Sub {
-    got: Arc<Mutex<Vec<(String, Vec<u8>)>>>,
+    got: Got,
     stop: Arc<AtomicBool>,
 }
 
 impl Sub {
     fn start(port: u16, filter: &str) -> Sub {
-        let got: Arc<Mutex<Vec<(String, Vec<u8>)>>> = Arc::default();
+        let got: Got = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let subscribed = Arc::new(AtomicBool::new(false));
         let (g, st, s, filter) = (

@@ -202,6 +202,15 @@ impl Cascade {
                 models.len()
             ));
         }
+        if !matches!(
+            frame_pre,
+            PreprocessConfig::Image { .. } | PreprocessConfig::Pyramid { .. }
+        ) {
+            return Err(
+                "stages and thumbnails need an image pipeline (`image` or `pyramid` preprocessing)"
+                    .into(),
+            );
+        }
         let mut stages = Vec::new();
         let mut problems = Vec::new();
         for (i, (sc, model)) in cfg.stages.iter().zip(models).enumerate() {

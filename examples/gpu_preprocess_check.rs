@@ -125,16 +125,13 @@ fn main() {
     ];
 
     let probe = config(models[0].1, 2, 2, "raw_rgb");
-    let mut gpu = match GpuImagePreprocessor::new(&probe, 0) {
-        Ok(g) => g,
-        Err(e) => {
-            println!(
-                "{}",
-                serde_json::json!({"summary": true, "available": false, "reason": e.to_string()})
-            );
-            return;
-        }
-    };
+    if let Err(e) = GpuImagePreprocessor::new(&probe, 0) {
+        println!(
+            "{}",
+            serde_json::json!({"summary": true, "available": false, "reason": e.to_string()})
+        );
+        return;
+    }
     let mut worst_case = 0.0f64;
     let mut failed = 0;
     let mut cases = 0;
@@ -218,7 +215,6 @@ fn main() {
             }
         }
     }
-    let _ = &mut gpu;
     println!(
         "{}",
         serde_json::json!({"summary": true, "available": true, "cases": cases, "failed": failed,

@@ -11,6 +11,14 @@ mod with_gstreamer {
 
     use crate::common::*;
 
+    /// The camera tests run one at a time: each streams live video through
+    /// an encoder and a decoder, and the frame-age test measures latency.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The RTSP server process; killed on drop.
     struct RtspServer {
         child: Child,
@@ -175,6 +183,7 @@ source = {source}
 
     #[test]
     fn rtsp_camera_photos_become_records_with_capture_times() {
+        let _one_at_a_time = serial();
         let server = RtspServer::start(&["--width", "320", "--height", "240", "--fps", "15"]);
         let mut d = Daemon::start(&camera_config(&camera_pipeline(
             "gate",
@@ -244,6 +253,7 @@ source = {source}
 
     #[test]
     fn rtsp_server_killed_mid_stream_records_resume_without_leaks() {
+        let _one_at_a_time = serial();
         let mut server = RtspServer::start(&["--width", "320", "--height", "240", "--fps", "10"]);
         let port = server.port.to_string();
         let mut d = Daemon::start(&camera_config(&camera_pipeline(
@@ -333,6 +343,7 @@ source = {source}
 
     #[test]
     fn camera_frame_age_stays_bounded_behind_a_slow_model() {
+        let _one_at_a_time = serial();
         let server = RtspServer::start(&["--width", "640", "--height", "480", "--fps", "30"]);
         let mut d = Daemon::start(&camera_config(&format!(
             "{}max_batch = 1\n",
@@ -365,6 +376,7 @@ source = {source}
 
     #[test]
     fn camera_failures_are_reported_retried_and_leave_other_pipelines_alone() {
+        let _one_at_a_time = serial();
         let open = RtspServer::start(&["--width", "160", "--height", "120", "--fps", "10"]);
         let locked = RtspServer::start(&[
             "--width",

@@ -110,7 +110,9 @@ impl LaunchParams {
                 "empty image or model input ({src_w}x{src_h} to {tw}x{th})"
             ));
         }
-        if src_format == SourceFormat::Nv12 && (src_w % 2 != 0 || src_h % 2 != 0) {
+        if src_format == SourceFormat::Nv12
+            && (!src_w.is_multiple_of(2) || !src_h.is_multiple_of(2))
+        {
             return Err(format!("NV12 needs an even size, got {src_w}x{src_h}"));
         }
         let (new_w, new_h) = fit_size(*resize, tw, th, src_w, src_h);

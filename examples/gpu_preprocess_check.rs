@@ -90,7 +90,11 @@ fn main() {
     let cam: Vec<u8> = (0..h)
         .flat_map(|y| {
             (0..w).flat_map(move |x| {
-                let c = if (x / 3 + y / 3) % 2 == 0 { 40 } else { 0 };
+                let c = if (x / 3 + y / 3).is_multiple_of(2) {
+                    40
+                } else {
+                    0
+                };
                 [
                     (x * 255 / w) as u8 ^ c,
                     (y * 255 / h) as u8,
@@ -140,7 +144,8 @@ fn main() {
             .chunks_exact(3)
             .flat_map(|p| [p[2], p[1], p[0]])
             .collect();
-        let nv12 = (w % 2 == 0 && h % 2 == 0).then(|| rgb_to_nv12(rgb, *w as usize, *h as usize));
+        let nv12 = (w.is_multiple_of(2) && h.is_multiple_of(2))
+            .then(|| rgb_to_nv12(rgb, *w as usize, *h as usize));
         let mut sources: Vec<(&str, SourceFormat, &[u8])> = vec![
             ("rgb", SourceFormat::Rgb, rgb),
             ("bgr", SourceFormat::Bgr, &bgr),

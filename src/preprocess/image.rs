@@ -199,7 +199,9 @@ pub(super) fn validate(c: &PreprocessConfig) -> Vec<String> {
         ImageFormat::RawRgb | ImageFormat::RawBgr | ImageFormat::RawNv12 => {
             match (input_width, input_height) {
                 (Some(w), Some(h)) if *w > 0 && *h > 0 => {
-                    if *format == ImageFormat::RawNv12 && (w % 2 != 0 || h % 2 != 0) {
+                    if *format == ImageFormat::RawNv12
+                        && (!w.is_multiple_of(2) || !h.is_multiple_of(2))
+                    {
                         p.push(format!("image: raw_nv12 needs an even size, got {w}x{h}"));
                     }
                     if *w as u64 * *h as u64 > *max_pixels {

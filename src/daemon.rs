@@ -95,6 +95,15 @@ fn notify(states: &[NotifyState]) {
 
 /// Runs the daemon until SIGTERM or SIGINT.
 pub fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
+    // Camera frames: allocator settings before any thread exists (see camera/run.rs).
+    #[cfg(feature = "camera")]
+    if cfg
+        .pipelines
+        .iter()
+        .any(|p| matches!(p.source, SourceConfig::Camera(_)))
+    {
+        crate::source::camera::bounded_malloc();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

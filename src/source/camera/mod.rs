@@ -21,6 +21,9 @@
 #[cfg(feature = "camera")]
 mod run;
 
+#[cfg(feature = "camera")]
+pub use run::bounded_malloc;
+
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -20,6 +20,31 @@ use super::{
 };
 use crate::source::{Frame, SourceCtx, SourceError};
 
+/// Frames are megabytes, allocated and freed by GStreamer's streaming
+/// threads, and every reconnect makes new threads and decoder pools. With
+/// glibc's defaults the freed frames stay in per-thread arenas (the mmap
+/// threshold grows after the first frame is freed): RSS climbed ~1 MiB per
+/// reconnect in a 10-minute run. A fixed 128 KiB threshold maps every frame
+/// and unmaps it when freed, and two arenas bound the rest; with both, the
+/// same run stays flat (perf/camera_rss).
+pub fn bounded_malloc() {
+    #[cfg(target_env = "gnu")]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: mallopt only changes allocator parameters; it is
+            // thread-safe in glibc and takes plain integers.
+            let ok = unsafe {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024) == 1
+                    && libc::mallopt(libc::M_ARENA_MAX, 2) == 1
+            };
+            if !ok {
+                tracing::warn!("mallopt refused the camera allocator settings");
+            }
+        });
+    }
+}
+
 fn has(element: &str) -> bool {
     gst::ElementFactory::find(element).is_some()
 }
@@ -48,6 +73,7 @@ pub(super) fn spawn(
         detail,
     };
     gst::init().map_err(|e| setup(format!("GStreamer: {e}")))?;
+    // Normally done at daemon start already (before any thread made an arena).
     bounded_malloc();
     let url = cfg
         .url
@@ -81,31 +107,6 @@ pub(super) fn spawn(
     Ok(tokio::spawn(async move {
         let _ = thread.await;
     }))
-}
-
-/// Frames are megabytes, allocated and freed by GStreamer's streaming
-/// threads, and every reconnect makes new threads and decoder pools. With
-/// glibc's defaults the freed frames stay in per-thread arenas (the mmap
-/// threshold grows after the first frame is freed): RSS climbed ~1 MiB per
-/// reconnect in a 10-minute run. A fixed 128 KiB threshold maps every frame
-/// and unmaps it when freed, and two arenas bound the rest; with both, the
-/// same run stays flat (perf/camera_rss).
-fn bounded_malloc() {
-    #[cfg(target_env = "gnu")]
-    {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| {
-            // SAFETY: mallopt only changes allocator parameters; it is
-            // thread-safe in glibc and takes plain integers.
-            let ok = unsafe {
-                libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024) == 1
-                    && libc::mallopt(libc::M_ARENA_MAX, 2) == 1
-            };
-            if !ok {
-                tracing::warn!("mallopt refused the camera allocator settings");
-            }
-        });
-    }
 }
 
 /// Why a run of the pipeline ended.

@@ -83,7 +83,19 @@ impl Source for MqttSource {
         tracing::info!(pipeline = %ctx.pipeline, broker = %format!("{}:{}", broker.host, broker.port), topics = ?self.topics, persistent, "mqtt source");
         Ok(tokio::spawn(async move {
             let mut backoff = Duration::from_millis(100);
+            // Acknowledgements not yet handed to the client: its request
+            // queue is drained only by this loop's poll, so a full queue
+            // must not lose one (the broker would stop sending once its
+            // in-flight window fills with unacknowledged messages).
+            let mut unacked: std::collections::VecDeque<rumqttc::Publish> =
+                std::collections::VecDeque::new();
             loop {
+                while let Some(p) = unacked.front() {
+                    if client.try_ack(p).is_err() {
+                        break;
+                    }
+                    unacked.pop_front();
+                }
                 let ev = tokio::select! {
                     ev = eventloop.poll() => ev,
                     _ = ctx.stopped() => {
@@ -120,14 +132,15 @@ impl Source for MqttSource {
                                 return;
                             }
                         }
-                        if persistent {
-                            // The request queue is drained by this loop's next poll;
-                            // should it be full, the broker sends the message again.
-                            let _ = client.try_ack(&p);
+                        if persistent && (!unacked.is_empty() || client.try_ack(&p).is_err()) {
+                            unacked.push_back(p);
                         }
                     }
                     Ok(_) => {}
                     Err(e) => {
+                        // The broker sends what was not acknowledged again
+                        // on the new connection, under new packet ids.
+                        unacked.clear();
                         ctx.set_state("reconnecting");
                         tracing::warn!(pipeline = %ctx.pipeline, error = %e, retry_in = ?backoff, "mqtt source connection failed");
                         tokio::select! {

@@ -1400,7 +1400,9 @@ fn fleet_rollout_completes_in_waves_then_a_failing_bundle_stops_itself() {
             "{}",
             d.log()
         );
-        assert!(count(d, "step=\"not_selected\" name=sensor_mlp version=1.2.0") >= 1);
+        // Whether a device outside the wave polled the wave's document
+        // before the rollback replaced it depends on its poll timing; that
+        // it never downloaded the bundle is what must hold.
     }
 }
 

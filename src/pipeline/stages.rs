@@ -17,7 +17,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use ndarray::{ArrayD, IxDyn};
 use serde::{Deserialize, Serialize};
@@ -31,7 +31,7 @@ use crate::model::registry::LoadedModel;
 use crate::postprocess::{PostprocessConfig, Postprocessor};
 use crate::preprocess::crop::{Normalizer, Rgb, decode_frame};
 use crate::preprocess::{ItemMeta, Layout, OutputDType, PreprocessConfig, ResizeMode};
-use crate::record::{ResultRecord, rfc3339};
+use crate::record::ResultRecord;
 use crate::source::{Frame, FrameError, FrameErrorKind};
 
 fn default_max_boxes() -> usize {
@@ -362,46 +362,11 @@ impl Cascade {
         if let (Some(t), Some(frame)) = (&self.thumbnails, &frame) {
             snapshot::attach_thumbnails(frame, &mut value, t.max_bytes);
         }
-        let (id, seq) = pl.ids.next();
-        let rec = ResultRecord {
-            id,
-            device: pl.ids.device.clone(),
-            pipeline: pl.cfg.name.clone(),
-            stream: f.stream.to_string(),
-            seq,
-            ts: rfc3339(SystemTime::now()),
-            model: model.id(),
-            ep: model.provider.as_str().to_string(),
-            latency_us: inference_us,
-            outputs: value,
-            captured: f.captured.map(rfc3339),
-        };
-        let json = serde_json::to_vec(&rec).map_err(|e| {
-            pl.count_drop("store_error", &format!("stream {}: {e}", f.stream));
-            FrameError::new(FrameErrorKind::Store, e.to_string())
-        })?;
-        // Local consumers first: they never wait for the outbox.
-        pl.send_local(&rec, &json);
-        if let Some(age) = f
-            .captured
-            .and_then(|c| SystemTime::now().duration_since(c).ok())
-        {
-            pl.stats.frame_age_us.record(age.as_micros() as u64);
-        }
-        let stored = pl.sink.store(&rec, &json);
+        let stored = pl.emit(f, &model, inference_us, value);
         pl.stats
             .output_us
             .record(output_start.elapsed().as_micros() as u64);
-        match stored {
-            Ok(()) => {
-                pl.stats.records.fetch_add(1, Ordering::Relaxed);
-                Ok(vec![rec])
-            }
-            Err(e) => {
-                pl.count_drop("store_error", &format!("stream {}: {e}", f.stream));
-                Err(e)
-            }
-        }
+        stored.map(|rec| vec![rec])
     }
 }
 

@@ -252,10 +252,53 @@ impl Pipeline {
 
     /// The latest frame with its boxes drawn, as JPEG; `None` before the
     /// first frame or for pipelines that take no images.
-    /// Hands a record to the pipeline's local outputs (never waits).
-    pub(super) fn send_local(&self, rec: &ResultRecord, json: &[u8]) {
-        if !self.outputs.is_empty() {
-            self.outputs.send(rec, json);
+    /// Makes the record of one frame's result and hands it on: to the local
+    /// outputs first (they never wait for the outbox), then to the store.
+    /// The JSON is encoded once for both. Counts the record, or the drop.
+    pub(super) fn emit(
+        &self,
+        f: &Frame,
+        model: &LoadedModel,
+        latency_us: u64,
+        outputs: serde_json::Value,
+    ) -> Result<ResultRecord, FrameError> {
+        let (id, seq) = self.ids.next();
+        let rec = ResultRecord {
+            id,
+            device: self.ids.device.clone(),
+            pipeline: self.cfg.name.clone(),
+            stream: f.stream.to_string(),
+            seq,
+            ts: rfc3339(SystemTime::now()),
+            model: model.id(),
+            ep: model.provider.as_str().to_string(),
+            latency_us,
+            outputs,
+            captured: f.captured.map(rfc3339),
+        };
+        let stored = serde_json::to_vec(&rec)
+            .map_err(|e| FrameError::new(FrameErrorKind::Store, e.to_string()))
+            .and_then(|json| {
+                if !self.outputs.is_empty() {
+                    self.outputs.send(&rec, &json);
+                }
+                if let Some(age) = f
+                    .captured
+                    .and_then(|c| SystemTime::now().duration_since(c).ok())
+                {
+                    self.stats.frame_age_us.record(age.as_micros() as u64);
+                }
+                self.sink.store(&rec, &json)
+            });
+        match stored {
+            Ok(()) => {
+                self.stats.records.fetch_add(1, Ordering::Relaxed);
+                Ok(rec)
+            }
+            Err(e) => {
+                self.count_drop("store_error", &format!("stream {}: {e}", f.stream));
+                Err(e)
+            }
         }
     }
 
@@ -468,50 +511,14 @@ impl Pipeline {
                         continue;
                     }
                 };
-                let (id, seq) = self.ids.next();
-                let rec = ResultRecord {
-                    id,
-                    device: self.ids.device.clone(),
-                    pipeline: self.cfg.name.clone(),
-                    stream: f.stream.to_string(),
-                    seq,
-                    ts: rfc3339(SystemTime::now()),
-                    model: model.id(),
-                    ep: model.provider.as_str().to_string(),
-                    latency_us: us,
-                    outputs: value,
-                    captured: f.captured.map(rfc3339),
-                };
-                let json = match serde_json::to_vec(&rec) {
-                    Ok(j) => j,
-                    Err(e) => {
-                        self.count_drop("store_error", &format!("stream {}: {e}", f.stream));
-                        answers[i] = Err(FrameError::new(FrameErrorKind::Store, e.to_string()));
-                        continue;
-                    }
-                };
-                self.snapshot.keep(&f.payload, &rec.outputs);
-                // Local consumers first: they never wait for the outbox.
-                if !self.outputs.is_empty() {
-                    self.outputs.send(&rec, &json);
-                }
-                if let Some(age) = f
-                    .captured
-                    .and_then(|c| SystemTime::now().duration_since(c).ok())
-                {
-                    self.stats.frame_age_us.record(age.as_micros() as u64);
-                }
-                match self.sink.store(&rec, &json) {
-                    Ok(()) => {
-                        self.stats.records.fetch_add(1, Ordering::Relaxed);
+                self.snapshot.keep(&f.payload, &value);
+                match self.emit(f, &model, us, value) {
+                    Ok(rec) => {
                         if let Ok(v) = &mut answers[i] {
                             v.push(rec);
                         }
                     }
-                    Err(e) => {
-                        self.count_drop("store_error", &format!("stream {}: {e}", f.stream));
-                        answers[i] = Err(e);
-                    }
+                    Err(e) => answers[i] = Err(e),
                 }
             }
         }

@@ -902,7 +902,8 @@ pub(crate) fn metric(d: &Daemon, line_start: &str) -> f64 {
 
 /// Signed commands on the MQTT uplink's command topic, without any manifest
 /// document: an update and a signed rollback install; a stranger's
-/// signature, a replay and another device's command are refused and counted.
+/// signature, a replay, a command dated far ahead of the device's clock and
+/// another device's command are refused and counted.
 #[test]
 fn signed_mqtt_commands_update_and_roll_back_and_bad_ones_are_refused() {
     let work = tempfile::tempdir().unwrap();
@@ -991,6 +992,26 @@ min_runs = 5
         assert!(t0.elapsed() < Duration::from_secs(10), "{}", d.log());
         std::thread::sleep(Duration::from_millis(50));
     }
+    assert_eq!(serving(&d), "sensor_mlp@1.0.0");
+
+    // Genuinely signed but dated in 2100: a key holder's wrong clock or a
+    // command made to outlive every later one. Refused as from the future,
+    // and it must not raise the replay floor: the genuine update that
+    // follows is taken.
+    let mut env: outpost::ota::command::Envelope =
+        serde_json::from_slice(&command(&key, "gw-7", &[], &up)).unwrap();
+    let mut dated: outpost::ota::command::Command = serde_json::from_str(&env.command).unwrap();
+    dated.issued_ms = 4_102_444_800_000;
+    dated.expires_ms = Some(dated.issued_ms + 600_000);
+    let signing = outpost::ota::sign::read_signing_key(&key).unwrap();
+    env = outpost::ota::command::seal(&signing, &dated).unwrap();
+    publish(broker.port, topic, serde_json::to_vec(&env).unwrap());
+    let t0 = Instant::now();
+    while metric(&d, &refused("future")) < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    wait_log(&d, "ahead of this device's clock", Duration::from_secs(5));
     assert_eq!(serving(&d), "sensor_mlp@1.0.0");
 
     // The update.

@@ -24,6 +24,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -265,6 +267,32 @@ impl Slots {
         fsync_dir(&self.root).map_err(|e| format!("{}: {e}", self.root.display()))?;
         Ok(dest)
     }
+}
+
+/// A daemon slot on trial must say READY within `limit`, or it exits and the
+/// launcher's boot counter counts a failed start. `ready` is set by the
+/// daemon once it said READY. A thread, not a task: a start stuck loading
+/// models must not hold it up. Does nothing outside a slot on trial.
+pub fn ready_deadline(data_dir: &Path, limit: Duration, ready: &'static AtomicBool) {
+    let Some(slot) = running_slot() else {
+        return;
+    };
+    let on_trial = matches!(
+        Slots::new(data_dir).load(),
+        Ok(Some(b)) if b.trying.as_deref() == Some(slot.as_str())
+    );
+    if !on_trial {
+        return;
+    }
+    let _ = std::thread::Builder::new()
+        .name("ready-deadline".into())
+        .spawn(move || {
+            std::thread::sleep(limit);
+            if !ready.load(Ordering::SeqCst) {
+                tracing::error!(slot = %slot, limit_s = limit.as_secs_f64(), "this daemon slot did not get READY in time; exiting");
+                std::process::exit(1);
+            }
+        });
 }
 
 /// The launcher's step at `outpost run`: when a daemon update is installed

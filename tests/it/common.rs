@@ -153,6 +153,14 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
     }
 }
 
+/// The API address in the daemon's "outpost ready" log line (`api=ADDR`).
+pub fn ready_api(log: &str) -> Option<String> {
+    let line = log.lines().find(|l| l.contains("outpost ready"))?;
+    let at = line.find(" api=")? + " api=".len();
+    let addr = line[at..].split_whitespace().next()?;
+    Some(addr.trim_matches('"').to_string())
+}
+
 /// A real `outpost run` process; killed on drop.
 pub struct Daemon {
     pub child: std::process::Child,
@@ -164,7 +172,8 @@ pub struct Daemon {
 
 impl Daemon {
     /// Writes `config` (with `{API}` and `{DATA}` replaced) and starts the
-    /// daemon with --print-records; waits for /readyz.
+    /// daemon with --print-records; waits for /readyz. `{API}` is port 0 on
+    /// loopback: the daemon binds a free port and logs it when ready.
     pub fn start(config: &str) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         Self::start_in(config, dir)
@@ -181,10 +190,9 @@ impl Daemon {
         envs: &[(&str, String)],
         wait: bool,
     ) -> Daemon {
-        let api = format!("127.0.0.1:{}", free_port());
         let data = dir.path().join("data");
         let text = config
-            .replace("{API}", &api)
+            .replace("{API}", "127.0.0.1:0")
             .replace("{DATA}", &data.display().to_string())
             .replace("{DIR}", &dir.path().display().to_string());
         let cfg = dir.path().join("outpost.toml");
@@ -226,7 +234,7 @@ impl Daemon {
         });
         let mut d = Daemon {
             child,
-            api,
+            api: String::new(),
             dir,
             records: rx,
             seen: Vec::new(),
@@ -241,13 +249,22 @@ impl Daemon {
         std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
     }
 
+    /// Waits for the "outpost ready" log line, learns the API address from
+    /// it, then for /readyz.
     pub fn wait_ready(&mut self) {
         let t0 = std::time::Instant::now();
         loop {
             if let Ok(Some(st)) = self.child.try_wait() {
                 panic!("daemon exited early ({st}):\n{}", self.log());
             }
-            if let Ok((200, _)) = http("GET", &self.api, "/readyz", b"") {
+            if self.api.is_empty()
+                && let Some(addr) = ready_api(&self.log())
+            {
+                self.api = addr;
+            }
+            if !self.api.is_empty()
+                && let Ok((200, _)) = http("GET", &self.api, "/readyz", b"")
+            {
                 return;
             }
             assert!(

@@ -77,6 +77,28 @@ impl Fleet {
         format!("http://{}/manifest.json", self.addr)
     }
 
+    /// Waits until the device fetched the manifest document `n` more times:
+    /// polls are sequential, so when the n-th is requested every earlier
+    /// one was acted on. What a check of "nothing happened" waits on.
+    pub(crate) fn wait_polls(&self, n: usize) {
+        let count = || {
+            self.log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(p, _)| p == "/manifest.json")
+                .count()
+        };
+        let (start, t0) = (count(), Instant::now());
+        while count() < start + n {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the device stopped polling the manifest document"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn ranges(&self, path: &str) -> Vec<String> {
         self.log
             .lock()
@@ -366,10 +388,18 @@ fn model_update_under_load_loses_no_request_then_downgrade_refused_and_signed_ro
             }
         })
     };
-    std::thread::sleep(Duration::from_millis(300));
+    // Requests answered before the offer, through the swap, and after it.
+    let answered = |n: usize| {
+        let t0 = Instant::now();
+        while ok.load(Ordering::SeqCst) < n {
+            assert!(t0.elapsed() < Duration::from_secs(20), "{}", d.log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    answered(10);
     fleet.offer(&[e]);
     wait_log(&d, "step=\"installed\"", Duration::from_secs(20));
-    std::thread::sleep(Duration::from_millis(300));
+    answered(ok.load(Ordering::SeqCst) + 10);
     stop.store(true, Ordering::SeqCst);
     hammer.join().unwrap();
     assert!(bad.lock().unwrap().is_empty(), "{:?}", bad.lock().unwrap());
@@ -629,7 +659,7 @@ fn truncated_download_resumes_with_range_under_a_bandwidth_cap() {
 /// it is ready) and waits for the kill.
 fn crash_at(cfg: &str, dir: tempfile::TempDir, step: &str) -> tempfile::TempDir {
     let text = cfg
-        .replace("{API}", &format!("127.0.0.1:{}", free_port()))
+        .replace("{API}", "127.0.0.1:0")
         .replace("{DATA}", &dir.path().join("data").display().to_string())
         .replace("{DIR}", &dir.path().display().to_string());
     let path = dir.path().join("outpost.toml");
@@ -670,7 +700,7 @@ fn crash_at(cfg: &str, dir: tempfile::TempDir, step: &str) -> tempfile::TempDir 
     dir
 }
 
-fn after_crash(cfg: &str, dir: tempfile::TempDir, step: &str, final_version: &str) {
+fn after_crash(fleet: &Fleet, cfg: &str, dir: tempfile::TempDir, step: &str, final_version: &str) {
     let d = start(cfg, dir);
     let now = serving(&d);
     assert!(
@@ -695,7 +725,7 @@ fn after_crash(cfg: &str, dir: tempfile::TempDir, step: &str, final_version: &st
     infer_ok(&d);
     if final_version.ends_with("1.0.0") {
         wait_log(&d, "step=\"rolled_back\"", Duration::from_secs(5));
-        std::thread::sleep(Duration::from_millis(1500));
+        fleet.wait_polls(3);
         assert_eq!(
             serving(&d),
             final_version,
@@ -713,7 +743,7 @@ fn sigkill_steps(steps: &[(&str, &str)]) {
     let cfg = config(&fleet, &pubkey, "");
     for (step, final_version) in steps {
         let dir = crash_at(&cfg, device_dir(), step);
-        after_crash(&cfg, dir, step, final_version);
+        after_crash(&fleet, &cfg, dir, step, final_version);
     }
 }
 
@@ -821,7 +851,7 @@ fn probation_rolls_back_a_model_that_breaks_its_latency_threshold() {
         .iter()
         .filter(|(p, _)| p == "/sensor_mlp-1.1.0.tar")
         .count();
-    std::thread::sleep(Duration::from_millis(1000));
+    fleet.wait_polls(3);
     let again = fleet
         .log
         .lock()
@@ -859,7 +889,7 @@ fn probation_rolls_back_a_model_that_breaks_its_latency_threshold() {
         "{out}"
     );
     let d = start(&cfg, dir);
-    std::thread::sleep(Duration::from_millis(600));
+    fleet.wait_polls(3);
     assert_eq!(serving(&d), "sensor_mlp@1.0.0");
 }
 
@@ -1387,7 +1417,7 @@ fn daemon_update_runs_from_a_new_slot_and_a_broken_one_falls_back() {
             .count()
     };
     let n = fetched();
-    std::thread::sleep(Duration::from_millis(1000));
+    fleet.wait_polls(3);
     assert_eq!(fetched(), n);
     assert_eq!(sup.exits().len(), 4, "no more restarts");
     let (code, _) = http(

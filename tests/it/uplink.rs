@@ -488,8 +488,11 @@ fn mqtt_broker_outage_loses_nothing_and_keeps_stream_order() {
         .len();
     assert_eq!(n, N, "records produced:\n{}", d.log());
     // Inference went on without the network, and the results wait.
-    std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(metric(&d, "outpost_uplink_connected"), 0.0);
+    let t0 = Instant::now();
+    while metric(&d, "outpost_uplink_connected") != 0.0 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let waiting = d.status()["outbox"]["records"].as_u64().unwrap();
     assert!(waiting > 0, "nothing waited in the outbox");
     std::thread::sleep(OUTAGE.saturating_sub(down.elapsed()));
@@ -1029,7 +1032,14 @@ fn mqtt_uplink_over_mutual_tls_delivers_and_a_wrong_ca_is_refused() {
             )
         })
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    // Refused at the handshake, twice (a retry after the first): nothing sent.
+    let t0 = Instant::now();
+    while outpost::uplink::UplinkStats::get(&up.stats.disconnects_total) < 2
+        || up.stats.last_error().is_none()
+    {
+        assert!(t0.elapsed() < Duration::from_secs(20), "no TLS refusal");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(ob.stats().records, 500);
     assert!(outpost::uplink::UplinkStats::get(&up.stats.disconnects_total) >= 1);
     let (_, err) = up.stats.last_error().unwrap();

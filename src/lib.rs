@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod backend;
+pub mod backoff;
 pub mod bytesize;
 pub mod cli;
 pub mod config;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use rumqttc::{AsyncClient, ClientError, Event, MqttOptions, NetworkOptions, Packet, QoS};
 
 use super::{Sent, render_topic};
+use crate::backoff::Backoff;
 use crate::source::mqtt::BrokerAddr;
 
 /// Publishes queued in the client at most (then `full`).
@@ -50,7 +51,7 @@ impl MqttSink {
         let at = format!("{}:{}", broker.host, broker.port);
         let task_client = client.clone();
         let task = tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
+            let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
             loop {
                 let ev = tokio::select! {
                     ev = eventloop.poll() => ev,
@@ -64,22 +65,22 @@ impl MqttSink {
                 };
                 match ev {
                     Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        backoff = Duration::from_millis(100);
+                        backoff.reset();
                         flag.store(true, Ordering::SeqCst);
                         tracing::info!(broker = %at, "mqtt output connected");
                     }
                     Ok(_) => {}
                     Err(e) => {
+                        let delay = backoff.next_delay();
                         if flag.swap(false, Ordering::SeqCst) {
                             tracing::warn!(broker = %at, error = %e, "mqtt output disconnected");
                         } else {
-                            tracing::debug!(broker = %at, error = %e, retry_in = ?backoff, "mqtt output cannot connect");
+                            tracing::debug!(broker = %at, error = %e, retry_in = ?delay, "mqtt output cannot connect");
                         }
                         tokio::select! {
-                            _ = tokio::time::sleep(backoff) => {}
+                            _ = tokio::time::sleep(delay) => {}
                             _ = super::stopped(&mut shutdown) => return,
                         }
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
                     }
                 }
             }

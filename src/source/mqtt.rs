@@ -23,6 +23,7 @@ use rumqttc::{AsyncClient, Event, MqttOptions, NetworkOptions, Packet, QoS};
 use serde::{Deserialize, Serialize};
 
 use super::{Frame, Source, SourceCtx, SourceError, StreamName};
+use crate::backoff::Backoff;
 
 /// The broker MQTT sources connect to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +83,7 @@ impl Source for MqttSource {
         eventloop.set_network_options(net);
         tracing::info!(pipeline = %ctx.pipeline, broker = %format!("{}:{}", broker.host, broker.port), topics = ?self.topics, persistent, "mqtt source");
         Ok(tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
+            let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
             // Acknowledgements not yet handed to the client: its request
             // queue is drained only by this loop's poll, so a full queue
             // must not lose one (the broker would stop sending once its
@@ -105,7 +106,7 @@ impl Source for MqttSource {
                 };
                 match ev {
                     Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        backoff = Duration::from_millis(100);
+                        backoff.reset();
                         for t in &self.topics {
                             // The request is queued to the event loop; it cannot fail while the loop runs.
                             let _ = client.subscribe(t.clone(), qos).await;
@@ -142,12 +143,12 @@ impl Source for MqttSource {
                         // on the new connection, under new packet ids.
                         unacked.clear();
                         ctx.set_state("reconnecting");
-                        tracing::warn!(pipeline = %ctx.pipeline, error = %e, retry_in = ?backoff, "mqtt source connection failed");
+                        let delay = backoff.next_delay();
+                        tracing::warn!(pipeline = %ctx.pipeline, error = %e, retry_in = ?delay, "mqtt source connection failed");
                         tokio::select! {
-                            _ = tokio::time::sleep(backoff) => {}
+                            _ = tokio::time::sleep(delay) => {}
                             _ = ctx.stopped() => return,
                         }
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
                     }
                 }
             }

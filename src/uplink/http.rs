@@ -15,9 +15,10 @@ use std::time::{Duration, Instant, SystemTime};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
-use super::pace::{Backoff, TokenBucket};
+use super::pace::TokenBucket;
 use super::stats::UplinkStats;
 use super::{HttpConfig, UplinkError, sleep_or_stop, stopped, tls};
+use crate::backoff::Backoff;
 use crate::outbox::{Entry, Key, Outbox};
 
 /// The longest `Retry-After` honoured; a longer one is cut to this.

@@ -35,10 +35,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::outbox::Outbox;
 
+pub use crate::backoff::Backoff;
 pub use http::{Verdict, classify, idempotency_key, ndjson_gzip, parse_retry_after};
 pub use inflight::{BookError, InFlight};
 pub use message::{Batcher, Built, Message, PayloadFormat, Template, cbor_array_head};
-pub use pace::{Backoff, TokenBucket};
+pub use pace::TokenBucket;
 pub use stats::UplinkStats;
 
 /// `[uplink]` in the config.

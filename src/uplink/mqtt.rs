@@ -23,12 +23,13 @@ use tokio::sync::{mpsc, watch};
 
 use super::inflight::InFlight;
 use super::message::{Batcher, Message, Template};
-use super::pace::{Backoff, TokenBucket};
+use super::pace::TokenBucket;
 use super::sparkplug::{self, Session, Topics};
 use super::stats::UplinkStats;
 use super::{
     MqttConfig, PayloadFormat, STATUS_VARS, TOPIC_VARS, UplinkError, sleep_or_stop, stopped, tls,
 };
+use crate::backoff::Backoff;
 use crate::outbox::{Key, Outbox};
 
 /// How long a stop waits for the PUBACKs of what is in flight and of the

@@ -461,11 +461,11 @@ impl FpsGate {
     }
 }
 
-/// Reconnect delays: 0.5 s doubling to 8 s, each a random 50..100 % of its
-/// step, so cameras that failed together do not retry in step.
-pub fn backoff(attempt: u32, unit: f64) -> Duration {
-    let step = 0.5 * 2f64.powi(attempt.min(4) as i32);
-    Duration::from_secs_f64(step * (0.5 + 0.5 * unit.clamp(0.0, 1.0)))
+/// Reconnect delays: from 0.25 s, a ceiling of 0.5 s doubling to 8 s, each
+/// a random draw up to its ceiling, so cameras that failed together do not
+/// retry in step.
+pub fn reconnect_backoff() -> crate::backoff::Backoff {
+    crate::backoff::Backoff::new(Duration::from_millis(250), Duration::from_secs(8))
 }
 
 /// What `/v1/status` and `/metrics` read about a camera.
@@ -787,10 +787,17 @@ mod tests {
 
     #[test]
     fn backoff_grows_jittered_and_bounded() {
-        assert_eq!(backoff(0, 1.0), Duration::from_millis(500));
-        assert_eq!(backoff(0, 0.0), Duration::from_millis(250));
-        assert_eq!(backoff(3, 1.0), Duration::from_secs(4));
-        assert_eq!(backoff(50, 1.0), Duration::from_secs(8));
+        let mut b = reconnect_backoff();
+        assert_eq!(b.clone().next_with(1.0), Duration::from_millis(500));
+        assert_eq!(b.clone().next_with(0.0), Duration::from_millis(250));
+        for _ in 0..3 {
+            b.next_delay();
+        }
+        assert_eq!(b.clone().next_with(1.0), Duration::from_secs(4));
+        for _ in 0..50 {
+            b.next_delay();
+        }
+        assert_eq!(b.clone().next_with(1.0), Duration::from_secs(8));
     }
 
     #[test]

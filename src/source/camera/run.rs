@@ -15,8 +15,8 @@ use gstreamer_app as gst_app;
 use gstreamer_video as gst_video;
 
 use super::{
-    CameraConfig, CameraState, CameraUrl, FpsGate, Transport, backoff, launch_description,
-    pick_decoder, rgb_tail, scrub, store_event,
+    CameraConfig, CameraState, CameraUrl, FpsGate, Transport, launch_description, pick_decoder,
+    reconnect_backoff, rgb_tail, scrub, store_event,
 };
 use crate::source::{Frame, SourceCtx, SourceError};
 
@@ -117,7 +117,7 @@ enum End {
 
 /// Builds, watches and rebuilds the camera's pipeline until the daemon stops.
 fn supervise(cfg: &CameraConfig, url: Option<&CameraUrl>, sh: &Arc<Shared>) {
-    let mut attempt = 0u32;
+    let mut backoff = reconnect_backoff();
     // None: nothing reported yet; Some(up).
     let mut reported: Option<bool> = None;
     loop {
@@ -130,10 +130,9 @@ fn supervise(cfg: &CameraConfig, url: Option<&CameraUrl>, sh: &Arc<Shared>) {
             End::Failed { error, streamed } => (error, streamed),
         };
         if streamed {
-            attempt = 0;
+            backoff.reset();
         }
-        let delay = backoff(attempt, rand::random_range(0.0..1.0));
-        attempt = attempt.saturating_add(1);
+        let delay = backoff.next_delay();
         sh.state.reconnects.fetch_add(1, Ordering::Relaxed);
         sh.state.set_error(&error);
         sh.state.set_state("reconnecting");

@@ -1,0 +1,110 @@
+//! Retry delays, the one kind every reconnecting part uses (uplink, MQTT
+//! source and output, cameras). Free of I/O: the random draw is an argument
+//! of [`Backoff::next_with`], so the bounds are tested exactly.
+
+use std::time::Duration;
+
+/// Exponential backoff with full jitter between `min` and a ceiling that
+/// doubles per attempt up to `max`. The jitter spreads a fleet that lost
+/// its broker at the same moment, so the devices do not all come back in
+/// lockstep; the floor at `min` keeps a tight loop from hammering a peer.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    attempt: u32,
+}
+
+impl Backoff {
+    pub fn new(min: Duration, max: Duration) -> Backoff {
+        Backoff {
+            min,
+            max: max.max(min),
+            attempt: 0,
+        }
+    }
+
+    /// The ceiling of the next delay: `min * 2^(attempt+1)`, at most `max`.
+    pub fn ceiling(&self) -> Duration {
+        let f = 1u32 << self.attempt.min(30).saturating_add(1).min(31);
+        self.min.saturating_mul(f).min(self.max)
+    }
+
+    /// The next delay for a uniform draw `u` in `[0, 1)`; counts an attempt.
+    pub fn next_with(&mut self, u: f64) -> Duration {
+        let ceil = self.ceiling();
+        let span = ceil.saturating_sub(self.min);
+        self.attempt = self.attempt.saturating_add(1);
+        self.min + span.mul_f64(u.clamp(0.0, 1.0))
+    }
+
+    /// The next delay with a fresh random draw.
+    pub fn next_delay(&mut self) -> Duration {
+        self.next_with(rand::random_range(0.0..1.0))
+    }
+
+    /// After a success the next failure starts from `min` again.
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+
+    pub fn attempts(&self) -> u32 {
+        self.attempt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_stays_within_min_and_a_doubling_ceiling_capped_at_max() {
+        let (min, max) = (Duration::from_millis(200), Duration::from_secs(30));
+        let mut b = Backoff::new(min, max);
+        let mut prev_ceil = Duration::ZERO;
+        for i in 0..40 {
+            let ceil = b.ceiling();
+            assert!(ceil >= prev_ceil && ceil <= max, "attempt {i}: {ceil:?}");
+            prev_ceil = ceil;
+            let lo = b.clone().next_with(0.0);
+            let hi = b.clone().next_with(0.999_999);
+            assert_eq!(lo, min);
+            assert!(
+                hi <= ceil && hi >= ceil.mul_f64(0.99) - min,
+                "{hi:?} {ceil:?}"
+            );
+            let d = b.next_delay();
+            assert!(
+                d >= min && d <= ceil,
+                "attempt {i}: {d:?} outside [{min:?}, {ceil:?}]"
+            );
+        }
+        assert_eq!(b.ceiling(), max);
+        assert_eq!(Backoff::new(min, max).ceiling(), Duration::from_millis(400));
+        b.reset();
+        assert_eq!(b.attempts(), 0);
+        assert_eq!(b.ceiling(), Duration::from_millis(400));
+    }
+
+    #[test]
+    fn backoff_jitter_spreads_a_fleet() {
+        // Devices that failed together draw different delays.
+        let draws: Vec<Duration> = (0..50)
+            .map(|_| {
+                let mut b = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
+                for _ in 0..5 {
+                    b.next_delay();
+                }
+                b.next_delay()
+            })
+            .collect();
+        let distinct: std::collections::HashSet<_> = draws.iter().collect();
+        assert!(distinct.len() > 40, "{draws:?}");
+    }
+
+    #[test]
+    fn backoff_min_above_max_uses_min() {
+        let mut b = Backoff::new(Duration::from_secs(2), Duration::from_secs(1));
+        assert_eq!(b.next_with(0.5), Duration::from_secs(2));
+    }
+}

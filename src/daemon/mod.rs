@@ -41,7 +41,6 @@ use crate::outbox::Outbox;
 use crate::pipeline::realtime::RealtimeStats;
 use crate::pipeline::recent::RecentRecords;
 use crate::pipeline::{IdGen, RecordSink, Scheduler};
-use crate::source::SourceConfig;
 use crate::source::http::HttpIngress;
 use crate::telemetry::metrics;
 use crate::uplink;
@@ -76,7 +75,7 @@ pub fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     if cfg
         .pipelines
         .iter()
-        .any(|p| matches!(p.source, SourceConfig::Camera(_)))
+        .any(|p| matches!(p.source, crate::source::SourceConfig::Camera(_)))
     {
         crate::source::camera::bounded_malloc();
     }

@@ -1,5 +1,10 @@
 //! The agent: polls the fleet, performs the state machine's actions, feeds
 //! back their outcome, and keeps the journal that recovery reads.
+//!
+//! Rooms: this file is the loop (polls, commands, one update from offer to
+//! idle, the journal, recovery); `actions.rs` performs each action of the
+//! state machine; `daemon_slot.rs` is the daemon-update side (staging into
+//! and activating a slot, a slot's trial, what the launcher left).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -8,15 +13,18 @@ use std::time::{Duration, Instant};
 use ed25519_dalek::VerifyingKey;
 use tokio::sync::watch;
 
-use super::bundle::{self, BundleKind};
+use super::bundle::BundleKind;
 use super::command::{self, Request};
 use super::host::ModelHost;
 use super::install::{Installed, Journal, Layout, StateFile};
-use super::machine::{self, Action, Event, Offer, Policy, Recovery, State, Status};
-use super::slots::{BootState, SlotInfo, Slots};
+use super::machine::{self, Event, Offer, Policy, Recovery, State, Status};
+use super::slots::Slots;
 use super::stats::OtaStats;
-use super::{OtaConfig, check, fetch::Fetcher, sign};
+use super::{OtaConfig, fetch::Fetcher, sign};
 use crate::model::registry::LoadedModel;
+
+mod actions;
+mod daemon_slot;
 
 /// Test hook: `OUTPOST_OTA_FAILPOINT=<step>` makes the process SIGKILL
 /// itself right after that step (downloaded, verified, staged, loaded,
@@ -238,44 +246,6 @@ impl Agent {
                     ),
                 ));
             }
-        }
-        self.save();
-    }
-
-    /// What the launcher left: a daemon slot that fell back is reported and
-    /// refused for good.
-    fn recover_daemon(&mut self) {
-        let mut boot = match self.slots.load() {
-            Ok(Some(b)) => b,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::error!(error = %e, "OTA: daemon slots unreadable");
-                return;
-            }
-        };
-        let Some(fb) = boot.fell_back.take() else {
-            return;
-        };
-        if !fb.sha256.is_empty() {
-            self.state.refused.insert(fb.sha256.to_ascii_lowercase());
-        }
-        self.emit(&Status {
-            step: "rolled_back",
-            name: "outpost".into(),
-            version: fb.version.clone(),
-            from: Some(self.policy.daemon_version.clone()),
-            detail: Some(format!(
-                "slot {} did not stay up after {} start(s); running {}",
-                fb.slot,
-                fb.attempts,
-                fb.to
-                    .as_deref()
-                    .map(|s| format!("slot {s}"))
-                    .unwrap_or_else(|| "the packaged binary".into())
-            )),
-        });
-        if let Err(e) = self.slots.save(&boot) {
-            tracing::error!(error = %e, "OTA: daemon slots not saved");
         }
         self.save();
     }
@@ -507,76 +477,6 @@ impl Agent {
         false
     }
 
-    /// A daemon slot on trial: once READY and `daemon_probation` later, it
-    /// is marked good (the launcher stops counting its starts).
-    fn start_daemon_trial(&self) {
-        let Some(slot) = self.wiring.running_slot.clone() else {
-            return;
-        };
-        let on_trial =
-            matches!(self.slots.load(), Ok(Some(b)) if b.trying.as_deref() == Some(slot.as_str()));
-        if !on_trial {
-            return;
-        }
-        let host = self.host.clone();
-        let slots = self.slots.clone();
-        let stats = self.wiring.stats.clone();
-        let probation = self.cfg.daemon_probation;
-        let mut stop = self.shutdown.clone();
-        tracing::info!(slot = %slot, probation_s = probation.as_secs_f64(), "OTA: this daemon slot is on trial");
-        stats
-            .daemon_trial
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        tokio::spawn(async move {
-            let trial = async {
-                while !host.ready() {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                tokio::time::sleep(probation).await;
-            };
-            tokio::select! {
-                _ = trial => {}
-                _ = stop.wait_for(|s| *s) => return,
-            }
-            let r = tokio::task::spawn_blocking(
-                move || -> Result<Option<(BootState, bool)>, String> {
-                    let Some(mut b) = slots.load().map_err(|e| e.to_string())? else {
-                        return Ok(None);
-                    };
-                    let marked = b.mark_good(&slot);
-                    if marked {
-                        slots.save(&b).map_err(|e| e.to_string())?;
-                    }
-                    Ok(Some((b, marked)))
-                },
-            )
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r);
-            match r {
-                Ok(Some((b, true))) => {
-                    stats
-                        .daemon_trial
-                        .store(false, std::sync::atomic::Ordering::Relaxed);
-                    let good = b.good.clone().unwrap_or_default();
-                    emit(
-                        &*host,
-                        &stats,
-                        &Status {
-                            step: "installed",
-                            name: "outpost".into(),
-                            version: b.version_of(Some(&good)),
-                            from: None,
-                            detail: Some(format!("slot {good} is good")),
-                        },
-                    );
-                }
-                Ok(_) => {}
-                Err(e) => tracing::error!(error = %e, "OTA: could not mark the daemon slot good"),
-            }
-        });
-    }
-
     /// One update from offer to idle.
     async fn update(&mut self, offer: Offer) {
         if let Err(why) = self.precheck(&offer) {
@@ -635,305 +535,6 @@ impl Agent {
             self.state.journal = j;
             self.save();
         }
-    }
-
-    async fn blocking<T: Send + 'static>(
-        f: impl FnOnce() -> Result<T, String> + Send + 'static,
-    ) -> Result<T, String> {
-        tokio::task::spawn_blocking(f)
-            .await
-            .map_err(|e| format!("task: {e}"))?
-    }
-
-    async fn perform(&mut self, a: Action) -> Option<Event> {
-        match a {
-            Action::Emit(s) => {
-                self.emit(&s);
-                None
-            }
-            Action::Download(o) => {
-                let part = self.layout.download(&o.sha256.to_ascii_lowercase());
-                let stats = self.wiring.stats.clone();
-                stats
-                    .download_size
-                    .store(o.size, std::sync::atomic::Ordering::Relaxed);
-                let r = self
-                    .fetcher
-                    .download(
-                        &o,
-                        &part,
-                        self.cfg.max_bytes_per_s,
-                        &self.shutdown,
-                        &stats.download_bytes,
-                    )
-                    .await;
-                stats
-                    .download_size
-                    .store(0, std::sync::atomic::Ordering::Relaxed);
-                stats
-                    .download_bytes
-                    .store(0, std::sync::atomic::Ordering::Relaxed);
-                if *self.shutdown.borrow() {
-                    return None;
-                }
-                Some(match r {
-                    Ok(()) => {
-                        self.failpoint("downloaded");
-                        Event::Downloaded
-                    }
-                    Err(e) => Event::DownloadFailed(e),
-                })
-            }
-            Action::Verify(o) => {
-                let path = self.layout.download(&o.sha256.to_ascii_lowercase());
-                let trusted = self.trusted.clone();
-                let ev = Self::blocking(move || Ok(verify(&path, &o, &trusted)))
-                    .await
-                    .unwrap_or_else(Event::Corrupt);
-                if matches!(ev, Event::Verified(_)) {
-                    self.failpoint("verified");
-                }
-                Some(ev)
-            }
-            Action::Stage(o) if o.kind == BundleKind::Daemon => {
-                let slots = self.slots.clone();
-                let bundle = self.layout.download(&o.sha256.to_ascii_lowercase());
-                let running = self.wiring.running_slot.clone();
-                let r = Self::blocking(move || {
-                    let boot = slots.load().map_err(|e| e.to_string())?.unwrap_or_default();
-                    slots
-                        .stage(&bundle, boot.inactive(running.as_deref()))
-                        .map(|_| ())
-                })
-                .await;
-                Some(match r {
-                    Ok(()) => {
-                        self.failpoint("staged");
-                        Event::Staged
-                    }
-                    Err(e) => Event::StageFailed(e),
-                })
-            }
-            Action::Activate(o) => {
-                let slots = self.slots.clone();
-                let running = self.wiring.running_slot.clone();
-                let max = self.cfg.daemon_max_attempts;
-                let r = Self::blocking(move || {
-                    let mut boot = slots.load().map_err(|e| e.to_string())?.unwrap_or_default();
-                    let slot = boot.inactive(running.as_deref());
-                    boot.try_slot(
-                        slot,
-                        SlotInfo {
-                            version: o.version.clone(),
-                            sha256: o.sha256.to_ascii_lowercase(),
-                        },
-                        max,
-                        running.as_deref(),
-                    );
-                    // boot.json first: a crash before the link switches
-                    // still starts the new slot (the launcher follows boot.json).
-                    slots.save(&boot).map_err(|e| e.to_string())?;
-                    slots.point_current(Some(slot)).map_err(|e| e.to_string())
-                })
-                .await;
-                Some(match r {
-                    Ok(()) => {
-                        self.failpoint("activated");
-                        Event::Activated
-                    }
-                    Err(e) => Event::ActivateFailed(e),
-                })
-            }
-            Action::Restart => {
-                self.host.restart();
-                None
-            }
-            Action::Stage(o) => {
-                let layout = self.layout.clone();
-                let bundle = layout.download(&o.sha256.to_ascii_lowercase());
-                let r = Self::blocking(move || {
-                    layout.stage(&bundle, &o.name, &o.version)?;
-                    let m = crate::model::manifest::Manifest::load(
-                        &layout.model_path(&o.name, &o.version).join("manifest.toml"),
-                    )
-                    .map_err(|e| e.to_string())?;
-                    if m.name != o.name || m.version != o.version {
-                        return Err(format!("its manifest.toml says {}@{}", m.name, m.version));
-                    }
-                    Ok(())
-                })
-                .await;
-                Some(match r {
-                    Ok(()) => {
-                        self.failpoint("staged");
-                        Event::Staged
-                    }
-                    Err(e) => Event::StageFailed(e),
-                })
-            }
-            Action::Load(o) => {
-                let host = self.host.clone();
-                let manifest = self
-                    .layout
-                    .model_path(&o.name, &o.version)
-                    .join("manifest.toml");
-                match Self::blocking(move || host.load(&manifest)).await {
-                    Ok(m) => {
-                        self.new_model = Some(m);
-                        self.failpoint("loaded");
-                        Some(Event::Loaded)
-                    }
-                    Err(e) => Some(Event::LoadFailed(e)),
-                }
-            }
-            Action::Check(o) => {
-                let model = self.new_model.clone()?;
-                let folder = self.layout.model_path(&o.name, &o.version);
-                let tol = self.cfg.check_tolerance;
-                Some(
-                    match Self::blocking(move || check::run(&model, &folder, tol)).await {
-                        Ok(n) => {
-                            if n.is_none() {
-                                tracing::warn!(bundle = %o.id(), "OTA: bundle has no check data; only the warm-up ran");
-                            }
-                            self.failpoint("checked");
-                            Event::CheckPassed
-                        }
-                        Err(e) => Event::CheckFailed(e),
-                    },
-                )
-            }
-            Action::Swap(o) => {
-                let model = self.new_model.clone()?;
-                let before = self.host.current(&o.name);
-                let baseline = self.host.health(&o.name);
-                match self.host.swap(model) {
-                    Ok(prev) => {
-                        self.previous = prev.or(before);
-                        self.swapped_at = Some(Instant::now());
-                        self.failpoint("swapped");
-                        Some(Event::Swapped { baseline })
-                    }
-                    Err(e) => {
-                        self.previous = before;
-                        Some(Event::SwapFailed(e))
-                    }
-                }
-            }
-            Action::Watch => {
-                let job_name = self.state.journal.as_ref()?.name.clone();
-                let every = (self.policy.probation / 4)
-                    .clamp(Duration::from_millis(50), Duration::from_secs(1));
-                let mut stop = self.shutdown.clone();
-                tokio::select! {
-                    _ = tokio::time::sleep(every) => {}
-                    _ = stop.wait_for(|s| *s) => return None,
-                }
-                let elapsed = self.swapped_at.map(|t| t.elapsed()).unwrap_or_default();
-                Some(Event::Health {
-                    elapsed,
-                    health: self.host.health(&job_name),
-                })
-            }
-            Action::Commit(o) => {
-                let layout = self.layout.clone();
-                let (name, version) = (o.name.clone(), o.version.clone());
-                let fp = self.failpoint.clone();
-                let r = Self::blocking(move || {
-                    let prev = layout.switch(&name, &version)?;
-                    if fp.as_deref() == Some("switched") {
-                        let _ = rustix::process::kill_process(
-                            rustix::process::getpid(),
-                            rustix::process::Signal::KILL,
-                        );
-                    }
-                    Ok(prev)
-                })
-                .await;
-                match r {
-                    Ok(prev) => {
-                        self.state.models.insert(
-                            o.name.clone(),
-                            Installed {
-                                version: o.version.clone(),
-                                previous: prev.filter(|p| *p != o.version),
-                            },
-                        );
-                        self.save();
-                        self.failpoint("committed");
-                        Some(Event::Committed)
-                    }
-                    Err(e) => Some(Event::CommitFailed(e)),
-                }
-            }
-            Action::Rollback(_) => {
-                let Some(prev) = self.previous.clone() else {
-                    return Some(Event::RollbackFailed("no previous model held".into()));
-                };
-                Some(match self.host.swap(prev) {
-                    Ok(_) => Event::RolledBack,
-                    Err(e) => Event::RollbackFailed(e),
-                })
-            }
-            Action::Refuse(o) => {
-                self.state.refused.insert(o.sha256.to_ascii_lowercase());
-                self.save();
-                None
-            }
-            Action::Skip(o) => {
-                self.skipped.insert(fingerprint(&o));
-                None
-            }
-            Action::DiscardDownload(o) => {
-                let _ = std::fs::remove_file(self.layout.download(&o.sha256.to_ascii_lowercase()));
-                None
-            }
-            Action::DiscardStaged(o) => {
-                // Never the folder the model link points to.
-                if self.layout.linked_version(&o.name).as_deref() != Some(o.version.as_str()) {
-                    let _ = std::fs::remove_dir_all(self.layout.version_dir(&o.name, &o.version));
-                }
-                let _ = std::fs::remove_dir_all(self.layout.staging(&o.name, &o.version));
-                None
-            }
-            Action::Prune(o) => {
-                let prev = self
-                    .state
-                    .models
-                    .get(&o.name)
-                    .and_then(|i| i.previous.clone());
-                let mut keep = vec![o.version.as_str()];
-                if let Some(p) = prev.as_deref() {
-                    keep.push(p);
-                }
-                self.layout.prune(&o.name, &keep);
-                None
-            }
-        }
-    }
-}
-
-/// Size, sha256 and signature of a downloaded bundle, then its signed
-/// manifest.json; nothing is unpacked.
-fn verify(path: &std::path::Path, o: &Offer, trusted: &[VerifyingKey]) -> Event {
-    let (digest, size) = match sign::sha256_file(path) {
-        Ok(x) => x,
-        Err(e) => return Event::Corrupt(e.to_string()),
-    };
-    if size != o.size {
-        return Event::Corrupt(format!("{size} bytes, the offer says {}", o.size));
-    }
-    let sha = hex::encode(digest);
-    if !sha.eq_ignore_ascii_case(&o.sha256) {
-        return Event::Corrupt(format!("sha256 {sha}, the offer says {}", o.sha256));
-    }
-    if let Err(e) = sign::verify_digest(trusted, &digest, &o.signature) {
-        // The entry's signature line, not the bundle: skipped, not refused.
-        return Event::Unverified(e.to_string());
-    }
-    match bundle::read_manifest(path) {
-        Ok(m) => Event::Verified(Box::new(m)),
-        Err(e) => Event::Untrusted(format!("signed but malformed: {e}")),
     }
 }
 

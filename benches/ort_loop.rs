@@ -13,8 +13,8 @@ use ndarray::{Array0, Array2, Array3};
 use ort::session::Session;
 use ort::value::Tensor as OrtTensor;
 use outpost::backend::Provider;
+use outpost::backend::ort::HotLoop;
 use outpost::backend::ort::{Runtime, SessionOptions};
-use outpost::cli::bench::HotLoop;
 use outpost::model::registry::load_manifest;
 
 fn root() -> PathBuf {
@@ -87,9 +87,14 @@ fn bench(c: &mut Criterion) {
         ),
     ];
     model.with_session(|s| {
-        let mut hot = HotLoop::new(s, &inputs, &model.manifest.state).unwrap();
-        let raw = s.raw();
-        g.bench_function("outpost_bench_loop", |b| b.iter(|| hot.step(raw).unwrap()));
+        let state: Vec<(&str, &str)> = model
+            .manifest
+            .state
+            .iter()
+            .map(|p| (p.input.as_str(), p.output.as_str()))
+            .collect();
+        let mut hot = HotLoop::new(s, &inputs, &state).unwrap();
+        g.bench_function("outpost_bench_loop", |b| b.iter(|| hot.step(s).unwrap()));
     });
     g.finish();
 }

@@ -8,12 +8,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ort::session::{Session, SessionInputValue};
-use ort::value::DynValue;
-
 use crate::backend::binding::Placement;
-use crate::backend::ort::OrtSession;
-use crate::backend::{DType, InferenceSession, Tensor, check_inputs};
+use crate::backend::ort::{HotLoop, OrtSession};
+use crate::backend::{InferenceSession, Tensor, check_inputs};
 use crate::model::manifest::StatePair;
 use crate::model::registry::open_model_arg;
 
@@ -79,80 +76,6 @@ fn pause(d: Duration, how: Pause) {
                 std::hint::spin_loop();
             }
         }
-    }
-}
-
-/// One inference step with prepared values; what the timed loop repeats.
-pub struct HotLoop {
-    values: Vec<DynValue>,
-    /// (index of the state input in `values`, name of the output feeding it)
-    state: Vec<(usize, String)>,
-}
-
-impl HotLoop {
-    /// Prepares values in the session's input order. State pairs of f32
-    /// tensors are copied in place each step.
-    pub fn new(
-        session: &OrtSession,
-        inputs: &[(String, Tensor)],
-        state: &[StatePair],
-    ) -> anyhow::Result<HotLoop> {
-        let io = session.io();
-        check_inputs(io, inputs.iter().map(|(n, t)| (n.as_str(), t)))?;
-        let mut values = Vec::with_capacity(io.inputs.len());
-        for spec in &io.inputs {
-            // check_inputs guarantees every input is present.
-            let (_, t) = inputs
-                .iter()
-                .find(|(n, _)| *n == spec.name)
-                .ok_or_else(|| anyhow::anyhow!("missing {}", spec.name))?;
-            values.push(t.to_ort()?);
-        }
-        let mut pairs = Vec::new();
-        for p in state {
-            let idx = io.inputs.iter().position(|i| i.name == p.input);
-            let dtype = io
-                .inputs
-                .iter()
-                .find(|i| i.name == p.input)
-                .map(|i| i.dtype);
-            match (idx, dtype) {
-                (Some(i), Some(DType::F32)) => pairs.push((i, p.output.clone())),
-                _ => anyhow::bail!(
-                    "state input `{}` must be an f32 input of the model",
-                    p.input
-                ),
-            }
-        }
-        Ok(HotLoop {
-            values,
-            state: pairs,
-        })
-    }
-
-    /// One run, state fed back.
-    #[inline]
-    pub fn step(&mut self, session: &mut Session) -> ort::Result<()> {
-        let inputs: Vec<SessionInputValue<'_>> =
-            self.values.iter().map(|v| v.view().into()).collect();
-        let outputs = session.run(inputs.as_slice())?;
-        drop(inputs);
-        for (idx, out) in &self.state {
-            let Some(src) = outputs.get(out.as_str()) else {
-                return Err(ort::Error::new(format!("state output `{out}` missing")));
-            };
-            let (_, src) = src.try_extract_tensor::<f32>()?;
-            let (_, dst) = self.values[*idx].try_extract_tensor_mut::<f32>()?;
-            if src.len() != dst.len() {
-                return Err(ort::Error::new(format!(
-                    "state output `{out}` has {} values, its input {}",
-                    src.len(),
-                    dst.len()
-                )));
-            }
-            dst.copy_from_slice(src);
-        }
-        Ok(())
     }
 }
 
@@ -315,11 +238,16 @@ pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
                 });
                 return Ok((samples, start.elapsed(), info));
             }
-            let mut hot = HotLoop::new(s, &inputs, &model.manifest.state)
+            let state: Vec<(&str, &str)> = model
+                .manifest
+                .state
+                .iter()
+                .map(|p| (p.input.as_str(), p.output.as_str()))
+                .collect();
+            let mut hot = HotLoop::new(s, &inputs, &state)
                 .map_err(|e| super::infer::BadInput(e.to_string()))?;
-            let raw = s.raw();
             for _ in 0..a.warmup {
-                hot.step(raw)?;
+                hot.step(s)?;
             }
             let bar = indicatif::ProgressBar::new(a.iterations as u64);
             if a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
@@ -330,7 +258,7 @@ pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
             for i in 0..a.iterations {
                 pause(a.interval, a.pause);
                 let t0 = Instant::now();
-                hot.step(raw)?;
+                hot.step(s)?;
                 samples.push(t0.elapsed());
                 if i % 64 == 0 {
                     bar.set_position(i as u64);

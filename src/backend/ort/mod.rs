@@ -17,12 +17,15 @@
 //!
 //! Rooms: `runtime.rs` finds and loads the library; `providers.rs` holds the
 //! session options and registers execution providers on a builder;
-//! `session.rs` is a loaded model's session and its runs.
+//! `session.rs` is a loaded model's session and its runs; `hot_loop.rs`
+//! the benchmark's unbound loop over prepared values.
 
+mod hot_loop;
 mod providers;
 mod runtime;
 mod session;
 
+pub use hot_loop::HotLoop;
 pub use providers::*;
 pub use runtime::*;
 pub use session::*;

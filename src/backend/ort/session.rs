@@ -351,7 +351,7 @@ impl OrtSession {
     }
 
     /// The raw session, for hot loops that prepare their own values.
-    pub fn raw(&mut self) -> &mut Session {
+    pub(super) fn raw(&mut self) -> &mut Session {
         &mut self.session
     }
 }

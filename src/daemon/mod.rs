@@ -268,10 +268,8 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
             outbox.stats().records
         )
     };
-    notify(&[
-        NotifyState::Ready,
-        NotifyState::Status(&status_line(&generation.scheduler)),
-    ]);
+    // Logged before systemd hears READY: whoever waits on READY finds the
+    // bound API address in the log.
     tracing::info!(
         device = %device,
         boot = outbox.boot(),
@@ -280,6 +278,10 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
         api = %api_addr,
         "outpost ready"
     );
+    notify(&[
+        NotifyState::Ready,
+        NotifyState::Status(&status_line(&generation.scheduler)),
+    ]);
 
     let watchdog = sd_notify::watchdog_enabled();
     let ping_every = watchdog.map(|w| w / 3).unwrap_or(Duration::from_secs(10));

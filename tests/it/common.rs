@@ -249,6 +249,16 @@ impl Daemon {
         std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
     }
 
+    /// The API address from the "outpost ready" log line, once it is there.
+    pub fn learn_api(&mut self) -> bool {
+        if self.api.is_empty()
+            && let Some(addr) = ready_api(&self.log())
+        {
+            self.api = addr;
+        }
+        !self.api.is_empty()
+    }
+
     /// Waits for the "outpost ready" log line, learns the API address from
     /// it, then for /readyz.
     pub fn wait_ready(&mut self) {
@@ -257,11 +267,7 @@ impl Daemon {
             if let Ok(Some(st)) = self.child.try_wait() {
                 panic!("daemon exited early ({st}):\n{}", self.log());
             }
-            if self.api.is_empty()
-                && let Some(addr) = ready_api(&self.log())
-            {
-                self.api = addr;
-            }
+            self.learn_api();
             if !self.api.is_empty()
                 && let Ok((200, _)) = http("GET", &self.api, "/readyz", b"")
             {

@@ -391,7 +391,7 @@ fn ready_is_sent_to_systemd_only_after_warm_up_and_the_watchdog_is_fed() {
         ("NOTIFY_SOCKET", sock_path.display().to_string()),
         ("WATCHDOG_USEC", "900000".to_string()),
     ];
-    let d = Daemon::start_full(
+    let mut d = Daemon::start_full(
         r#"
 data_dir = "{DATA}"
 [api]
@@ -416,8 +416,14 @@ source = { type = "http" }
             break;
         }
     }
-    // When READY arrives the model is loaded and warmed and the API answers.
+    // When READY arrives the model is loaded and warmed and the API answers
+    // (the daemon logs the address it bound before it says READY).
     assert!(d.log().contains("model loaded"), "{}", d.log());
+    assert!(
+        d.learn_api(),
+        "no API address logged before READY:\n{}",
+        d.log()
+    );
     assert_eq!(http("GET", &d.api, "/readyz", b"").unwrap().0, 200);
     assert!(
         messages

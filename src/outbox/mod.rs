@@ -650,12 +650,21 @@ impl Shared {
     }
 
     fn stats(&self) -> OutboxStats {
-        let oldest_appended_at = {
-            let guard = self.store.read().unwrap_or_else(|p| p.into_inner());
-            match guard.as_ref().map(|st| st.records.first()) {
+        // Never waits on the store: while a broken database is being reopened
+        // (on a full disk that can take long) /metrics and /v1/status still
+        // answer, without the oldest record's age.
+        let oldest_appended_at = match self.store.try_read() {
+            Ok(guard) => match guard.as_ref().map(|st| st.records.first()) {
                 Some(Ok(Some((_, v)))) => record::appended_at(&v).ok(),
                 _ => None,
+            },
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                match p.into_inner().as_ref().map(|st| st.records.first()) {
+                    Some(Ok(Some((_, v)))) => record::appended_at(&v).ok(),
+                    _ => None,
+                }
             }
+            Err(std::sync::TryLockError::WouldBlock) => None,
         };
         let c = &self.commit;
         let last_ns = c.last_flush_ns.load(Ordering::Relaxed);

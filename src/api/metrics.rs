@@ -26,7 +26,7 @@ const BATCH_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 
 pub struct DaemonCollector {
     /// The current generation's scheduler (replaced on reload).
-    pub scheduler: Arc<std::sync::RwLock<Scheduler>>,
+    pub scheduler: Arc<arc_swap::ArcSwap<Scheduler>>,
     pub outbox: Outbox,
     pub extra: Vec<Arc<dyn MetricSource>>,
 }
@@ -61,11 +61,7 @@ fn histogram(
 
 impl Collector for DaemonCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let sched = self
-            .scheduler
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let sched = self.scheduler.load_full();
         let pipes = sched.pipelines();
         let pl =
             |p: &crate::pipeline::Pipeline| -> Labels { vec![("pipeline", p.name().to_string())] };

@@ -9,8 +9,10 @@ pub mod console;
 pub mod live;
 pub mod metrics;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+
+use arc_swap::ArcSwap;
 
 pub mod serve;
 
@@ -33,7 +35,7 @@ use crate::uplink::UplinkStats;
 pub struct ApiState {
     pub ready: Arc<AtomicBool>,
     /// The current generation's scheduler (replaced on reload).
-    pub scheduler: Arc<RwLock<Scheduler>>,
+    pub scheduler: Arc<ArcSwap<Scheduler>>,
     pub outbox: Outbox,
     pub device: String,
     pub boot: u64,
@@ -53,11 +55,8 @@ pub struct ApiState {
 }
 
 impl ApiState {
-    pub fn scheduler(&self) -> Scheduler {
-        self.scheduler
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    pub fn scheduler(&self) -> Arc<Scheduler> {
+        self.scheduler.load_full()
     }
 }
 

@@ -26,8 +26,10 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+
+use arc_swap::ArcSwap;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -164,7 +166,7 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
         }
         None => None,
     };
-    let current = Arc::new(RwLock::new(generation.scheduler.clone()));
+    let current = Arc::new(ArcSwap::from_pointee(generation.scheduler.clone()));
     let ready = Arc::new(AtomicBool::new(false));
     let (restart_tx, mut restart_rx) = tokio::sync::mpsc::channel::<()>(1);
     let ota = match &cfg.ota {
@@ -205,7 +207,7 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
             crate::ota::slots::running_slot().unwrap_or_else(|| "package".into()),
         ),
     };
-    let ingress = Arc::new(RwLock::new(generation.ingress.clone()));
+    let ingress = Arc::new(ArcSwap::from_pointee(generation.ingress.clone()));
     let conn_stats = Arc::new(api::serve::ConnStats::default());
     extra.push(conn_stats.clone());
     let registry = Arc::new(api_metrics::registry(DaemonCollector {
@@ -359,8 +361,8 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
                 Err(format!("{e:#}"))
             }
         };
-        *current.write().unwrap_or_else(|p| p.into_inner()) = generation.scheduler.clone();
-        *ingress.write().unwrap_or_else(|p| p.into_inner()) = generation.ingress.clone();
+        current.store(Arc::new(generation.scheduler.clone()));
+        ingress.store(Arc::new(generation.ingress.clone()));
         notify(&[
             NotifyState::Ready,
             NotifyState::Status(&status_line(&generation.scheduler)),

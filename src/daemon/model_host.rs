@@ -3,8 +3,10 @@
 //! restart into a new daemon slot, and OTA events stored as records.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+
+use arc_swap::ArcSwap;
 
 use crate::backend::ort::{Runtime, SessionOptions};
 use crate::model::registry::LoadedModel;
@@ -13,7 +15,7 @@ use crate::pipeline::{IdGen, Scheduler};
 
 /// The daemon as the OTA agent sees it.
 pub struct DaemonModelHost {
-    pub scheduler: Arc<RwLock<Scheduler>>,
+    pub scheduler: Arc<ArcSwap<Scheduler>>,
     pub runtime: Arc<Runtime>,
     pub session: SessionOptions,
     pub model_dir: PathBuf,
@@ -25,11 +27,8 @@ pub struct DaemonModelHost {
 }
 
 impl DaemonModelHost {
-    fn scheduler(&self) -> Scheduler {
-        self.scheduler
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    fn scheduler(&self) -> Arc<Scheduler> {
+        self.scheduler.load_full()
     }
 }
 

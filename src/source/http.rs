@@ -27,7 +27,7 @@ impl Source for HttpSource {
 #[derive(Clone)]
 pub struct HttpIngress {
     /// Replaced on reload.
-    pub pipelines: Arc<std::sync::RwLock<HashMap<String, SourceCtx>>>,
+    pub pipelines: Arc<arc_swap::ArcSwap<HashMap<String, SourceCtx>>>,
     /// Larger bodies are answered 413 (`api.max_body_bytes`).
     pub max_body_bytes: usize,
     /// The whole body must arrive within this (`api.body_read_timeout`).
@@ -135,12 +135,7 @@ async fn infer_inner(
     q: HashMap<String, String>,
     body: axum::body::Body,
 ) -> Result<Vec<ResultRecord>, InferError> {
-    let ctx = ingress
-        .pipelines
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&name)
-        .cloned();
+    let ctx = ingress.pipelines.load().get(&name).cloned();
     let Some(ctx) = ctx else {
         return Err(InferError::UnknownPipeline(name));
     };

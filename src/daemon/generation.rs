@@ -253,13 +253,20 @@ impl Core {
         let worker_handles = scheduler
             .start_workers(&sched, &self.realtime)
             .context("starting inference workers")?;
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let (outputs_stop, outputs_rx) = tokio::sync::watch::channel(false);
-        let mut ingress = HashMap::new();
-        let mut tasks = Vec::new();
-        let mut outputs = Vec::new();
+        // Filled as parts start; on a failure, whatever started is stopped.
+        let mut g = Generation {
+            scheduler,
+            workers: worker_handles,
+            tasks: Vec::new(),
+            stop,
+            outputs: Vec::new(),
+            outputs_stop,
+            ingress: HashMap::new(),
+        };
         // Outputs before sources: a record of the first frame finds them open.
-        for p in scheduler.pipelines() {
+        for p in g.scheduler.pipelines() {
             let ctx = OutputCtx {
                 device: self.device.clone(),
                 pipeline: p.name().to_string(),
@@ -267,64 +274,39 @@ impl Core {
                 shutdown: outputs_rx.clone(),
             };
             match p.outputs().start(&ctx) {
-                Ok(t) => outputs.extend(t),
+                Ok(t) => g.outputs.extend(t),
                 Err(e) => {
-                    let g = Generation {
-                        scheduler,
-                        workers: worker_handles,
-                        tasks,
-                        stop: stop_tx,
-                        outputs,
-                        outputs_stop,
-                        ingress,
-                    };
                     g.stop().await;
                     return Err(e.into());
                 }
             }
         }
         for (i, src) in sources.iter().enumerate() {
+            let pipeline = &g.scheduler.pipelines()[i];
             let ctx = SourceCtx {
-                pipeline: scheduler.pipelines()[i].name().to_string(),
-                sink: scheduler.input(i),
+                pipeline: pipeline.name().to_string(),
+                sink: g.scheduler.input(i),
                 shutdown: stop_rx.clone(),
                 mqtt: mqtt.clone(),
                 outbox: Some(self.outbox.clone()),
                 ids: Some(self.ids.clone()),
-                camera: scheduler.pipelines()[i].stats.camera.clone(),
+                camera: pipeline.stats.camera.clone(),
                 data_dir: data_dir.clone(),
             };
             if matches!(src, SourceConfig::Http {}) {
-                ingress.insert(ctx.pipeline.clone(), ctx.clone());
+                g.ingress.insert(ctx.pipeline.clone(), ctx.clone());
             }
             ctx.set_state("started");
             match src.build().spawn(ctx) {
-                Ok(t) => tasks.push(t),
+                Ok(t) => g.tasks.push(t),
                 Err(e) => {
                     // A source that cannot start (address in use) fails the generation.
-                    let g = Generation {
-                        scheduler,
-                        workers: worker_handles,
-                        tasks,
-                        stop: stop_tx,
-                        outputs,
-                        outputs_stop,
-                        ingress,
-                    };
                     g.stop().await;
                     return Err(e.into());
                 }
             }
         }
-        Ok(Generation {
-            scheduler,
-            workers: worker_handles,
-            tasks,
-            stop: stop_tx,
-            outputs,
-            outputs_stop,
-            ingress,
-        })
+        Ok(g)
     }
 }
 

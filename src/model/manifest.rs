@@ -35,6 +35,21 @@ pub struct Manifest {
     pub preprocess: Option<Preprocess>,
     #[serde(default)]
     pub postprocess: Option<Postprocess>,
+    /// How the model runs as a later stage of a pipeline (`[stage]`).
+    #[serde(default)]
+    pub stage: StageDefaults,
+}
+
+/// `[stage]` in a manifest: defaults for a pipeline stage that runs this
+/// model, each overridable in the stage's config.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageDefaults {
+    /// Each side of a box grows by this fraction of its height before the
+    /// crop (a text line needs some margin: without it a recogniser reads
+    /// the word gaps poorly).
+    #[serde(default)]
+    pub padding: Option<f32>,
 }
 
 /// A declared input or output.

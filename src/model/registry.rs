@@ -154,6 +154,7 @@ fn manifest_for_bare_file(path: &Path, io: &ModelIo, sha256: String) -> Manifest
         state: Vec::new(),
         preprocess: None,
         postprocess: None,
+        stage: Default::default(),
     }
 }
 

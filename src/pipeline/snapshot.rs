@@ -17,6 +17,12 @@ use crate::preprocess::crop::{Rgb, decode_frame};
 pub const BOX_COLOUR: [u8; 3] = [0, 255, 0];
 /// Landmarks: red 5x5 squares.
 pub const MARK_COLOUR: [u8; 3] = [255, 0, 0];
+/// Labels: white 8x8 glyphs (scaled with the frame) on a black strip just
+/// above the box (inside its top edge when the frame has no room above).
+pub const LABEL_COLOUR: [u8; 3] = [255, 255, 255];
+pub const LABEL_BACKGROUND: [u8; 3] = [0, 0, 0];
+/// Characters of a label at most (longer text ends in `~`).
+const LABEL_CHARS: usize = 48;
 
 /// The latest frame and record outputs of one pipeline.
 pub struct Latest {
@@ -80,6 +86,9 @@ pub fn draw(img: &mut Rgb, outputs: &Value) {
     for b in boxes {
         if let Some(r) = b.get("box").and_then(four) {
             rect(img, r);
+            if let Some(text) = label(b) {
+                draw_label(img, r, &text);
+            }
         }
         for p in b
             .get("landmarks")
@@ -96,6 +105,71 @@ pub fn draw(img: &mut Rgb, outputs: &Value) {
                 fill(img, x - 2, y - 2, x + 3, y + 3, MARK_COLOUR);
             }
         }
+    }
+}
+
+/// What a box says: its text (OCR), else its class label, else its score.
+fn label(b: &Value) -> Option<String> {
+    let score = b.get("score").and_then(Value::as_f64);
+    if let Some(t) = b.get("text").and_then(Value::as_str) {
+        return Some(t.to_string());
+    }
+    let class = b.get("label").and_then(|v| match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    });
+    match (class, score) {
+        (Some(c), Some(s)) => Some(format!("{c} {s:.2}")),
+        (Some(c), None) => Some(c),
+        (None, Some(s)) => Some(format!("{s:.2}")),
+        (None, None) => None,
+    }
+}
+
+/// Glyph pixel size: 1 up to 480 px frames, 2 up to 960, and so on.
+fn label_scale(img: &Rgb) -> i64 {
+    (img.width.max(img.height) as i64 / 480).clamp(1, 4)
+}
+
+/// Writes `text` on a strip above the box `r` (characters outside ASCII and
+/// Latin-1 print as `?`).
+fn draw_label(img: &mut Rgb, r: [f64; 4], text: &str) {
+    let s = label_scale(img);
+    let mut chars: Vec<char> = text.chars().take(LABEL_CHARS + 1).collect();
+    if chars.len() > LABEL_CHARS {
+        chars.truncate(LABEL_CHARS - 1);
+        chars.push('~');
+    }
+    let [x0, y0, _, _] = r.map(|v| v.round() as i64);
+    let (pad, glyph) = (s, 8 * s);
+    let h = glyph + 2 * pad;
+    let w = chars.len() as i64 * glyph + 2 * pad;
+    let top = if y0 - 2 - h >= 0 { y0 - 2 - h } else { y0 + 2 };
+    let left = (x0 - 1).clamp(0, (img.width as i64 - w).max(0));
+    fill(img, left, top, left + w, top + h, LABEL_BACKGROUND);
+    for (i, c) in chars.iter().enumerate() {
+        let rows = glyph_rows(*c);
+        let gx = left + pad + i as i64 * glyph;
+        for (row, bits) in rows.iter().enumerate() {
+            for col in 0..8 {
+                // Bit 0 is the leftmost pixel of a row.
+                if bits >> col & 1 == 1 {
+                    let (px, py) = (gx + col * s, top + pad + row as i64 * s);
+                    fill(img, px, py, px + s, py + s, LABEL_COLOUR);
+                }
+            }
+        }
+    }
+}
+
+fn glyph_rows(c: char) -> [u8; 8] {
+    use font8x8::legacy::{BASIC_LEGACY, LATIN_LEGACY};
+    let code = c as usize;
+    match code {
+        0x20..0x7f => BASIC_LEGACY[code],
+        0xa0..=0xff => LATIN_LEGACY[code - 0xa0],
+        _ => BASIC_LEGACY[b'?' as usize],
     }
 }
 
@@ -214,6 +288,51 @@ mod tests {
         assert_eq!(at(30, 15), BOX_COLOUR);
         assert_eq!(at(20, 15), MARK_COLOUR);
         assert_eq!(at(15, 15), &[128, 128, 128]);
+    }
+
+    #[test]
+    fn labels_say_text_or_score_above_the_box() {
+        assert_eq!(
+            label(&serde_json::json!({"text": "pump 3", "score": 0.9})).as_deref(),
+            Some("pump 3")
+        );
+        assert_eq!(
+            label(&serde_json::json!({"score": 0.98765})).as_deref(),
+            Some("0.99")
+        );
+        assert_eq!(
+            label(&serde_json::json!({"label": "cat", "score": 0.5})).as_deref(),
+            Some("cat 0.50")
+        );
+        assert_eq!(label(&serde_json::json!({"box": [0, 0, 1, 1]})), None);
+
+        let mut img = grey(100, 60);
+        draw(
+            &mut img,
+            &serde_json::json!({"boxes": [{"box": [10.0, 30.0, 60.0, 50.0], "text": "I"}]}),
+        );
+        let at = |x: i64, y: i64| {
+            let i = ((y * 100 + x) * 3) as usize;
+            [img.pixels[i], img.pixels[i + 1], img.pixels[i + 2]]
+        };
+        // Strip: rows 18..28 (10 px = 8 + 2 x 1 padding), from x = 9.
+        assert_eq!(at(9, 18), LABEL_BACKGROUND);
+        assert_eq!(at(9 + 9, 27), LABEL_BACKGROUND);
+        assert_eq!(at(9, 17), [128, 128, 128]);
+        // The glyph `I`: its stem is lit in the middle rows.
+        let lit = (19..27)
+            .flat_map(|y| (10..18).map(move |x| (x, y)))
+            .filter(|(x, y)| at(*x, *y) == LABEL_COLOUR)
+            .count();
+        assert!(lit >= 8, "{lit} lit pixels");
+        // No room above: the label goes inside the box's top edge.
+        let mut img = grey(100, 60);
+        draw(
+            &mut img,
+            &serde_json::json!({"boxes": [{"box": [10.0, 4.0, 60.0, 50.0], "score": 0.5}]}),
+        );
+        let i = ((7 * 100 + 10) * 3) as usize;
+        assert_eq!(&img.pixels[i..i + 3], LABEL_BACKGROUND);
     }
 
     #[test]

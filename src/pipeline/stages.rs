@@ -64,9 +64,9 @@ pub struct StageConfig {
     #[serde(default)]
     pub postprocess: Option<PostprocessConfig>,
     /// Each side of a box grows by this fraction of the box's height before
-    /// cropping.
+    /// cropping; default: the model manifest's `[stage] padding`, else 0.
     #[serde(default)]
-    pub padding: f32,
+    pub padding: Option<f32>,
     /// Boxes per frame this stage runs on, at most (highest scores first);
     /// the others are left out of the record and counted.
     #[serde(default = "default_max_boxes")]
@@ -85,8 +85,10 @@ impl StageConfig {
         if self.model.is_empty() {
             p.push(format!("{at}.model: empty"));
         }
-        if !self.padding.is_finite() || !(0.0..=2.0).contains(&self.padding) {
-            p.push(format!("{at}.padding: {} must be in 0..=2", self.padding));
+        if let Some(pad) = self.padding
+            && (!pad.is_finite() || !(0.0..=2.0).contains(&pad))
+        {
+            p.push(format!("{at}.padding: {pad} must be in 0..=2"));
         }
         if self.max_boxes == 0 || self.max_boxes > 100_000 {
             p.push(format!(
@@ -162,6 +164,8 @@ pub struct StageStats {
 
 struct Stage {
     cfg: StageConfig,
+    /// The crop's margin (the config's, else the manifest's), in box heights.
+    padding: f32,
     model: Arc<LoadedModel>,
     input: String,
     norm: Normalizer,
@@ -388,7 +392,11 @@ impl Stage {
             .clone()
             .or_else(|| m.postprocess.clone())
             .unwrap_or_default();
+        let padding = sc.padding.or(m.stage.padding).unwrap_or(0.0);
         let mut problems = pre.validate();
+        if !padding.is_finite() || !(0.0..=2.0).contains(&padding) {
+            problems.push(format!("padding {padding} must be in 0..=2"));
+        }
         problems.extend(post_cfg.validate());
         let PreprocessConfig::Image {
             width,
@@ -446,6 +454,7 @@ impl Stage {
         let post = post_cfg.build(&base).map_err(|e| e.to_string())?;
         Ok(Stage {
             cfg: sc.clone(),
+            padding,
             input: input.name.clone(),
             norm: Normalizer::new(*mean, *std, *scale, *channel_order, *layout),
             width: *width,
@@ -471,7 +480,7 @@ impl Stage {
         let (x0, y0, x1, y1) = if let Some(c) = four("crop") {
             (c[0], c[1], c[2], c[3])
         } else if let Some(r) = four("box") {
-            let pad = self.cfg.padding as f64 * (r[3] - r[1]);
+            let pad = self.padding as f64 * (r[3] - r[1]);
             (
                 (r[0] - pad).floor(),
                 (r[1] - pad).floor(),
@@ -672,14 +681,14 @@ padding = 0.1
         let s = &c.stages[0];
         assert_eq!(
             (s.max_boxes, s.max_batch, s.rotate, s.padding),
-            (256, 8, true, 0.0)
+            (256, 8, true, None)
         );
         assert_eq!(c.thumbnails, Some(ThumbnailConfig { max_bytes: 20000 }));
         assert!(c.validate("p").is_empty(), "{:?}", c.validate("p"));
         let bad = PipelineConfig {
             stages: vec![StageConfig {
                 model: String::new(),
-                padding: -1.0,
+                padding: Some(-1.0),
                 max_boxes: 0,
                 max_batch: 0,
                 ..c.stages[0].clone()

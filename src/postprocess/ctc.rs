@@ -56,6 +56,11 @@ impl CtcTextPostprocessor {
             }
             prev = best;
         }
+        // A margin around the line may read as a space at either end.
+        let trimmed = text.trim();
+        if trimmed.len() != text.len() {
+            text = trimmed.to_string();
+        }
         let score = if kept == 0 {
             0.0
         } else {
@@ -117,8 +122,8 @@ mod tests {
 
     #[test]
     fn collapses_repeats_and_blanks() {
-        // a a _ a b b _ space b -> "aab b"
-        let o = steps(&[1, 1, 0, 1, 2, 2, 0, 3, 2], 0.9);
+        // space a a _ a b b _ space b space -> "aab b"
+        let o = steps(&[3, 1, 1, 0, 1, 2, 2, 0, 3, 2, 3], 0.9);
         let r = post()
             .process("s", &ItemMeta::default(), &o)
             .unwrap()

@@ -274,6 +274,18 @@ fn snapshot_draws_the_boxes_of_the_latest_record() {
         );
     }
     assert!(!green(cx, cy) && !green(b[0] - 8.0, cy) && !green(cx, b[3] + 8.0));
+    // The box's label (its score) in white on a black strip just above it.
+    let strip: Vec<[u8; 3]> = ((b[1] as u32 - 11)..(b[1] as u32 - 3))
+        .flat_map(|y| (b[0] as u32..b[0] as u32 + 32).map(move |x| (x, y)))
+        .map(|(x, y)| img.get_pixel(x, y).0)
+        .collect();
+    let white = strip.iter().filter(|p| p.iter().all(|c| *c > 190)).count();
+    let black = strip.iter().filter(|p| p.iter().all(|c| *c < 60)).count();
+    assert!(
+        white >= 12 && black >= 40,
+        "label strip above the box: {white} white, {black} black of {}",
+        strip.len()
+    );
     // The original photograph has no such green there.
     let orig = image::load_from_memory(&photo).unwrap().into_rgb8();
     let p = orig.get_pixel(cx as u32, b[1].round() as u32).0;

@@ -11,6 +11,8 @@ use sha2::{Digest, Sha256};
 
 use crate::common::*;
 
+mod s3;
+
 /// Static files over HTTP/1.1 on loopback; what it serves can change.
 struct Files {
     addr: String,
@@ -1174,7 +1176,7 @@ fn plan_file(
     tag: &str,
     bundle: &Path,
     key: &Path,
-    out: &Path,
+    out: Option<&Path>,
     broker: u16,
     rollback: Option<&Path>,
     waves: &str,
@@ -1188,12 +1190,15 @@ fn plan_file(
             )
         })
         .unwrap_or_default();
+    // No out_dir: `waves` ends with the `[s3]` table.
+    let out = out
+        .map(|o| format!("out_dir = \"{}\"\n", o.display()))
+        .unwrap_or_default();
     let text = format!(
-        "bundle = \"{}\"\nurl = \"{}\"\nkey = \"{}\"\nsalt = \"{tag}\"\nout_dir = \"{}\"\nbroker = \"127.0.0.1:{broker}\"\nstate = \"{}\"\n{rb}[abort]\nmin_finished = 1\nmax_failure_percent = 0\n{waves}",
+        "bundle = \"{}\"\nurl = \"{}\"\nkey = \"{}\"\nsalt = \"{tag}\"\n{out}broker = \"127.0.0.1:{broker}\"\nstate = \"{}\"\n{rb}[abort]\nmin_finished = 1\nmax_failure_percent = 0\n{waves}",
         bundle.display(),
         bundle.file_name().unwrap().to_str().unwrap(),
         key.display(),
-        out.display(),
         w.join(format!("{tag}.state.json")).display(),
     );
     let p = w.join(format!("{tag}.toml"));
@@ -1295,7 +1300,7 @@ fn fleet_rollout_completes_in_waves_then_a_failing_bundle_stops_itself() {
         s1,
         &good,
         &key,
-        &out,
+        Some(&out),
         broker.port,
         None,
         "[[waves]]\npercent = 50\nmin_devices = 1\nsoak = \"1s\"\n[[waves]]\npercent = 100\nmin_devices = 3\nsoak = \"1s\"\n",
@@ -1354,7 +1359,7 @@ fn fleet_rollout_completes_in_waves_then_a_failing_bundle_stops_itself() {
         s2,
         &bad,
         &key,
-        &out,
+        Some(&out),
         broker.port,
         Some(&rb),
         "[[waves]]\npercent = 34\nmin_devices = 1\nsoak = \"1s\"\n[[waves]]\npercent = 100\nmin_devices = 3\nsoak = \"1s\"\n",

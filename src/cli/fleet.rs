@@ -14,7 +14,7 @@ pub enum FleetCommand {
     /// model versions and last OTA step from what they publish while listening.
     Status(StatusArgs),
     /// Run a staged rollout from a plan: writes each wave's signed manifest
-    /// document, follows the devices' OTA events on the fleet broker, stops
+    /// document (to a directory or an S3-compatible bucket), follows the devices' OTA events on the fleet broker, stops
     /// and publishes the signed rollback when too many fail; resumes from
     /// its state file.
     Rollout {

@@ -14,7 +14,7 @@ pub enum FleetCommand {
     /// model versions and last OTA step from what they publish while listening.
     Status(StatusArgs),
     /// Run a staged rollout from a plan: writes each wave's signed manifest
-    /// document, follows the devices' OTA events on the fleet broker, stops
+    /// document (to a directory or an S3-compatible bucket), follows the devices' OTA events on the fleet broker, stops
     /// and publishes the signed rollback when too many fail; resumes from
     /// its state file.
     Rollout {
@@ -113,14 +113,93 @@ fn save_state(path: &std::path::Path, s: &crate::fleet::rollout::State) -> anyho
     crate::fsio::write_atomic(path, &bytes).with_context(|| path.display().to_string())
 }
 
-/// Writes a signed document as `name` and as `manifest.json` (what devices poll).
-fn publish_document(out_dir: &std::path::Path, name: &str, doc: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(out_dir).with_context(|| out_dir.display().to_string())?;
-    for n in [name, "manifest.json"] {
-        let p = out_dir.join(n);
-        crate::fsio::write_atomic(&p, doc.as_bytes()).with_context(|| p.display().to_string())?;
+/// Where a rollout's documents go: a directory or an S3-compatible bucket.
+enum Documents {
+    Dir(std::path::PathBuf),
+    Bucket(Box<crate::fleet::s3::Bucket>),
+}
+
+impl Documents {
+    /// Checked before anything is written or subscribed to: a directory is
+    /// made; a bucket is asked for `manifest.json` with the credentials (a
+    /// refusal, a missing bucket or an unreachable endpoint ends the run
+    /// here, with nothing written).
+    async fn open(plan: &crate::fleet::rollout::Plan) -> anyhow::Result<Documents> {
+        match (&plan.out_dir, &plan.s3) {
+            (Some(dir), None) => {
+                std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+                Ok(Documents::Dir(dir.clone()))
+            }
+            (None, Some(t)) => {
+                let b = crate::fleet::s3::Bucket::from_env(t)?;
+                b.get("manifest.json")
+                    .await
+                    .context("the bucket for the rollout's documents")?;
+                Ok(Documents::Bucket(Box::new(b)))
+            }
+            // validate() says exactly one.
+            _ => bail!("give `out_dir` or `[s3]`"),
+        }
     }
-    Ok(())
+
+    /// Writes a signed document as `name`, then as `manifest.json` (what
+    /// devices poll): each a whole, last writer wins.
+    async fn publish(&self, name: &str, doc: &str) -> anyhow::Result<()> {
+        for n in [name, "manifest.json"] {
+            match self {
+                Documents::Dir(dir) => {
+                    std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+                    let p = dir.join(n);
+                    crate::fsio::write_atomic(&p, doc.as_bytes())
+                        .with_context(|| p.display().to_string())?;
+                }
+                Documents::Bucket(b) => b.put(n, doc.as_bytes().to_vec()).await?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Retries of a failed document write: the rollout goes on following the
+/// devices meanwhile, and its state moves only once the write is done.
+struct WriteRetry {
+    backoff: crate::backoff::Backoff,
+    /// No new try before this.
+    next: Option<tokio::time::Instant>,
+}
+
+impl WriteRetry {
+    fn new() -> WriteRetry {
+        WriteRetry {
+            backoff: crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
+            next: None,
+        }
+    }
+
+    fn due(&self) -> bool {
+        self.next.is_none_or(|t| tokio::time::Instant::now() >= t)
+    }
+
+    /// Takes a write's outcome; true when it was written.
+    fn outcome(&mut self, what: &str, r: anyhow::Result<()>) -> bool {
+        match r {
+            Ok(()) => {
+                self.backoff.reset();
+                self.next = None;
+                true
+            }
+            Err(e) => {
+                let delay = self.backoff.next_delay();
+                self.next = Some(tokio::time::Instant::now() + delay);
+                eprintln!(
+                    "{what}: not written (attempt {}): {e:#}; retrying in {:.1} s",
+                    self.backoff.attempts(),
+                    delay.as_secs_f64()
+                );
+                false
+            }
+        }
+    }
 }
 
 fn rollout(plan_path: &std::path::Path) -> anyhow::Result<()> {
@@ -162,6 +241,8 @@ fn rollout(plan_path: &std::path::Path) -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async {
         use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+        let docs = Documents::open(&plan).await?;
+        let mut retry = WriteRetry::new();
         let mut o = MqttOptions::new(format!("outpost-rollout-{digest}"), host, port);
         o.set_clean_session(false)
             .set_keep_alive(Duration::from_secs(10))
@@ -197,30 +278,35 @@ fn rollout(plan_path: &std::path::Path) -> anyhow::Result<()> {
             };
             match decision {
                 Decision::WriteWave(i) => {
-                    let w = &plan.waves[i];
-                    let mut e = entry.clone();
-                    e.rollout = w.percent.map(|percent| crate::ota::rollout::Rollout {
-                        percent,
-                        salt: plan.salt.clone(),
-                    });
-                    e.groups = w.groups.clone();
-                    let doc = super::ota::sign_document(&key, vec![e])?;
-                    publish_document(&plan.out_dir, &format!("wave-{}.json", i + 1), &doc)?;
-                    state.wave_written_ms = Some(now);
-                    save_state(&plan.state, &state)?;
-                    eprintln!(
-                        "wave {}: {name}@{version} to {}{} (min devices {}, soak {:?})",
-                        i + 1,
-                        w.percent.map_or("everyone".to_string(), |p| format!("{p} %")),
-                        if w.groups.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" of groups {}", w.groups.join(","))
-                        },
-                        w.min_devices,
-                        w.soak
-                    );
-                    continue;
+                    if retry.due() {
+                        let w = &plan.waves[i];
+                        let mut e = entry.clone();
+                        e.rollout = w.percent.map(|percent| crate::ota::rollout::Rollout {
+                            percent,
+                            salt: plan.salt.clone(),
+                        });
+                        e.groups = w.groups.clone();
+                        let doc = super::ota::sign_document(&key, vec![e])?;
+                        let r = docs.publish(&format!("wave-{}.json", i + 1), &doc).await;
+                        if retry.outcome(&format!("wave {}", i + 1), r) {
+                            // Soaking counts from the moment it is written.
+                            state.wave_written_ms = Some(unix_ms());
+                            save_state(&plan.state, &state)?;
+                            eprintln!(
+                                "wave {}: {name}@{version} to {}{} (min devices {}, soak {:?})",
+                                i + 1,
+                                w.percent.map_or("everyone".to_string(), |p| format!("{p} %")),
+                                if w.groups.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!(" of groups {}", w.groups.join(","))
+                                },
+                                w.min_devices,
+                                w.soak
+                            );
+                            continue;
+                        }
+                    }
                 }
                 Decision::NextWave => {
                     state.wave += 1;
@@ -239,16 +325,36 @@ fn rollout(plan_path: &std::path::Path) -> anyhow::Result<()> {
                     return Ok(());
                 }
                 Decision::Abort(reason) => {
-                    if let Some(rb) = &plan.rollback {
-                        let e = super::ota::entry(&rb.bundle, &rb.url, true)?;
-                        let doc = super::ota::sign_document(&key, vec![e])?;
-                        publish_document(&plan.out_dir, "rollback.json", &doc)?;
-                        eprintln!("published the signed rollback");
+                    if state.aborting.is_none() {
+                        // Decided: a restart before the rollback is written
+                        // writes it, whatever comes in meanwhile.
+                        state.aborting = Some(reason.clone());
+                        save_state(&plan.state, &state)?;
                     }
-                    state.finished = Some(format!("aborted: {reason}"));
-                    save_state(&plan.state, &state)?;
-                    let _ = client.disconnect().await;
-                    bail!("rollout of {name}@{version} aborted in wave {}: {reason}", state.wave + 1);
+                    let written = match &plan.rollback {
+                        None => true,
+                        Some(rb) if retry.due() => {
+                            let e = super::ota::entry(&rb.bundle, &rb.url, true)?;
+                            let doc = super::ota::sign_document(&key, vec![e])?;
+                            let r = docs.publish("rollback.json", &doc).await;
+                            let ok = retry.outcome("the rollback", r);
+                            if ok {
+                                eprintln!("published the signed rollback");
+                            }
+                            ok
+                        }
+                        Some(_) => false,
+                    };
+                    if written {
+                        state.aborting = None;
+                        state.finished = Some(format!("aborted: {reason}"));
+                        save_state(&plan.state, &state)?;
+                        let _ = client.disconnect().await;
+                        bail!(
+                            "rollout of {name}@{version} aborted in wave {}: {reason}",
+                            state.wave + 1
+                        );
+                    }
                 }
                 Decision::Wait => {}
             }

@@ -28,6 +28,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::s3::S3Target;
+
 /// The plan file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,9 +42,15 @@ pub struct Plan {
     pub key: PathBuf,
     /// Names the rollout: devices' buckets depend on it (keep it for every wave).
     pub salt: String,
-    /// Where each wave's signed document goes: `manifest.json` (what the
-    /// devices poll) and `wave-N.json` / `rollback.json` beside it.
-    pub out_dir: PathBuf,
+    /// Where each wave's signed document goes, a directory: `manifest.json`
+    /// (what the devices poll) and `wave-N.json` / `rollback.json` beside
+    /// it. Either this or `[s3]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_dir: Option<PathBuf>,
+    /// ...or an S3-compatible bucket, the same documents as objects under
+    /// its prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Target>,
     /// The fleet broker, HOST:PORT, where the devices' OTA events arrive.
     pub broker: String,
     /// First topic level of the devices' topics.
@@ -110,6 +118,18 @@ impl Plan {
         }
         if self.salt.is_empty() {
             p.push("salt: empty".into());
+        }
+        match (&self.out_dir, &self.s3) {
+            (None, None) => p.push(
+                "where the documents go: give `out_dir` (a directory) or an `[s3]` table (a bucket)"
+                    .into(),
+            ),
+            (Some(_), Some(_)) => p.push(
+                "`out_dir` and `[s3]` both given: the documents go to one place, keep one".into(),
+            ),
+            (Some(d), None) if d.as_os_str().is_empty() => p.push("out_dir: empty".into()),
+            (_, Some(s3)) => p.extend(s3.validate()),
+            _ => {}
         }
         let mut last = 0u8;
         for (i, w) in self.waves.iter().enumerate() {
@@ -185,6 +205,10 @@ pub struct State {
     pub devices: BTreeMap<String, DeviceState>,
     /// `done` or `aborted: why`, once over.
     pub finished: Option<String>,
+    /// An abort decided whose rollback document is not written yet: it
+    /// stays decided (a restart writes the rollback), whatever comes after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aborting: Option<String>,
 }
 
 /// What to do now.
@@ -263,6 +287,9 @@ pub fn time_out(plan: &Plan, s: &mut State, now_ms: u64) {
 pub fn decide(plan: &Plan, s: &State, now_ms: u64) -> Decision {
     if s.finished.is_some() {
         return Decision::Done;
+    }
+    if let Some(reason) = &s.aborting {
+        return Decision::Abort(reason.clone());
     }
     let (finished, failed, in_progress) = counts(s);
     if finished >= plan.abort.min_finished.max(1) {
@@ -394,5 +421,78 @@ device_timeout = "1m"
         p.broker = "nope".into();
         assert_eq!(p.validate().len(), 3, "{:?}", p.validate());
         assert!(toml::from_str::<Plan>("nope = 1").is_err());
+    }
+
+    #[test]
+    fn documents_go_to_a_directory_or_a_bucket_not_both() {
+        let p: Plan = toml::from_str(
+            r#"
+bundle = "b.tar"
+url = "b.tar"
+key = "k"
+salt = "s"
+broker = "127.0.0.1:1883"
+state = "st.json"
+[s3]
+endpoint = "http://127.0.0.1:9000"
+bucket = "fleet"
+prefix = "outpost/"
+[abort]
+min_finished = 1
+max_failure_percent = 0
+[[waves]]
+percent = 100
+"#,
+        )
+        .unwrap();
+        assert!(p.validate().is_empty(), "{:?}", p.validate());
+        let t = p.s3.as_ref().unwrap();
+        assert_eq!(t.region, "us-east-1");
+        assert_eq!(t.key("manifest.json"), "outpost/manifest.json");
+        assert_eq!(p.out_dir, None);
+        let mut both = p.clone();
+        both.out_dir = Some("out".into());
+        assert!(
+            both.validate()[0].contains("both given"),
+            "{:?}",
+            both.validate()
+        );
+        let mut neither = p.clone();
+        neither.s3 = None;
+        assert!(
+            neither.validate()[0].contains("give `out_dir`"),
+            "{:?}",
+            neither.validate()
+        );
+        let mut bad = p;
+        bad.s3.as_mut().unwrap().endpoint = "nope".into();
+        assert!(
+            bad.validate()[0].starts_with("s3.endpoint"),
+            "{:?}",
+            bad.validate()
+        );
+    }
+
+    #[test]
+    fn an_abort_stays_decided_until_its_rollback_is_written() {
+        let p = plan();
+        let mut s = State {
+            wave_written_ms: Some(0),
+            aborting: Some("2 of 2 finished devices failed".into()),
+            ..State::default()
+        };
+        // Later successes bring the share under the limit; the abort holds.
+        for d in ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"] {
+            observe(&mut s, d, "installed", 1000);
+        }
+        assert!(matches!(decide(&p, &s, 2000), Decision::Abort(r) if r.starts_with("2 of 2")));
+        let back: State = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+        // A state file from before the field reads as no abort.
+        let old: State = serde_json::from_str(
+            r#"{"wave":0,"wave_written_ms":null,"devices":{},"finished":null}"#,
+        )
+        .unwrap();
+        assert_eq!(old.aborting, None);
     }
 }

@@ -24,7 +24,7 @@ mod mqtt;
 mod pace;
 pub mod sparkplug;
 mod stats;
-mod tls;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -158,6 +158,19 @@ async fn run(ctx: Ctx, mut shutdown: watch::Receiver<bool>) {
 }
 
 impl Ctx {
+    /// The topics subscribed to at CONNECT (one SUBSCRIBE): update
+    /// commands, Sparkplug node commands.
+    fn subscriptions(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if let Some((topic, _)) = &self.commands {
+            v.push(topic.clone());
+        }
+        if let Some(t) = &self.sparkplug {
+            v.push(t.node("NCMD"));
+        }
+        v
+    }
+
     fn port(&self) -> u16 {
         self.cfg
             .port
@@ -213,9 +226,10 @@ async fn connection(
     shutdown: &mut watch::Receiver<bool>,
     bd_seq: u64,
 ) -> End {
-    // Room for every message in flight plus the two status messages, so
-    // `try_publish` never finds the channel full.
-    let (client, mut el) = AsyncClient::new(ctx.options(bd_seq), ctx.cfg.max_inflight as usize + 4);
+    // Room for every message in flight plus what goes out at CONNECT and
+    // at a stop outside the window (status, NBIRTH, two subscriptions;
+    // offline, NDEATH), so `try_publish` never finds the channel full.
+    let (client, mut el) = AsyncClient::new(ctx.options(bd_seq), ctx.cfg.max_inflight as usize + 6);
     let mut net = NetworkOptions::new();
     net.set_tcp_nodelay(true);
     net.set_connection_timeout(ctx.cfg.connect_timeout.as_secs().max(1));
@@ -277,6 +291,9 @@ struct Conn {
     /// Sparkplug B births and sequence numbers of this connection.
     sparkplug: Option<Session>,
     bd_seq: u64,
+    /// Births a Sparkplug rebirth command asked for, published before
+    /// anything else (within the in-flight window).
+    births: VecDeque<sparkplug::Out>,
 }
 
 impl Conn {
@@ -306,6 +323,13 @@ impl Conn {
     ) -> Result<Option<Duration>, String> {
         let max = ctx.cfg.max_inflight as usize;
         while self.flight.messages() < max {
+            if let Some(b) = self.births.pop_front() {
+                client
+                    .try_publish(b.topic, QoS::AtLeastOnce, false, b.payload)
+                    .map_err(|e| format!("publish request refused: {e}"))?;
+                self.flight.requested(Vec::new());
+                continue;
+            }
             let Some(m) = self.buf.front() else {
                 if self.caught_up || !self.read(ctx)? {
                     break;
@@ -407,16 +431,38 @@ impl Conn {
                         .map_err(|e| format!("publish request refused: {e}"))?;
                     self.flight.requested(Vec::new());
                 }
-                if let Some((topic, _)) = &ctx.commands {
+                let subs = ctx.subscriptions();
+                if !subs.is_empty() {
                     client
-                        .try_subscribe(topic.clone(), QoS::AtLeastOnce)
+                        .try_subscribe_many(
+                            subs.into_iter()
+                                .map(|t| rumqttc::SubscribeFilter::new(t, QoS::AtLeastOnce)),
+                        )
                         .map_err(|e| format!("subscribe request refused: {e}"))?;
                 }
             }
-            Event::Incoming(Packet::SubAck(_)) => {
-                if let Some((topic, _)) = &ctx.commands {
-                    tracing::info!(%topic, "uplink: subscribed to update commands");
+            Event::Incoming(Packet::SubAck(ack)) => {
+                // One SUBSCRIBE at CONNECT: a return code per topic, in order.
+                for (topic, code) in ctx.subscriptions().iter().zip(&ack.return_codes) {
+                    let what = if ctx.commands.as_ref().is_some_and(|(t, _)| t == topic) {
+                        "update commands"
+                    } else {
+                        "Sparkplug node commands"
+                    };
+                    if matches!(code, rumqttc::SubscribeReasonCode::Failure) {
+                        tracing::warn!(%topic, "uplink: the broker refused the subscription to {what}");
+                    } else {
+                        tracing::info!(%topic, "uplink: subscribed to {what}");
+                    }
                 }
+            }
+            Event::Incoming(Packet::Publish(p))
+                if ctx
+                    .sparkplug
+                    .as_ref()
+                    .is_some_and(|t| p.topic == t.node("NCMD")) =>
+            {
+                self.node_command(ctx, &p.topic, &p.payload);
             }
             Event::Incoming(Packet::Publish(p)) => {
                 if let Some((topic, tx)) = &ctx.commands
@@ -459,6 +505,37 @@ impl Conn {
             _ => {}
         }
         Ok(())
+    }
+
+    /// A Sparkplug NCMD: a rebirth queues the births; anything else is
+    /// logged and counted.
+    fn node_command(&mut self, ctx: &Ctx, topic: &str, payload: &[u8]) {
+        let ignored = |why: &str| {
+            UplinkStats::add(&ctx.stats.sparkplug_commands_ignored_total, 1);
+            tracing::warn!(%topic, %why, "uplink: Sparkplug node command ignored");
+        };
+        let cmd = match sparkplug::node_command(payload) {
+            Ok(c) => c,
+            Err(why) => return ignored(&why),
+        };
+        for why in &cmd.ignored {
+            ignored(why);
+        }
+        if !cmd.rebirth {
+            return;
+        }
+        let Some(sp) = self.sparkplug.as_mut() else {
+            return;
+        };
+        // A rebirth queued and not yet out is replaced, not repeated.
+        self.births = sp.rebirth(unix_ms()).into();
+        UplinkStats::add(&ctx.stats.sparkplug_rebirths_total, 1);
+        tracing::info!(
+            %topic,
+            bd_seq = self.bd_seq,
+            dbirths = self.births.len() - 1,
+            "uplink: Sparkplug rebirth: NBIRTH and DBIRTHs again"
+        );
     }
 
     /// A stop: wait (bounded) for the PUBACKs in flight, say "offline"

@@ -11,6 +11,10 @@
 //! - `spBv1.0/{group}/DDATA/{device}/{pipeline}`: one per record, its metrics;
 //! - `spBv1.0/{group}/NDEATH/{device}`: the MQTT will (and published before
 //!   a clean disconnect), with the `bdSeq` of the NBIRTH it ends.
+//! - `spBv1.0/{group}/NCMD/{device}` is subscribed to: a command with
+//!   `Node Control/Rebirth` = true brings a fresh NBIRTH (the same bdSeq,
+//!   seq 0) and a DBIRTH for every pipeline that has data, before any more
+//!   DDATA; other commands are ignored (logged and counted).
 //!
 //! Invariants:
 //! - `seq` is 0 on NBIRTH and goes up by one (mod 256) with every DBIRTH
@@ -203,7 +207,7 @@ impl Session {
                 seq: Some(seq),
                 metrics: vec![
                     metric("bdSeq", now_ms, Value::Long(self.bd_seq)),
-                    metric("Node Control/Rebirth", now_ms, Value::Boolean(false)),
+                    metric(REBIRTH, now_ms, Value::Boolean(false)),
                 ],
                 ..Payload::default()
             }
@@ -299,6 +303,83 @@ impl Session {
             data: true,
         });
         Ok(out)
+    }
+}
+
+/// The metric of a rebirth request (and of NBIRTH's control).
+pub const REBIRTH: &str = "Node Control/Rebirth";
+
+/// What an NCMD asks of the node.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeCommand {
+    /// `Node Control/Rebirth` = true.
+    pub rebirth: bool,
+    /// The metrics outpost does not act on, each with why.
+    pub ignored: Vec<String>,
+}
+
+/// Reads an NCMD payload; Err when it is no Sparkplug B payload at all.
+pub fn node_command(payload: &[u8]) -> Result<NodeCommand, String> {
+    let p = Payload::decode(payload).map_err(|e| format!("not a Sparkplug B payload: {e}"))?;
+    let mut c = NodeCommand::default();
+    for m in &p.metrics {
+        match (m.name.as_deref(), &m.value) {
+            (Some(REBIRTH), Some(Value::Boolean(true))) => c.rebirth = true,
+            (Some(REBIRTH), Some(Value::Boolean(false))) => {
+                c.ignored.push(format!("{REBIRTH} = false: nothing to do"));
+            }
+            (Some(REBIRTH), v) => c.ignored.push(format!(
+                "{REBIRTH} with a value that is not a boolean: {v:?}"
+            )),
+            (Some(n), _) => c
+                .ignored
+                .push(format!("{n}: not a command this node takes")),
+            (None, _) => c
+                .ignored
+                .push(format!("a metric without a name (alias {:?})", m.alias)),
+        }
+    }
+    if p.metrics.is_empty() {
+        c.ignored.push("no metrics".into());
+    }
+    Ok(c)
+}
+
+impl Session {
+    /// A rebirth asked for by NCMD: a new NBIRTH (same bdSeq, seq 0), then a
+    /// DBIRTH for each device seen on this connection, with every metric
+    /// known and its last value, in that order before any further DDATA.
+    pub fn rebirth(&mut self, now_ms: u64) -> Vec<Out> {
+        let mut out = vec![self.nbirth(now_ms)];
+        let names: Vec<String> = self
+            .devices
+            .iter()
+            .filter(|(_, d)| !d.metrics.is_empty())
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in names {
+            let seq = self.seq();
+            let Some(dev) = self.devices.get_mut(&name) else {
+                continue;
+            };
+            dev.born = true;
+            out.push(Out {
+                topic: self.topics.device("DBIRTH", &name),
+                payload: Payload {
+                    timestamp: Some(now_ms),
+                    seq: Some(seq),
+                    metrics: dev
+                        .metrics
+                        .iter()
+                        .map(|(n, v)| metric(n, now_ms, v.clone()))
+                        .collect(),
+                    ..Payload::default()
+                }
+                .encode_to_vec(),
+                data: false,
+            });
+        }
+        out
     }
 }
 
@@ -478,6 +559,79 @@ mod tests {
         assert_eq!(d.seq, None);
         assert_eq!(d.metrics[0].name.as_deref(), Some("bdSeq"));
         assert_eq!(d.metrics[0].value, Some(Value::Long(44)));
+    }
+
+    fn ncmd(metrics: Vec<Metric>) -> Vec<u8> {
+        Payload {
+            timestamp: Some(1),
+            metrics,
+            ..Payload::default()
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn a_rebirth_command_births_the_node_and_its_devices_again() {
+        let mut s = Session::new(topics(), 5);
+        s.nbirth(0);
+        for (i, p) in ["sensors", "cams"].iter().enumerate() {
+            let r = serde_json::to_vec(&serde_json::json!({
+                "id": format!("gw-1/1/{i}"), "pipeline": p, "stream": "s0", "seq": i,
+                "outputs": {"x": 1.5}
+            }))
+            .unwrap();
+            s.record(&r, 0).unwrap();
+        }
+        // NCMD: Node Control/Rebirth = true.
+        let c = node_command(&ncmd(vec![metric(REBIRTH, 1, Value::Boolean(true))])).unwrap();
+        assert_eq!(
+            c,
+            NodeCommand {
+                rebirth: true,
+                ignored: vec![]
+            }
+        );
+        let out = s.rebirth(9000);
+        let topics: Vec<&str> = out.iter().map(|o| o.topic.as_str()).collect();
+        assert_eq!(
+            topics,
+            [
+                "spBv1.0/plant/NBIRTH/gw-1",
+                "spBv1.0/plant/DBIRTH/gw-1/cams",
+                "spBv1.0/plant/DBIRTH/gw-1/sensors"
+            ]
+        );
+        let nb = decode(&out[0]);
+        assert_eq!(nb.seq, Some(0));
+        assert_eq!(nb.metrics[0].value, Some(Value::Long(5)), "the same bdSeq");
+        assert_eq!(decode(&out[1]).seq, Some(1));
+        let db = decode(&out[2]);
+        assert_eq!(db.seq, Some(2));
+        assert!(names(&db).contains(&"s0/x".to_string()));
+        assert!(out.iter().all(|o| !o.data));
+        // Born already: the next record is DDATA only, seq 3.
+        let r = serde_json::to_vec(&serde_json::json!({
+            "id": "gw-1/1/9", "pipeline": "sensors", "stream": "s0", "seq": 9, "outputs": {"x": 2.0}
+        }))
+        .unwrap();
+        let next = s.record(&r, 0).unwrap();
+        assert_eq!(next.len(), 1);
+        assert_eq!(decode(&next[0]).seq, Some(3));
+    }
+
+    #[test]
+    fn other_and_malformed_node_commands_are_told_apart() {
+        assert!(node_command(b"\xff\xff\xff").is_err());
+        let c = node_command(&ncmd(vec![
+            metric(REBIRTH, 1, Value::Boolean(false)),
+            metric("Node Control/Reboot", 1, Value::Boolean(true)),
+            metric(REBIRTH, 1, Value::Long(1)),
+        ]))
+        .unwrap();
+        assert!(!c.rebirth);
+        assert_eq!(c.ignored.len(), 3, "{:?}", c.ignored);
+        assert!(c.ignored[1].starts_with("Node Control/Reboot"));
+        assert_eq!(node_command(&ncmd(vec![])).unwrap().ignored, ["no metrics"]);
     }
 
     #[test]

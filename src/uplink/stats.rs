@@ -32,6 +32,11 @@ pub struct UplinkStats {
     /// Command-topic messages dropped because the OTA agent had not taken
     /// the previous ones (a flood): counted, logged at a limited rate.
     pub commands_dropped_total: AtomicU64,
+    /// Sparkplug B rebirths asked for by NCMD (and done).
+    pub sparkplug_rebirths_total: AtomicU64,
+    /// Sparkplug B node commands (or metrics in them) not acted on:
+    /// malformed, or not a command this node takes.
+    pub sparkplug_commands_ignored_total: AtomicU64,
     last_error: Mutex<Option<(SystemTime, String)>>,
 }
 
@@ -133,6 +138,16 @@ impl MetricSource for UplinkStats {
                 "outpost_uplink_commands_dropped",
                 "Command-topic messages dropped while the OTA agent was busy",
                 &self.commands_dropped_total,
+            ),
+            (
+                "outpost_uplink_sparkplug_rebirths",
+                "Sparkplug B rebirths asked for by a node command (NCMD)",
+                &self.sparkplug_rebirths_total,
+            ),
+            (
+                "outpost_uplink_sparkplug_commands_ignored",
+                "Sparkplug B node commands (or metrics in them) ignored: malformed or not taken",
+                &self.sparkplug_commands_ignored_total,
             ),
         ] {
             counter(enc, name, help, &[(l(), g(c))])?;

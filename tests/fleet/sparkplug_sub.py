@@ -13,10 +13,20 @@ Usage: sparkplug_sub.py PORT FILTER
 Prints `SUBSCRIBED` once the broker acknowledged the subscription, then one
 JSON line per message: topic, seq, timestamp, metrics (name, datatype,
 timestamp, value).
+
+It also acts as a Sparkplug host application: each line on its standard
+input publishes a command at QoS 1 and prints `PUBLISHED` once the broker
+acknowledged it:
+- `rebirth TOPIC`: a Payload with metric `Node Control/Rebirth`, Boolean,
+  true (what a host sends in an NCMD to ask a node for its births);
+- `metric TOPIC NAME`: a Payload with one Boolean metric NAME = true;
+- `raw TOPIC HEX`: those bytes as they are.
 """
 
 import json
 import sys
+import threading
+import time
 
 try:
     import paho.mqtt.client as mqtt
@@ -92,7 +102,11 @@ def on_subscribe(client, userdata, mid, reason_codes, properties=None):
 
 def on_message(client, userdata, msg):
     p = Payload()
-    p.ParseFromString(msg.payload)
+    try:
+        p.ParseFromString(msg.payload)
+    except Exception as e:  # junk a test sent on purpose: say so, go on
+        print(json.dumps({"topic": msg.topic, "undecodable": str(e)}), flush=True)
+        return
     metrics = []
     for m in p.metrics:
         kind = m.WhichOneof("value")
@@ -115,6 +129,41 @@ def on_message(client, userdata, msg):
     )
 
 
+BOOLEAN = 11  # DataType.Boolean
+
+
+def command(name):
+    p = Payload()
+    p.timestamp = int(time.time() * 1000)
+    m = p.metrics.add()
+    m.name = name
+    m.timestamp = p.timestamp
+    m.datatype = BOOLEAN
+    m.boolean_value = True
+    return p.SerializeToString()
+
+
+def on_publish(client, userdata, mid, reason_code=None, properties=None):
+    print("PUBLISHED", flush=True)
+
+
+def commands(c):
+    for line in sys.stdin:
+        parts = line.split()
+        if not parts:
+            continue
+        if parts[0] == "rebirth":
+            body = command("Node Control/Rebirth")
+        elif parts[0] == "metric":
+            body = command(parts[2])
+        elif parts[0] == "raw":
+            body = bytes.fromhex(parts[2])
+        else:
+            print(f"UNKNOWN {line.strip()}", flush=True)
+            continue
+        c.publish(parts[1], body, qos=1)
+
+
 def main():
     port, filt = int(sys.argv[1]), sys.argv[2]
     c = mqtt.Client(
@@ -126,7 +175,9 @@ def main():
     c.on_connect = on_connect
     c.on_subscribe = on_subscribe
     c.on_message = on_message
+    c.on_publish = on_publish
     c.connect("127.0.0.1", port, keepalive=30)
+    threading.Thread(target=commands, args=(c,), daemon=True).start()
     c.loop_forever()
 
 

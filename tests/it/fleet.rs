@@ -11,6 +11,8 @@ use sha2::{Digest, Sha256};
 
 use crate::common::*;
 
+mod s3;
+
 /// Static files over HTTP/1.1 on loopback; what it serves can change.
 struct Files {
     addr: String,
@@ -1026,6 +1028,163 @@ sparkplug_group = "plant"
     assert!(death["seq"].is_null(), "NDEATH carries no seq");
 }
 
+/// A Sparkplug host asks for a rebirth with an NCMD (encoded by the
+/// independent Python subscriber): the node publishes a fresh NBIRTH with
+/// seq 0 and the same bdSeq, then the DBIRTH of its pipeline with every
+/// metric, and DDATA goes on after them with the sequence running on. A
+/// malformed command and one the node does not take are ignored, logged
+/// and counted.
+#[test]
+fn sparkplug_ncmd_rebirth_births_the_node_again_with_the_same_bdseq() {
+    let work = tempfile::tempdir().unwrap();
+    let broker = crate::uplink::Mosquitto::start(&work.path().join("mosquitto"));
+    let script = root().join("tests/fleet/sparkplug_sub.py");
+    let mut sub = KillOnDrop(
+        std::process::Command::new("python3")
+            .arg(&script)
+            .arg(broker.port.to_string())
+            .arg("spBv1.0/#")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3"),
+    );
+    let mut host = sub.0.stdin.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let out = sub.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let first = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+    assert_eq!(
+        first, "SUBSCRIBED",
+        "the Sparkplug subscriber did not start (python3 with protobuf and paho-mqtt from models/requirements.txt is needed)"
+    );
+    let cfg = sensors_over_http("").replace("data_dir", "device = \"gw-rb\"\ndata_dir")
+        + &format!(
+            "[uplink]\ntype = \"mqtt\"\nhost = \"127.0.0.1\"\nport = {}\npayload = \"sparkplug_b\"\nsparkplug_group = \"plant\"\n",
+            broker.port
+        );
+    let d = Daemon::start(&cfg);
+    crate::ota::wait_log(
+        &d,
+        "subscribed to Sparkplug node commands",
+        Duration::from_secs(30),
+    );
+    assert!(d.log().contains("spBv1.0/plant/NCMD/gw-rb"), "{}", d.log());
+    let mut msgs: Vec<serde_json::Value> = Vec::new();
+    // Messages of the node (not the host's own commands) until `pred`.
+    let until = |msgs: &mut Vec<serde_json::Value>,
+                 what: &str,
+                 pred: &dyn Fn(&[serde_json::Value]) -> bool| {
+        let t0 = Instant::now();
+        while !pred(msgs) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "{what}: not within 60 s; got {msgs:#?}"
+            );
+            if let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+                if l == "PUBLISHED" {
+                    continue;
+                }
+                let v: serde_json::Value = serde_json::from_str(&l).unwrap();
+                if !v["topic"].as_str().unwrap().contains("/NCMD/") {
+                    msgs.push(v);
+                }
+            }
+        }
+    };
+    let ddata = |m: &[serde_json::Value]| {
+        m.iter()
+            .filter(|m| m["topic"] == "spBv1.0/plant/DDATA/gw-rb/sensors")
+            .count()
+    };
+    let post = |i: usize| {
+        let sample: Vec<f32> = (0..16).map(|j| (i * 16 + j) as f32 / 10.0).collect();
+        let (code, body) = http(
+            "POST",
+            &d.api,
+            "/v1/pipelines/sensors/infer?stream=s0",
+            serde_json::to_string(&sample).unwrap().as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    };
+    for i in 0..3 {
+        post(i);
+    }
+    until(&mut msgs, "three DDATA", &|m| ddata(m) >= 3);
+    assert_eq!(msgs[0]["topic"], "spBv1.0/plant/NBIRTH/gw-rb");
+    let bd_seq = msgs[0]["metrics"][0]["value"].clone();
+    let births = msgs.len();
+
+    // Junk and a command the node does not take: ignored and counted.
+    let ncmd = "spBv1.0/plant/NCMD/gw-rb";
+    writeln!(host, "raw {ncmd} ffffff").unwrap();
+    writeln!(host, "metric {ncmd} Node Control/Reboot").unwrap();
+    let t0 = Instant::now();
+    while metric(
+        &d,
+        "outpost_uplink_sparkplug_commands_ignored_total",
+        "mqtt",
+    ) < 2.0
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(d.log().contains("Sparkplug node command ignored"));
+    assert!(d.log().contains("not a Sparkplug B payload"));
+
+    // Rebirth.
+    writeln!(host, "rebirth {ncmd}").unwrap();
+    until(&mut msgs, "a second NBIRTH and a DBIRTH", &|m| {
+        m[births..]
+            .iter()
+            .any(|m| m["topic"] == "spBv1.0/plant/DBIRTH/gw-rb/sensors")
+    });
+    let nbirth = &msgs[births];
+    assert_eq!(nbirth["topic"], "spBv1.0/plant/NBIRTH/gw-rb", "{msgs:#?}");
+    assert_eq!(nbirth["seq"], 0);
+    assert_eq!(nbirth["metrics"][0]["name"], "bdSeq");
+    assert_eq!(nbirth["metrics"][0]["value"], bd_seq, "the same bdSeq");
+    assert_eq!(nbirth["metrics"][1]["name"], "Node Control/Rebirth");
+    assert_eq!(nbirth["metrics"][1]["value"], false);
+    let dbirth = &msgs[births + 1];
+    assert_eq!(dbirth["topic"], "spBv1.0/plant/DBIRTH/gw-rb/sensors");
+    assert_eq!(dbirth["seq"], 1);
+    let born: Vec<&str> = dbirth["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        born.contains(&"s0/id") && born.contains(&"s0/model"),
+        "{born:?}"
+    );
+    // DDATA goes on after the births, the sequence running on from them.
+    for i in 3..5 {
+        post(i);
+    }
+    until(&mut msgs, "two more DDATA", &|m| ddata(m) >= 5);
+    let after = &msgs[births + 2..];
+    assert!(
+        after
+            .iter()
+            .all(|m| m["topic"] == "spBv1.0/plant/DDATA/gw-rb/sensors"),
+        "{after:#?}"
+    );
+    assert_eq!(after[0]["seq"], 2);
+    assert_eq!(after[1]["seq"], 3);
+    assert_eq!(
+        metric(&d, "outpost_uplink_sparkplug_rebirths_total", "mqtt"),
+        1.0
+    );
+    assert!(d.log().contains("Sparkplug rebirth"));
+}
+
 /// A child process killed when the test ends, however it ends.
 struct KillOnDrop(std::process::Child);
 
@@ -1174,7 +1333,7 @@ fn plan_file(
     tag: &str,
     bundle: &Path,
     key: &Path,
-    out: &Path,
+    out: Option<&Path>,
     broker: u16,
     rollback: Option<&Path>,
     waves: &str,
@@ -1188,12 +1347,15 @@ fn plan_file(
             )
         })
         .unwrap_or_default();
+    // No out_dir: `waves` ends with the `[s3]` table.
+    let out = out
+        .map(|o| format!("out_dir = \"{}\"\n", o.display()))
+        .unwrap_or_default();
     let text = format!(
-        "bundle = \"{}\"\nurl = \"{}\"\nkey = \"{}\"\nsalt = \"{tag}\"\nout_dir = \"{}\"\nbroker = \"127.0.0.1:{broker}\"\nstate = \"{}\"\n{rb}[abort]\nmin_finished = 1\nmax_failure_percent = 0\n{waves}",
+        "bundle = \"{}\"\nurl = \"{}\"\nkey = \"{}\"\nsalt = \"{tag}\"\n{out}broker = \"127.0.0.1:{broker}\"\nstate = \"{}\"\n{rb}[abort]\nmin_finished = 1\nmax_failure_percent = 0\n{waves}",
         bundle.display(),
         bundle.file_name().unwrap().to_str().unwrap(),
         key.display(),
-        out.display(),
         w.join(format!("{tag}.state.json")).display(),
     );
     let p = w.join(format!("{tag}.toml"));
@@ -1295,7 +1457,7 @@ fn fleet_rollout_completes_in_waves_then_a_failing_bundle_stops_itself() {
         s1,
         &good,
         &key,
-        &out,
+        Some(&out),
         broker.port,
         None,
         "[[waves]]\npercent = 50\nmin_devices = 1\nsoak = \"1s\"\n[[waves]]\npercent = 100\nmin_devices = 3\nsoak = \"1s\"\n",
@@ -1354,7 +1516,7 @@ fn fleet_rollout_completes_in_waves_then_a_failing_bundle_stops_itself() {
         s2,
         &bad,
         &key,
-        &out,
+        Some(&out),
         broker.port,
         Some(&rb),
         "[[waves]]\npercent = 34\nmin_devices = 1\nsoak = \"1s\"\n[[waves]]\npercent = 100\nmin_devices = 3\nsoak = \"1s\"\n",

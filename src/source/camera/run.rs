@@ -21,12 +21,13 @@ use super::{
 use crate::source::{Frame, SourceCtx, SourceError};
 
 /// Frames are megabytes, allocated and freed by GStreamer's streaming
-/// threads, and every reconnect makes new threads and decoder pools. With
-/// glibc's defaults the freed frames stay in per-thread arenas (the mmap
-/// threshold grows after the first frame is freed): RSS climbed ~1 MiB per
-/// reconnect in a 10-minute run. A fixed 128 KiB threshold maps every frame
-/// and unmaps it when freed, and two arenas bound the rest; with both, the
-/// same run stays flat (perf/camera_rss).
+/// threads, and every reconnect makes new threads. With glibc's defaults
+/// each new thread may get an arena of its own (up to 8 per core), and the
+/// frames freed in an arena stay there: RSS climbed ~1 MiB per reconnect in
+/// a 10-minute run. Two arenas bound that; frames then reuse the memory of
+/// the frames before them. (A fixed 128 KiB mmap threshold, tried before,
+/// maps and unmaps every frame: at 1080p the page faults of those copies
+/// cost more CPU per frame than the decoder's colour conversion.)
 pub fn bounded_malloc() {
     #[cfg(target_env = "gnu")]
     {
@@ -34,10 +35,7 @@ pub fn bounded_malloc() {
         ONCE.call_once(|| {
             // SAFETY: mallopt only changes allocator parameters; it is
             // thread-safe in glibc and takes plain integers.
-            let ok = unsafe {
-                libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024) == 1
-                    && libc::mallopt(libc::M_ARENA_MAX, 2) == 1
-            };
+            let ok = unsafe { libc::mallopt(libc::M_ARENA_MAX, 2) == 1 };
             if !ok {
                 tracing::warn!("mallopt refused the camera allocator settings");
             }

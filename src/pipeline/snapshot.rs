@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use crate::preprocess::PreprocessConfig;
 use crate::preprocess::crop::{Rgb, decode_frame};
+use crate::preprocess::raw::RawImage;
 
 /// Box outlines: green, 3 px wide (centred on the box edge), clear of JPEG blur.
 pub const BOX_COLOUR: [u8; 3] = [0, 255, 0];
@@ -28,7 +29,7 @@ const LABEL_CHARS: usize = 48;
 pub struct Latest {
     /// How frames decode; `None` for pipelines that take no images.
     pre: Option<PreprocessConfig>,
-    slot: Mutex<Option<(Bytes, Value)>>,
+    slot: Mutex<Option<(Bytes, Option<RawImage>, Value)>>,
 }
 
 impl Latest {
@@ -49,23 +50,27 @@ impl Latest {
     }
 
     /// Keeps a frame and its outputs (a reference count, no copy of the bytes).
-    pub fn keep(&self, payload: &Bytes, outputs: &Value) {
+    pub fn keep(&self, payload: &Bytes, raw: Option<RawImage>, outputs: &Value) {
         if self.pre.is_some() {
             *self.slot.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some((payload.clone(), outputs.clone()));
+                Some((payload.clone(), raw, outputs.clone()));
         }
     }
 
     /// The latest frame with its boxes drawn, as JPEG; `None` before the first frame.
     pub fn render(&self) -> Option<Result<Vec<u8>, String>> {
         let pre = self.pre.as_ref()?;
-        let (payload, outputs) = self
+        let (payload, raw, outputs) = self
             .slot
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()?;
         Some((|| {
-            let mut img = decode_frame(&payload, pre).map_err(|e| e.to_string())?;
+            let mut img = match raw {
+                Some(raw) => raw.to_rgb(&payload),
+                None => decode_frame(&payload, pre),
+            }
+            .map_err(|e| e.to_string())?;
             draw(&mut img, &outputs);
             jpeg(&img, 90)
         })())

@@ -283,15 +283,21 @@ impl Cascade {
                 return Err(drop("config", "no preprocessor".into()));
             };
             let mut pre = super::worker::lock(pre);
-            pre.process(&f.stream, &f.payload)
-                .map_err(|e| drop(e.reason(), e.to_string()))?
+            match f.raw {
+                Some(raw) => pre.process_raw(&f.stream, &f.payload, raw),
+                None => pre.process(&f.stream, &f.payload),
+            }
+            .map_err(|e| drop(e.reason(), e.to_string()))?
         };
         let frame = if self.stages.is_empty() && self.thumbnails.is_none() {
             None
         } else {
             Some(
-                decode_frame(&f.payload, &self.frame_pre)
-                    .map_err(|e| drop(e.reason(), e.to_string()))?,
+                match f.raw {
+                    Some(raw) => raw.to_rgb(&f.payload),
+                    None => decode_frame(&f.payload, &self.frame_pre),
+                }
+                .map_err(|e| drop(e.reason(), e.to_string()))?,
             )
         };
         pl.stats
@@ -362,7 +368,7 @@ impl Cascade {
                 }
             }
         }
-        pl.snapshot.keep(&f.payload, &value);
+        pl.snapshot.keep(&f.payload, f.raw, &value);
         if let (Some(t), Some(frame)) = (&self.thumbnails, &frame) {
             snapshot::attach_thumbnails(frame, &mut value, t.max_bytes);
         }

@@ -104,9 +104,12 @@ impl Pipeline {
                 // the oldest frame always makes room (counted `stale`).
                 cfg.queue = c.queue;
                 cfg.when_full = WhenFull::DropOldest;
-                if !matches!(pre_cfg, PreprocessConfig::Image { .. }) {
+                if !matches!(
+                    pre_cfg,
+                    PreprocessConfig::Image { .. } | PreprocessConfig::Pyramid { .. }
+                ) {
                     problems.push(format!(
-                        "a camera source needs image preprocessing; model `{}` declares another",
+                        "a camera source needs image (or pyramid) preprocessing; model `{}` declares another",
                         m.name
                     ));
                 }
@@ -439,8 +442,8 @@ impl Pipeline {
         {
             let mut pre = lock(&self.pre[slot]);
             for (i, f) in frames.iter().enumerate() {
-                let decoded = match f.raw_rgb {
-                    Some((w, h)) => pre.process_raw_rgb(&f.stream, &f.payload, w, h),
+                let decoded = match f.raw {
+                    Some(raw) => pre.process_raw(&f.stream, &f.payload, raw),
                     None => pre.process(&f.stream, &f.payload),
                 };
                 match decoded {
@@ -511,7 +514,7 @@ impl Pipeline {
                         continue;
                     }
                 };
-                self.snapshot.keep(&f.payload, &value);
+                self.snapshot.keep(&f.payload, f.raw, &value);
                 match self.emit(f, &model, us, value) {
                     Ok(rec) => {
                         if let Ok(v) = &mut answers[i] {

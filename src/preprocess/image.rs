@@ -12,6 +12,7 @@ use image::{ColorType, DynamicImage, ImageDecoder};
 use ndarray::{ArrayD, IxDyn};
 use serde::{Deserialize, Serialize};
 
+use super::raw::{RawFormat, RawImage};
 use super::{
     ChannelOrder, DecodeError, ImageTransform, Item, ItemMeta, Layout, MAX_ELEMENTS,
     PreprocessConfig, Preprocessor,
@@ -468,6 +469,14 @@ impl ImagePreprocessor {
         nw: u32,
         nh: u32,
     ) -> Result<Vec<u8>, DecodeError> {
+        if let RawFormat::I420 { .. } = src.format {
+            let raw = RawImage {
+                width: src.width,
+                height: src.height,
+                format: src.format,
+            };
+            return raw.i420_resized_rgb(src.pixels, nw, nh, &mut self.resizer);
+        }
         if (src.width, src.height) == (nw, nh) {
             return Ok(src.pixels.to_vec());
         }
@@ -623,6 +632,8 @@ struct DecodedRef<'a> {
     pixels: &'a [u8],
     width: u32,
     height: u32,
+    /// Packed RGB (decoded images, RGB camera frames) or I420 camera frames.
+    format: RawFormat,
 }
 
 impl Decoded {
@@ -631,6 +642,7 @@ impl Decoded {
             pixels: &self.pixels,
             width: self.width,
             height: self.height,
+            format: RawFormat::Rgb,
         }
     }
 }
@@ -646,31 +658,26 @@ impl Preprocessor for ImagePreprocessor {
         self.finish(decoded)
     }
 
-    fn process_raw_rgb(
+    fn process_raw(
         &mut self,
         _stream: &str,
         pixels: &[u8],
-        width: u32,
-        height: u32,
+        raw: RawImage,
     ) -> Result<Vec<Item>, DecodeError> {
         if let Some(message) = &self.misconfigured {
             return Err(DecodeError::Config {
                 message: message.clone(),
             });
         }
-        self.check_size((width, height))?;
-        let expected = width as usize * height as usize * 3;
-        if pixels.len() != expected || expected == 0 {
-            return Err(DecodeError::BadSize {
-                expected: format!("{expected} ({width}x{height} x 3 bytes)"),
-                got: pixels.len(),
-            });
-        }
-        // Resized straight from the frame: no copy of the camera's pixels.
+        self.check_size((raw.width, raw.height))?;
+        raw.check(pixels)?;
+        // Resized straight from the frame: no copy of the camera's pixels
+        // (an I420 frame is converted only at the model's size).
         let fitted = self.fit(&DecodedRef {
             pixels,
-            width,
-            height,
+            width: raw.width,
+            height: raw.height,
+            format: raw.format,
         });
         let (canvas, transform) = fitted?;
         self.items(&canvas, ChannelOrder::Rgb, transform)

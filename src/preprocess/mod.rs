@@ -13,6 +13,7 @@ pub mod gpu;
 pub mod gpu_launch;
 mod image;
 mod pyramid;
+pub mod raw;
 mod resample;
 mod sensor;
 
@@ -269,14 +270,13 @@ pub trait Preprocessor: Send {
     /// Decodes one payload of `stream` into zero or more items (audio:
     /// sliding windows may give 0..n per frame; image/sensor: exactly 1).
     fn process(&mut self, stream: &str, payload: &[u8]) -> Result<Vec<Item>, DecodeError>;
-    /// Decodes one already decoded packed RGB frame of `width` x `height`
-    /// (cameras); only image preprocessing takes them.
-    fn process_raw_rgb(
+    /// Decodes one already decoded frame (cameras: packed RGB or I420);
+    /// only image and pyramid preprocessing take them.
+    fn process_raw(
         &mut self,
         _stream: &str,
         _pixels: &[u8],
-        _width: u32,
-        _height: u32,
+        _raw: raw::RawImage,
     ) -> Result<Vec<Item>, DecodeError> {
         Err(DecodeError::Config {
             message: "decoded camera frames need image preprocessing".into(),

@@ -7,7 +7,8 @@
 
 use ndarray::{ArrayD, IxDyn};
 
-use super::crop::{Normalizer, decode_rgb};
+use super::crop::{Normalizer, Rgb, decode_rgb};
+use super::raw::RawImage;
 use super::{DecodeError, ImageTransform, Item, ItemMeta, PreprocessConfig, Preprocessor};
 use crate::backend::Tensor;
 
@@ -136,6 +137,28 @@ impl Preprocessor for PyramidPreprocessor {
             return Err(DecodeError::Empty);
         }
         let img = decode_rgb(payload, self.max_pixels)?;
+        self.levels(&img)
+    }
+
+    fn process_raw(
+        &mut self,
+        _stream: &str,
+        pixels: &[u8],
+        raw: RawImage,
+    ) -> Result<Vec<Item>, DecodeError> {
+        if let Some(message) = &self.misconfigured {
+            return Err(DecodeError::Config {
+                message: message.clone(),
+            });
+        }
+        let img = raw.to_rgb(pixels)?;
+        self.levels(&img)
+    }
+}
+
+impl PyramidPreprocessor {
+    /// One item per pyramid scale of a decoded frame.
+    fn levels(&self, img: &Rgb) -> Result<Vec<Item>, DecodeError> {
         let (w, h) = (img.width as f64, img.height as f64);
         let mut items = Vec::new();
         for s in scales(w.min(h), self.min_size, self.factor, self.window) {

@@ -22,6 +22,7 @@ use tokio::sync::{oneshot, watch as tokio_watch};
 
 use tokio::sync::Notify;
 
+use crate::preprocess::raw::RawImage;
 use crate::record::ResultRecord;
 
 /// One frame as it arrives: which stream it belongs to and its bytes.
@@ -31,9 +32,10 @@ pub struct Frame {
     pub received: Instant,
     /// Answered with the records the frame produced (http source, watch source).
     pub reply: Option<oneshot::Sender<Result<Vec<ResultRecord>, FrameError>>>,
-    /// The payload is decoded packed RGB of this width and height (cameras):
-    /// image preprocessing takes it as is, whatever its configured format.
-    pub raw_rgb: Option<(u32, u32)>,
+    /// The payload is a decoded frame of this size and layout (cameras:
+    /// RGB or I420): image preprocessing takes it as is, whatever its
+    /// configured format.
+    pub raw: Option<RawImage>,
     /// When the frame was captured (cameras); records carry it, and the
     /// frame-age metric runs from it.
     pub captured: Option<SystemTime>,
@@ -78,7 +80,7 @@ impl Frame {
             payload,
             received: Instant::now(),
             reply: None,
-            raw_rgb: None,
+            raw: None,
             captured: None,
         }
     }

@@ -482,6 +482,63 @@ length = 16
         assert!(status.contains("rtsp://***@127.0.0.1"), "{status}");
         assert!(d.terminate().success());
     }
+
+    /// A camera into a cascade: MTCNN (pyramid, then two refining stages)
+    /// on I420 frames straight from the decoder finds the astronaut's face,
+    /// and the snapshot is the camera's frame with it drawn.
+    #[test]
+    fn camera_frames_feed_cascaded_faces_and_snapshots() {
+        let _one_at_a_time = serial();
+        let server = RtspServer::start(&["--width", "640", "--height", "480", "--fps", "10"]);
+        let mut d = Daemon::start(&camera_config(&format!(
+            r#"
+[[pipelines]]
+name = "door"
+model = "mtcnn_pnet"
+source = {{ type = "camera", url = "{}", fps = 4 }}
+[[pipelines.stages]]
+model = "mtcnn_rnet"
+[[pipelines.stages]]
+model = "mtcnn_onet"
+"#,
+            server.url("/cam")
+        )));
+        let face = |r: &serde_json::Value| {
+            r["outputs"]["boxes"]
+                .as_array()
+                .is_some_and(|b| b.iter().any(|x| x["score"].as_f64().unwrap_or(0.0) > 0.9))
+        };
+        let recs = d
+            .records_until(Duration::from_secs(120), |r| r.iter().any(face))
+            .to_vec();
+        let r = recs
+            .iter()
+            .find(|r| face(r))
+            .unwrap_or_else(|| panic!("no face in {recs:?}\n{}", d.log()));
+        assert_eq!(r["pipeline"], "door");
+        let b = &r["outputs"]["boxes"][0];
+        assert_eq!(b["landmarks"].as_array().map(Vec::len), Some(5), "{r}");
+        // The face is in the photograph's upper middle (the astronaut,
+        // 512x512 scaled to 640x480: x 225-335, y 55-165 or so).
+        let bx: Vec<f64> = (0..4).map(|k| b["box"][k].as_f64().unwrap()).collect();
+        let (cx, cy) = ((bx[0] + bx[2]) / 2.0, (bx[1] + bx[3]) / 2.0);
+        assert!(
+            (200.0..360.0).contains(&cx) && (40.0..180.0).contains(&cy),
+            "face centre ({cx}, {cy}): {r}"
+        );
+        let p = camera_status(&d, "door");
+        assert_eq!(p["stages"].as_array().map(Vec::len), Some(2), "{p:#}");
+        // Frames the model was too slow for are `stale`; nothing failed.
+        let drops = p["drops"].as_object().cloned().unwrap_or_default();
+        assert!(drops.keys().all(|k| k == "stale"), "{p:#}");
+        let (code, jpeg) = http("GET", &d.api, "/v1/pipelines/door/snapshot.jpg", b"").unwrap();
+        assert_eq!(code, 200, "{}", String::from_utf8_lossy(&jpeg));
+        let img = image::load_from_memory_with_format(&jpeg, image::ImageFormat::Jpeg)
+            .expect("a valid JPEG")
+            .into_rgb8();
+        assert_eq!(img.dimensions(), (640, 480));
+        assert!(d.terminate().success());
+    }
 }
 
 #[cfg(not(feature = "camera"))]

@@ -42,7 +42,7 @@ pub struct CameraConfig {
     #[serde(default)]
     pub url: Option<String>,
     /// A GStreamer pipeline whose frames reach an `appsink name=outpost`
-    /// (RGB is negotiated there: end with `videoconvert` when in doubt).
+    /// (I420 or RGB is negotiated there: end with `videoconvert` when in doubt).
     #[serde(default)]
     pub pipeline: Option<String>,
     /// Frames per second handed to the pipeline (subsampled at the source);
@@ -385,7 +385,7 @@ pub fn rgb_tail(size: Option<(u32, u32)>) -> String {
         .map(|(w, h)| format!(",width={w},height={h}"))
         .unwrap_or_default();
     format!(
-        "videoconvert name=outpost_convert ! videoscale ! video/x-raw,format=RGB{size} ! appsink name=outpost"
+        "videoconvert name=outpost_convert ! videoscale ! video/x-raw,format={{ I420, RGB }}{size} ! appsink name=outpost"
     )
 }
 
@@ -817,7 +817,7 @@ mod tests {
         );
         assert_eq!(
             rgb_tail(Some((640, 480))),
-            "videoconvert name=outpost_convert ! videoscale ! video/x-raw,format=RGB,width=640,height=480 ! appsink name=outpost"
+            "videoconvert name=outpost_convert ! videoscale ! video/x-raw,format={ I420, RGB },width=640,height=480 ! appsink name=outpost"
         );
     }
 }

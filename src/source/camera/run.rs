@@ -18,6 +18,7 @@ use super::{
     CameraConfig, CameraState, CameraUrl, FpsGate, Transport, launch_description, pick_decoder,
     reconnect_backoff, rgb_tail, scrub, store_event,
 };
+use crate::preprocess::raw::{RawFormat, RawImage};
 use crate::source::{Frame, SourceCtx, SourceError};
 
 /// Frames are megabytes, allocated and freed by GStreamer's streaming
@@ -386,9 +387,11 @@ fn build(
             gst::PadProbeReturn::Drop
         }
     });
+    // I420 straight from a software decoder (videoconvert passes it
+    // through), RGB from anything else: see `preprocess::raw`.
     sink.set_caps(Some(
         &gst_video::VideoCapsBuilder::new()
-            .format(gst_video::VideoFormat::Rgb)
+            .format_list([gst_video::VideoFormat::I420, gst_video::VideoFormat::Rgb])
             .build(),
     ));
     // Latest frame: the appsink keeps none of its own beyond one, and never
@@ -577,7 +580,8 @@ fn add_rtspsrc(
     Ok(())
 }
 
-/// A decoded RGB frame: into the pipeline's queue, with its capture time.
+/// A decoded frame (RGB, or I420 straight from the decoder): into the
+/// pipeline's queue, with its capture time.
 fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Sample) {
     let now = SystemTime::now();
     sh.last_frame_ms.store(
@@ -606,11 +610,57 @@ fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Sample) {
     .unwrap_or_default();
     let captured = now.checked_sub(lag).unwrap_or(now);
     let (w, h) = (info.width(), info.height());
-    let row = w as usize * 3;
-    let stride = info.stride().first().copied().unwrap_or(0) as usize;
-    let offset = info.offset().first().copied().unwrap_or(0);
-    let need = row * h as usize;
-    let payload = if stride == row && offset == 0 {
+    let raw = match info.format() {
+        gst_video::VideoFormat::Rgb => RawImage::rgb(w, h),
+        gst_video::VideoFormat::I420 => RawImage {
+            width: w,
+            height: h,
+            format: RawFormat::I420 {
+                bt709: info.colorimetry().matrix() == gst_video::VideoColorMatrix::Bt709,
+            },
+        },
+        other => {
+            sh.ctx.count_drop(
+                "bad_frame",
+                &format!(
+                    "frames in {other:?}, not RGB or I420 (end a custom pipeline with videoconvert)"
+                ),
+            );
+            return;
+        }
+    };
+    // Packed planes, each row without padding: (offset, stride, row bytes, rows).
+    let planes: Vec<(usize, usize, usize, usize)> = match raw.format {
+        RawFormat::Rgb => vec![(0, w as usize * 3, h as usize)],
+        RawFormat::I420 { .. } => {
+            let (cw, ch) = raw.chroma_size();
+            vec![
+                (0, w as usize, h as usize),
+                (1, cw as usize, ch as usize),
+                (2, cw as usize, ch as usize),
+            ]
+        }
+    }
+    .into_iter()
+    .map(|(i, row, rows)| {
+        (
+            info.offset().get(i).copied().unwrap_or(0),
+            info.stride().get(i).copied().unwrap_or(0).max(0) as usize,
+            row,
+            rows,
+        )
+    })
+    .collect();
+    let need = raw.len();
+    // Already packed (rows without padding, planes back to back): the
+    // GStreamer buffer is the payload, no copy.
+    let mut at = 0;
+    let packed = planes.iter().all(|&(offset, stride, row, rows)| {
+        let ok = offset == at && stride == row;
+        at += row * rows;
+        ok
+    });
+    let payload = if packed {
         match buffer.into_mapped_buffer_readable() {
             Ok(m) if m.len() >= need => Bytes::from_owner(m).slice(..need),
             _ => {
@@ -620,26 +670,28 @@ fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Sample) {
             }
         }
     } else {
-        // Padded rows: pack them.
+        // Padded rows or planes apart: pack them.
         let Ok(m) = buffer.map_readable() else {
             return;
         };
         let mut out = Vec::with_capacity(need);
-        for y in 0..h as usize {
-            let at = offset + y * stride;
-            match m.get(at..at + row) {
-                Some(r) => out.extend_from_slice(r),
-                None => {
-                    sh.ctx
-                        .count_drop("bad_frame", "frame shorter than its caps");
-                    return;
+        for &(offset, stride, row, rows) in &planes {
+            for y in 0..rows {
+                let at = offset + y * stride;
+                match m.get(at..at + row) {
+                    Some(r) => out.extend_from_slice(r),
+                    None => {
+                        sh.ctx
+                            .count_drop("bad_frame", "frame shorter than its caps");
+                        return;
+                    }
                 }
             }
         }
         Bytes::from(out)
     };
     let mut frame = Frame::new(sh.stream.clone(), payload);
-    frame.raw_rgb = Some((w, h));
+    frame.raw = Some(raw);
     frame.captured = Some(captured);
     sh.state.set_size(w, h);
     // The camera's queue drops its oldest frame: submit never waits.

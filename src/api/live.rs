@@ -184,7 +184,9 @@ impl Live {
             self.tick.send_replace(None);
             return;
         }
-        let status = super::status_json(&self.state).to_string();
+        // Plain structs with string keys: serializing cannot fail.
+        let status = serde_json::to_string(&super::status::Status::read(&self.state))
+            .unwrap_or_else(|_| "null".into());
         let mut text = String::with_capacity(status.len() + point.len() + 1024);
         text.push_str("{\"status\":");
         text.push_str(&status);

@@ -188,6 +188,18 @@ impl OutputStats {
     }
 }
 
+/// One output in `/v1/status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutputStatus {
+    /// The output's label (`udp:127.0.0.1:9000`, ...).
+    pub output: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub connected: bool,
+    pub sent: u64,
+    pub drops: BTreeMap<&'static str, u64>,
+}
+
 /// The result of handing one payload to one output.
 enum Sent {
     Ok,
@@ -260,17 +272,15 @@ impl LocalOutputs {
         })
     }
 
-    /// Status JSON: one object per output.
-    pub fn status(&self) -> serde_json::Value {
+    /// Each output's part of `/v1/status`.
+    pub fn status(&self) -> Vec<OutputStatus> {
         self.stats()
-            .map(|(label, kind, up, st)| {
-                serde_json::json!({
-                    "output": label,
-                    "type": kind,
-                    "connected": up,
-                    "sent": st.sent.load(Ordering::Relaxed),
-                    "drops": st.drops(),
-                })
+            .map(|(label, kind, up, st)| OutputStatus {
+                output: label.to_string(),
+                kind,
+                connected: up,
+                sent: st.sent.load(Ordering::Relaxed),
+                drops: st.drops(),
             })
             .collect()
     }

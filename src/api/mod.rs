@@ -49,9 +49,9 @@ pub struct ApiState {
     pub ota: Option<Arc<OtaStats>>,
     /// The last records of each pipeline (console, `/v1/pipelines/{name}/records`).
     pub recent: Arc<RecentRecords>,
-    /// Turns true when the daemon stops: ends the console's event streams,
+    /// Cancelled when the daemon stops: ends the console's event streams,
     /// which would otherwise hold the graceful shutdown open.
-    pub shutdown: tokio::sync::watch::Receiver<bool>,
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 impl ApiState {

@@ -226,7 +226,8 @@ pub struct OutputCtx {
     pub pipeline: String,
     /// The site broker (or the embedded one), for mqtt outputs.
     pub mqtt: Option<BrokerAddr>,
-    pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// Cancelled when the outputs must stop.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 /// A pipeline's local outputs.
@@ -372,15 +373,6 @@ impl LocalOutputs {
         o.stats.add_drop(reason);
         if let Some(suppressed) = self.log.allow(reason) {
             tracing::warn!(pipeline = %self.pipeline, output = %o.label, reason, suppressed, "local output dropped a record");
-        }
-    }
-}
-
-/// Resolves when the generation's outputs stop (true sent, or the sender gone).
-async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
-    while !*rx.borrow_and_update() {
-        if rx.changed().await.is_err() {
-            return;
         }
     }
 }

@@ -68,7 +68,7 @@ impl Live {
     /// Starts the sampler; it ends when the daemon stops or the API is gone.
     pub fn start(state: ApiState) -> Arc<Live> {
         let (tick, _) = watch::channel(None);
-        let mut stop = state.shutdown.clone();
+        let stop = state.shutdown.clone();
         let live = Arc::new(Live {
             state,
             tick,
@@ -83,7 +83,7 @@ impl Live {
             loop {
                 tokio::select! {
                     _ = every.tick() => {}
-                    _ = stop.wait_for(|s| *s) => return,
+                    _ = stop.cancelled() => return,
                 }
                 let Some(live) = weak.upgrade() else { return };
                 live.sample(&mut sampler);
@@ -184,7 +184,9 @@ impl Live {
             self.tick.send_replace(None);
             return;
         }
-        let status = super::status_json(&self.state).to_string();
+        // Plain structs with string keys: serializing cannot fail.
+        let status = serde_json::to_string(&super::status::Status::read(&self.state))
+            .unwrap_or_else(|_| "null".into());
         let mut text = String::with_capacity(status.len() + point.len() + 1024);
         text.push_str("{\"status\":");
         text.push_str(&status);
@@ -277,7 +279,7 @@ impl Drop for ClientSlot {
 
 struct Stream {
     rx: watch::Receiver<Option<Arc<str>>>,
-    stop: watch::Receiver<bool>,
+    stop: tokio_util::sync::CancellationToken,
     pending: VecDeque<Event>,
     _slot: ClientSlot,
 }
@@ -319,7 +321,7 @@ pub async fn events(State(live): State<Arc<Live>>) -> Response {
             }
             tokio::select! {
                 r = st.rx.changed() => if r.is_err() { return None },
-                _ = st.stop.wait_for(|s| *s) => return None,
+                _ = st.stop.cancelled() => return None,
             }
             let t = st.rx.borrow_and_update().clone();
             if let Some(t) = t {

@@ -1,8 +1,12 @@
 //! The daemon's metrics collector: reads the pipelines, the outbox and the
 //! machine at scrape time (components keep their own counters; nothing is
 //! kept twice), plus every registered [`MetricSource`]. Served at `/metrics`.
+//!
+//! Families that read one figure per pipeline, stage, GPU or outbox are
+//! tables of (name, help, accessor); `encode` walks the tables.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -10,8 +14,10 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::registry::Registry;
 
-use crate::outbox::Outbox;
-use crate::pipeline::{LatencyHistogram, PipelineStats, Scheduler};
+use crate::outbox::{Outbox, OutboxStats};
+use crate::pipeline::stages::StageStats;
+use crate::pipeline::{LatencyHistogram, Pipeline, Scheduler};
+use crate::source::camera::CameraState;
 use crate::telemetry::device;
 use crate::telemetry::metrics::{Labels, MetricSource, counter, gauge};
 
@@ -23,6 +29,252 @@ const BUCKETS_S: [f64; 17] = [
 
 /// Batch-size buckets.
 const BATCH_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+
+/// µs to seconds.
+const US: f64 = 1e-6;
+
+/// One family: its name, its help text and how a row's value is read.
+type Family<F> = (&'static str, &'static str, F);
+type PipelineCounter = Family<fn(&Pipeline) -> u64>;
+type PipelineGauge = Family<fn(&Scheduler, usize) -> f64>;
+type StageCounter = Family<fn(&StageStats) -> u64>;
+type CameraCounter = Family<fn(&Pipeline, &CameraState) -> u64>;
+type OutboxGauge = Family<fn(&OutboxStats) -> Option<f64>>;
+type OutboxCounter = Family<fn(&OutboxStats) -> u64>;
+type GpuGauge = Family<fn(&device::Gpu) -> Option<f64>>;
+
+fn get(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+/// Counters with one row per pipeline, labelled `pipeline`.
+const PIPELINE_COUNTERS: &[PipelineCounter] = &[
+    (
+        "outpost_frames_in",
+        "Frames received by the pipeline's source",
+        |p| get(&p.stats.frames_in),
+    ),
+    (
+        "outpost_frames_processed",
+        "Frames taken through decode, inference and postprocessing",
+        |p| get(&p.stats.frames_done),
+    ),
+    (
+        "outpost_records",
+        "Result records stored in the outbox",
+        |p| get(&p.stats.records),
+    ),
+];
+
+/// Gauges with one row per pipeline (by its index in the scheduler), labelled `pipeline`.
+const PIPELINE_GAUGES: &[PipelineGauge] = &[
+    (
+        "outpost_queue_depth",
+        "Frames waiting in the pipeline's queue",
+        |s, i| s.queue_depth(i) as f64,
+    ),
+    (
+        "outpost_queue_capacity",
+        "Capacity of the pipeline's queue",
+        |s, i| s.pipelines()[i].cfg.queue as f64,
+    ),
+];
+
+/// A histogram family with one row per pipeline that has one.
+struct PipelineHistogram {
+    name: &'static str,
+    help: &'static str,
+    labels: fn(&Pipeline) -> Labels,
+    /// None: the pipeline has no row in this family.
+    histogram: fn(&Pipeline) -> Option<&LatencyHistogram>,
+    /// Multiplies the recorded values (µs to seconds).
+    scale: f64,
+    buckets: &'static [f64],
+}
+
+const PIPELINE_HISTOGRAMS: &[PipelineHistogram] = &[
+    PipelineHistogram {
+        name: "outpost_inference_latency_seconds",
+        help: "Inference time per run (a batch counts once)",
+        labels: pipeline_model_labels,
+        histogram: |p| Some(&p.stats.inference_us),
+        scale: US,
+        buckets: &BUCKETS_S,
+    },
+    PipelineHistogram {
+        name: "outpost_e2e_latency_seconds",
+        help: "Frame arrival to result record",
+        labels: pipeline_model_labels,
+        histogram: |p| Some(&p.stats.e2e_us),
+        scale: US,
+        buckets: &BUCKETS_S,
+    },
+    PipelineHistogram {
+        name: "outpost_queue_wait_seconds",
+        help: "Frame arrival until an inference worker takes it",
+        labels: pipeline_model_labels,
+        histogram: |p| Some(&p.stats.queue_us),
+        scale: US,
+        buckets: &BUCKETS_S,
+    },
+    PipelineHistogram {
+        name: "outpost_batch_size",
+        help: "Items per inference run",
+        labels: pipeline_model_labels,
+        histogram: |p| Some(&p.stats.batch_sizes),
+        scale: 1.0,
+        buckets: &BATCH_BUCKETS,
+    },
+    PipelineHistogram {
+        name: "outpost_frame_age_seconds",
+        help: "Frame capture to result record (cameras)",
+        labels: pipeline_labels,
+        histogram: |p| p.stats.camera.is_some().then_some(&p.stats.frame_age_us),
+        scale: US,
+        buckets: &BUCKETS_S,
+    },
+];
+
+/// Counters with one row per cascade stage, labelled `pipeline` and `stage`.
+const STAGE_COUNTERS: &[StageCounter] = &[
+    (
+        "outpost_stage_crops",
+        "Crops a cascade stage ran through its model",
+        |st| get(&st.crops),
+    ),
+    (
+        "outpost_stage_boxes_capped",
+        "Boxes a cascade stage left out (more than its max_boxes)",
+        |st| get(&st.capped),
+    ),
+    (
+        "outpost_stage_errors",
+        "Frames on which a cascade stage failed",
+        |st| get(&st.errors),
+    ),
+];
+
+/// Counters with one row per camera pipeline, labelled `pipeline`.
+const CAMERA_COUNTERS: &[CameraCounter] = &[
+    (
+        "outpost_camera_frames_in",
+        "Decoded frames out of the camera (before fps subsampling)",
+        |_, c| get(&c.frames_in),
+    ),
+    (
+        "outpost_camera_frames_processed",
+        "Camera frames taken through inference",
+        |p, _| get(&p.stats.frames_done),
+    ),
+    (
+        "outpost_camera_reconnects",
+        "Camera pipelines torn down and rebuilt",
+        |_, c| get(&c.reconnects),
+    ),
+];
+
+/// Outbox gauges, no labels; a None value leaves the family out.
+const OUTBOX_GAUGES: &[OutboxGauge] = &[
+    (
+        "outpost_outbox_records",
+        "Unacknowledged records in the outbox",
+        |o| Some(o.records as f64),
+    ),
+    (
+        "outpost_outbox_bytes",
+        "Bytes of unacknowledged records in the outbox",
+        |o| Some(o.bytes as f64),
+    ),
+    ("outpost_outbox_max_bytes", "Outbox size bound", |o| {
+        Some(o.max_bytes as f64)
+    }),
+    (
+        "outpost_outbox_oldest_age_seconds",
+        "Age of the oldest unacknowledged record",
+        |o| o.oldest_age.map(|a| a.as_secs_f64()),
+    ),
+    (
+        "outpost_outbox_dead_letters",
+        "Records in the dead-letter tree",
+        |o| Some(o.dead_letters as f64),
+    ),
+    (
+        "outpost_outbox_unavailable",
+        "1 while the outbox refuses records (disk full, I/O error) and recovers",
+        |o| Some(f64::from(u8::from(o.unavailable.is_some()))),
+    ),
+];
+
+/// Outbox counters, no labels.
+const OUTBOX_COUNTERS: &[OutboxCounter] = &[
+    (
+        "outpost_outbox_appended",
+        "Records appended since start",
+        |o| o.appended_total,
+    ),
+    (
+        "outpost_outbox_acked",
+        "Records acknowledged by the fleet and deleted since start",
+        |o| o.acked_total,
+    ),
+    (
+        "outpost_outbox_flushes",
+        "Group commits (flush and fsync)",
+        |o| o.flushes_total,
+    ),
+    ("outpost_outbox_flush_errors", "Failed group commits", |o| {
+        o.flush_errors_total
+    }),
+    (
+        "outpost_outbox_reopens",
+        "Outbox databases reopened after a write error",
+        |o| o.reopens_total,
+    ),
+    (
+        "outpost_outbox_lost",
+        "Records appended before a write error that a reopen could not put back",
+        |o| o.lost_total,
+    ),
+    (
+        "outpost_outbox_quarantined",
+        "Damaged databases moved aside at start",
+        |o| o.quarantined_total,
+    ),
+];
+
+/// GPU gauges, labelled `gpu` and `name`; a family is written only when
+/// some GPU reports its value (values the hardware does not report are absent).
+const GPU_GAUGES: &[GpuGauge] = &[
+    (
+        "outpost_gpu_utilization_ratio",
+        "GPU utilisation, 0..1",
+        |g| g.utilization,
+    ),
+    ("outpost_gpu_memory_used_bytes", "GPU memory in use", |g| {
+        g.memory_used_bytes.map(|b| b as f64)
+    }),
+    ("outpost_gpu_memory_free_bytes", "GPU memory free", |g| {
+        g.memory_free_bytes.map(|b| b as f64)
+    }),
+    ("outpost_gpu_memory_total_bytes", "GPU memory in all", |g| {
+        g.memory_total_bytes.map(|b| b as f64)
+    }),
+    ("outpost_gpu_temperature_celsius", "GPU temperature", |g| {
+        g.temperature_celsius
+    }),
+];
+
+fn pipeline_labels(p: &Pipeline) -> Labels {
+    vec![("pipeline", p.name().to_string())]
+}
+
+fn pipeline_model_labels(p: &Pipeline) -> Labels {
+    vec![
+        ("pipeline", p.name().to_string()),
+        ("model", p.model().id()),
+        ("provider", p.model().provider.as_str().to_string()),
+    ]
+}
 
 pub struct DaemonCollector {
     /// The current generation's scheduler (replaced on reload).
@@ -62,367 +314,15 @@ fn histogram(
 impl Collector for DaemonCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let sched = self.scheduler.load_full();
-        let pipes = sched.pipelines();
-        let pl =
-            |p: &crate::pipeline::Pipeline| -> Labels { vec![("pipeline", p.name().to_string())] };
-        let plm = |p: &crate::pipeline::Pipeline| -> Labels {
-            vec![
-                ("pipeline", p.name().to_string()),
-                ("model", p.model().id()),
-                ("provider", p.model().provider.as_str().to_string()),
-            ]
-        };
-        let get = PipelineStats::get;
-        counter(
-            &mut enc,
-            "outpost_frames_in",
-            "Frames received by the pipeline's source",
-            &pipes
-                .iter()
-                .map(|p| (pl(p), get(&p.stats.frames_in)))
-                .collect::<Vec<_>>(),
-        )?;
-        counter(
-            &mut enc,
-            "outpost_frames_processed",
-            "Frames taken through decode, inference and postprocessing",
-            &pipes
-                .iter()
-                .map(|p| (pl(p), get(&p.stats.frames_done)))
-                .collect::<Vec<_>>(),
-        )?;
-        counter(
-            &mut enc,
-            "outpost_records",
-            "Result records stored in the outbox",
-            &pipes
-                .iter()
-                .map(|p| (pl(p), get(&p.stats.records)))
-                .collect::<Vec<_>>(),
-        )?;
-        let mut drops = Vec::new();
-        for p in pipes {
-            for (reason, n) in p.stats.drops() {
-                drops.push((
-                    vec![
-                        ("pipeline", p.name().to_string()),
-                        ("reason", reason.to_string()),
-                    ],
-                    n,
-                ));
-            }
-        }
-        counter(
-            &mut enc,
-            "outpost_frames_dropped",
-            "Frames dropped, by reason",
-            &drops,
-        )?;
-        let (mut sent, mut dropped, mut connected) = (Vec::new(), Vec::new(), Vec::new());
-        for p in pipes {
-            for (output, _, up, st) in p.outputs().stats() {
-                let l = vec![
-                    ("pipeline", p.name().to_string()),
-                    ("output", output.to_string()),
-                ];
-                sent.push((
-                    l.clone(),
-                    st.sent.load(std::sync::atomic::Ordering::Relaxed),
-                ));
-                connected.push((l.clone(), if up { 1.0 } else { 0.0 }));
-                for (reason, n) in st.drops() {
-                    let mut l = l.clone();
-                    l.push(("reason", reason.to_string()));
-                    dropped.push((l, n));
-                }
-            }
-        }
-        counter(
-            &mut enc,
-            "outpost_output_sent",
-            "Records handed to a local output (MQTT queued, UDP sent, unix written to a reader)",
-            &sent,
-        )?;
-        counter(
-            &mut enc,
-            "outpost_output_dropped",
-            "Records a local output dropped, by reason",
-            &dropped,
-        )?;
-        gauge(
-            &mut enc,
-            "outpost_output_connected",
-            "1 while a local output has its peer (MQTT connected, UDP open, a unix reader)",
-            &connected,
-        )?;
-        gauge(
-            &mut enc,
-            "outpost_queue_depth",
-            "Frames waiting in the pipeline's queue",
-            &pipes
-                .iter()
-                .enumerate()
-                .map(|(i, p)| (pl(p), sched.queue_depth(i) as f64))
-                .collect::<Vec<_>>(),
-        )?;
-        gauge(
-            &mut enc,
-            "outpost_queue_capacity",
-            "Capacity of the pipeline's queue",
-            &pipes
-                .iter()
-                .map(|p| (pl(p), p.cfg.queue as f64))
-                .collect::<Vec<_>>(),
-        )?;
-        histogram(
-            &mut enc,
-            "outpost_inference_latency_seconds",
-            "Inference time per run (a batch counts once)",
-            &pipes
-                .iter()
-                .map(|p| (plm(p), &p.stats.inference_us))
-                .collect::<Vec<_>>(),
-            1e-6,
-            &BUCKETS_S,
-        )?;
-        histogram(
-            &mut enc,
-            "outpost_e2e_latency_seconds",
-            "Frame arrival to result record",
-            &pipes
-                .iter()
-                .map(|p| (plm(p), &p.stats.e2e_us))
-                .collect::<Vec<_>>(),
-            1e-6,
-            &BUCKETS_S,
-        )?;
-        histogram(
-            &mut enc,
-            "outpost_queue_wait_seconds",
-            "Frame arrival until an inference worker takes it",
-            &pipes
-                .iter()
-                .map(|p| (plm(p), &p.stats.queue_us))
-                .collect::<Vec<_>>(),
-            1e-6,
-            &BUCKETS_S,
-        )?;
-        // Cascade stages, per pipeline and stage model.
-        let stage_rows: Vec<(Labels, &crate::pipeline::stages::StageStats)> = pipes
-            .iter()
-            .flat_map(|p| {
-                p.stage_stats().into_iter().map(|(model, st)| {
-                    (
-                        vec![("pipeline", p.name().to_string()), ("stage", model)],
-                        st,
-                    )
-                })
-            })
-            .collect();
-        histogram(
-            &mut enc,
-            "outpost_stage_latency_seconds",
-            "A cascade stage's work on one frame (crops, inference, postprocessing)",
-            &stage_rows
-                .iter()
-                .map(|(l, st)| (l.clone(), &st.latency_us))
-                .collect::<Vec<_>>(),
-            1e-6,
-            &BUCKETS_S,
-        )?;
-        for (name, help, f) in [
-            (
-                "outpost_stage_crops",
-                "Crops a cascade stage ran through its model",
-                (|st: &crate::pipeline::stages::StageStats| PipelineStats::get(&st.crops))
-                    as fn(&crate::pipeline::stages::StageStats) -> u64,
-            ),
-            (
-                "outpost_stage_boxes_capped",
-                "Boxes a cascade stage left out (more than its max_boxes)",
-                |st| PipelineStats::get(&st.capped),
-            ),
-            (
-                "outpost_stage_errors",
-                "Frames on which a cascade stage failed",
-                |st| PipelineStats::get(&st.errors),
-            ),
-        ] {
-            counter(
-                &mut enc,
-                name,
-                help,
-                &stage_rows
-                    .iter()
-                    .map(|(l, st)| (l.clone(), f(st)))
-                    .collect::<Vec<_>>(),
-            )?;
-        }
-        histogram(
-            &mut enc,
-            "outpost_batch_size",
-            "Items per inference run",
-            &pipes
-                .iter()
-                .map(|p| (plm(p), &p.stats.batch_sizes))
-                .collect::<Vec<_>>(),
-            1.0,
-            &BATCH_BUCKETS,
-        )?;
-
-        histogram(
-            &mut enc,
-            "outpost_frame_age_seconds",
-            "Frame capture to result record (cameras)",
-            &pipes
-                .iter()
-                .filter(|p| p.stats.camera.is_some())
-                .map(|p| (pl(p), &p.stats.frame_age_us))
-                .collect::<Vec<_>>(),
-            1e-6,
-            &BUCKETS_S,
-        )?;
-        camera_metrics(&mut enc, pipes)?;
-
-        // Models: one info row per loaded model.
-        let mut seen = std::collections::BTreeSet::new();
-        let mut info = Vec::new();
-        for p in pipes {
-            if seen.insert(p.model().id()) {
-                info.push((
-                    vec![
-                        ("model", p.model().manifest.name.clone()),
-                        ("version", p.model().manifest.version.clone()),
-                        ("provider", p.model().provider.as_str().to_string()),
-                    ],
-                    1.0,
-                ));
-            }
-        }
-        gauge(
-            &mut enc,
-            "outpost_model_info",
-            "Loaded models with their version and execution provider",
-            &info,
-        )?;
-
-        // Outbox.
-        let o = self.outbox.stats();
-        let none: Labels = Vec::new();
-        gauge(
-            &mut enc,
-            "outpost_outbox_records",
-            "Unacknowledged records in the outbox",
-            &[(none.clone(), o.records as f64)],
-        )?;
-        gauge(
-            &mut enc,
-            "outpost_outbox_bytes",
-            "Bytes of unacknowledged records in the outbox",
-            &[(none.clone(), o.bytes as f64)],
-        )?;
-        gauge(
-            &mut enc,
-            "outpost_outbox_max_bytes",
-            "Outbox size bound",
-            &[(none.clone(), o.max_bytes as f64)],
-        )?;
-        if let Some(age) = o.oldest_age {
-            gauge(
-                &mut enc,
-                "outpost_outbox_oldest_age_seconds",
-                "Age of the oldest unacknowledged record",
-                &[(none.clone(), age.as_secs_f64())],
-            )?;
-        }
-        gauge(
-            &mut enc,
-            "outpost_outbox_dead_letters",
-            "Records in the dead-letter tree",
-            &[(none.clone(), o.dead_letters as f64)],
-        )?;
-        counter(
-            &mut enc,
-            "outpost_outbox_appended",
-            "Records appended since start",
-            &[(none.clone(), o.appended_total)],
-        )?;
-        counter(
-            &mut enc,
-            "outpost_outbox_acked",
-            "Records acknowledged by the fleet and deleted since start",
-            &[(none.clone(), o.acked_total)],
-        )?;
-        counter(
-            &mut enc,
-            "outpost_outbox_dropped",
-            "Records dropped by the outbox's size bound, by reason",
-            &o.dropped
-                .by_reason()
-                .iter()
-                .map(|(r, n)| (vec![("reason", r.to_string())], *n))
-                .collect::<Vec<_>>(),
-        )?;
-        counter(
-            &mut enc,
-            "outpost_outbox_flushes",
-            "Group commits (flush and fsync)",
-            &[(none.clone(), o.flushes_total)],
-        )?;
-        counter(
-            &mut enc,
-            "outpost_outbox_flush_errors",
-            "Failed group commits",
-            &[(none.clone(), o.flush_errors_total)],
-        )?;
-        gauge(
-            &mut enc,
-            "outpost_outbox_unavailable",
-            "1 while the outbox refuses records (disk full, I/O error) and recovers",
-            &[(none.clone(), f64::from(u8::from(o.unavailable.is_some())))],
-        )?;
-        counter(
-            &mut enc,
-            "outpost_outbox_reopens",
-            "Outbox databases reopened after a write error",
-            &[(none.clone(), o.reopens_total)],
-        )?;
-        counter(
-            &mut enc,
-            "outpost_outbox_lost",
-            "Records appended before a write error that a reopen could not put back",
-            &[(none.clone(), o.lost_total)],
-        )?;
-        counter(
-            &mut enc,
-            "outpost_outbox_quarantined",
-            "Damaged databases moved aside at start",
-            &[(none.clone(), o.quarantined_total)],
-        )?;
-
+        pipeline_metrics(&mut enc, &sched)?;
+        stage_metrics(&mut enc, sched.pipelines())?;
+        camera_metrics(&mut enc, sched.pipelines())?;
+        model_info(&mut enc, sched.pipelines())?;
+        outbox_metrics(&mut enc, &self.outbox.stats())?;
         for s in &self.extra {
             s.encode(&mut enc)?;
         }
-
-        // Process and device.
-        let p = device::process();
-        if let Some(rss) = p.resident_bytes {
-            gauge(
-                &mut enc,
-                "outpost_process_resident_memory_bytes",
-                "Resident memory of the daemon",
-                &[(none.clone(), rss as f64)],
-            )?;
-        }
-        if let Some(cpu) = p.cpu_seconds {
-            let mut m = enc.encode_descriptor(
-                "outpost_process_cpu_seconds",
-                "CPU time used by the daemon",
-                None,
-                MetricType::Counter,
-            )?;
-            ConstCounter::new(cpu).encode(m.encode_family(&none)?)?;
-        }
+        process_metrics(&mut enc)?;
         let d = device::sample();
         if !d.temperatures.is_empty() {
             gauge(
@@ -435,83 +335,123 @@ impl Collector for DaemonCollector {
                     .collect::<Vec<_>>(),
             )?;
         }
-        if !d.gpus.is_empty() {
-            let lab =
-                |g: &device::Gpu| vec![("gpu", g.index.to_string()), ("name", g.name.clone())];
-            let util: Vec<_> = d
-                .gpus
-                .iter()
-                .filter_map(|g| g.utilization.map(|u| (lab(g), u)))
-                .collect();
-            if !util.is_empty() {
-                gauge(
-                    &mut enc,
-                    "outpost_gpu_utilization_ratio",
-                    "GPU utilisation, 0..1",
-                    &util,
-                )?;
-            }
-            let used: Vec<_> = d
-                .gpus
-                .iter()
-                .filter_map(|g| g.memory_used_bytes.map(|u| (lab(g), u as f64)))
-                .collect();
-            if !used.is_empty() {
-                gauge(
-                    &mut enc,
-                    "outpost_gpu_memory_used_bytes",
-                    "GPU memory in use",
-                    &used,
-                )?;
-            }
-            let free: Vec<_> = d
-                .gpus
-                .iter()
-                .filter_map(|g| g.memory_free_bytes.map(|u| (lab(g), u as f64)))
-                .collect();
-            if !free.is_empty() {
-                gauge(
-                    &mut enc,
-                    "outpost_gpu_memory_free_bytes",
-                    "GPU memory free",
-                    &free,
-                )?;
-            }
-            let total: Vec<_> = d
-                .gpus
-                .iter()
-                .filter_map(|g| g.memory_total_bytes.map(|u| (lab(g), u as f64)))
-                .collect();
-            if !total.is_empty() {
-                gauge(
-                    &mut enc,
-                    "outpost_gpu_memory_total_bytes",
-                    "GPU memory in all",
-                    &total,
-                )?;
-            }
-            let temp: Vec<_> = d
-                .gpus
-                .iter()
-                .filter_map(|g| g.temperature_celsius.map(|t| (lab(g), t)))
-                .collect();
-            if !temp.is_empty() {
-                gauge(
-                    &mut enc,
-                    "outpost_gpu_temperature_celsius",
-                    "GPU temperature",
-                    &temp,
-                )?;
-            }
-        }
-        Ok(())
+        gpu_metrics(&mut enc, &d.gpus)
     }
 }
 
+/// Per pipeline: frames, drops, local outputs, queues, latencies.
+fn pipeline_metrics(enc: &mut DescriptorEncoder, sched: &Scheduler) -> Result<(), std::fmt::Error> {
+    let pipes = sched.pipelines();
+    for (name, help, value) in PIPELINE_COUNTERS {
+        let rows: Vec<_> = pipes
+            .iter()
+            .map(|p| (pipeline_labels(p), value(p)))
+            .collect();
+        counter(enc, name, help, &rows)?;
+    }
+    let mut drops = Vec::new();
+    for p in pipes {
+        for (reason, n) in p.stats.drops() {
+            let mut l = pipeline_labels(p);
+            l.push(("reason", reason.to_string()));
+            drops.push((l, n));
+        }
+    }
+    counter(
+        enc,
+        "outpost_frames_dropped",
+        "Frames dropped, by reason",
+        &drops,
+    )?;
+    let (mut sent, mut dropped, mut connected) = (Vec::new(), Vec::new(), Vec::new());
+    for p in pipes {
+        for (output, _, up, st) in p.outputs().stats() {
+            let mut l = pipeline_labels(p);
+            l.push(("output", output.to_string()));
+            sent.push((l.clone(), get(&st.sent)));
+            connected.push((l.clone(), if up { 1.0 } else { 0.0 }));
+            for (reason, n) in st.drops() {
+                let mut l = l.clone();
+                l.push(("reason", reason.to_string()));
+                dropped.push((l, n));
+            }
+        }
+    }
+    counter(
+        enc,
+        "outpost_output_sent",
+        "Records handed to a local output (MQTT queued, UDP sent, unix written to a reader)",
+        &sent,
+    )?;
+    counter(
+        enc,
+        "outpost_output_dropped",
+        "Records a local output dropped, by reason",
+        &dropped,
+    )?;
+    gauge(
+        enc,
+        "outpost_output_connected",
+        "1 while a local output has its peer (MQTT connected, UDP open, a unix reader)",
+        &connected,
+    )?;
+    for (name, help, value) in PIPELINE_GAUGES {
+        let rows: Vec<_> = (0..pipes.len())
+            .map(|i| (pipeline_labels(&pipes[i]), value(sched, i)))
+            .collect();
+        gauge(enc, name, help, &rows)?;
+    }
+    for h in PIPELINE_HISTOGRAMS {
+        let rows: Vec<_> = pipes
+            .iter()
+            .filter_map(|p| (h.histogram)(p).map(|v| ((h.labels)(p), v)))
+            .collect();
+        histogram(enc, h.name, h.help, &rows, h.scale, h.buckets)?;
+    }
+    Ok(())
+}
+
+/// Cascade stages, per pipeline and stage model.
+fn stage_metrics(
+    enc: &mut DescriptorEncoder,
+    pipes: &[Arc<Pipeline>],
+) -> Result<(), std::fmt::Error> {
+    let stages: Vec<(Labels, &StageStats)> = pipes
+        .iter()
+        .flat_map(|p| {
+            p.stage_stats().into_iter().map(|(model, st)| {
+                let mut l = pipeline_labels(p);
+                l.push(("stage", model));
+                (l, st)
+            })
+        })
+        .collect();
+    histogram(
+        enc,
+        "outpost_stage_latency_seconds",
+        "A cascade stage's work on one frame (crops, inference, postprocessing)",
+        &stages
+            .iter()
+            .map(|(l, st)| (l.clone(), &st.latency_us))
+            .collect::<Vec<_>>(),
+        US,
+        &BUCKETS_S,
+    )?;
+    for (name, help, value) in STAGE_COUNTERS {
+        let rows: Vec<_> = stages
+            .iter()
+            .map(|(l, st)| (l.clone(), value(st)))
+            .collect();
+        counter(enc, name, help, &rows)?;
+    }
+    Ok(())
+}
+
 /// Per camera: state, frames in / processed / dropped by reason, reconnects.
+/// No camera pipeline: no camera family.
 fn camera_metrics(
     enc: &mut DescriptorEncoder,
-    pipes: &[Arc<crate::pipeline::Pipeline>],
+    pipes: &[Arc<Pipeline>],
 ) -> Result<(), std::fmt::Error> {
     let cams: Vec<_> = pipes
         .iter()
@@ -520,42 +460,28 @@ fn camera_metrics(
     if cams.is_empty() {
         return Ok(());
     }
-    let pl = |p: &crate::pipeline::Pipeline| -> Labels { vec![("pipeline", p.name().to_string())] };
-    let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     gauge(
         enc,
         "outpost_camera_up",
         "1 while the camera streams, 0 while it reconnects",
         &cams
             .iter()
-            .map(|(p, c)| (pl(p), if c.is_up() { 1.0 } else { 0.0 }))
+            .map(|(p, c)| (pipeline_labels(p), if c.is_up() { 1.0 } else { 0.0 }))
             .collect::<Vec<_>>(),
     )?;
-    counter(
-        enc,
-        "outpost_camera_frames_in",
-        "Decoded frames out of the camera (before fps subsampling)",
-        &cams
+    for (name, help, value) in CAMERA_COUNTERS {
+        let rows: Vec<_> = cams
             .iter()
-            .map(|(p, c)| (pl(p), get(&c.frames_in)))
-            .collect::<Vec<_>>(),
-    )?;
-    counter(
-        enc,
-        "outpost_camera_frames_processed",
-        "Camera frames taken through inference",
-        &cams
-            .iter()
-            .map(|(p, _)| (pl(p), get(&p.stats.frames_done)))
-            .collect::<Vec<_>>(),
-    )?;
+            .map(|(p, c)| (pipeline_labels(p), value(p, c)))
+            .collect();
+        counter(enc, name, help, &rows)?;
+    }
     let mut drops = Vec::new();
     for (p, c) in &cams {
         for (reason, n) in c.drops(&p.stats.drops()) {
-            drops.push((
-                vec![("pipeline", p.name().to_string()), ("reason", reason)],
-                n,
-            ));
+            let mut l = pipeline_labels(p);
+            l.push(("reason", reason));
+            drops.push((l, n));
         }
     }
     counter(
@@ -563,16 +489,96 @@ fn camera_metrics(
         "outpost_camera_frames_dropped",
         "Camera frames not processed, by reason (fps: subsampled; stale: replaced by a newer frame)",
         &drops,
-    )?;
+    )
+}
+
+/// One info row per loaded model.
+fn model_info(enc: &mut DescriptorEncoder, pipes: &[Arc<Pipeline>]) -> Result<(), std::fmt::Error> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut info = Vec::new();
+    for p in pipes {
+        if seen.insert(p.model().id()) {
+            info.push((
+                vec![
+                    ("model", p.model().manifest.name.clone()),
+                    ("version", p.model().manifest.version.clone()),
+                    ("provider", p.model().provider.as_str().to_string()),
+                ],
+                1.0,
+            ));
+        }
+    }
+    gauge(
+        enc,
+        "outpost_model_info",
+        "Loaded models with their version and execution provider",
+        &info,
+    )
+}
+
+fn outbox_metrics(enc: &mut DescriptorEncoder, o: &OutboxStats) -> Result<(), std::fmt::Error> {
+    for (name, help, value) in OUTBOX_GAUGES {
+        if let Some(v) = value(o) {
+            gauge(enc, name, help, &[(Vec::new(), v)])?;
+        }
+    }
+    for (name, help, value) in OUTBOX_COUNTERS {
+        counter(enc, name, help, &[(Vec::new(), value(o))])?;
+    }
     counter(
         enc,
-        "outpost_camera_reconnects",
-        "Camera pipelines torn down and rebuilt",
-        &cams
+        "outpost_outbox_dropped",
+        "Records dropped by the outbox's size bound, by reason",
+        &o.dropped
+            .by_reason()
             .iter()
-            .map(|(p, c)| (pl(p), get(&c.reconnects)))
+            .map(|(r, n)| (vec![("reason", r.to_string())], *n))
             .collect::<Vec<_>>(),
     )
+}
+
+/// The daemon process: what the system reports of it.
+fn process_metrics(enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let p = device::process();
+    if let Some(rss) = p.resident_bytes {
+        gauge(
+            enc,
+            "outpost_process_resident_memory_bytes",
+            "Resident memory of the daemon",
+            &[(Vec::new(), rss as f64)],
+        )?;
+    }
+    if let Some(cpu) = p.cpu_seconds {
+        // A float counter: `counter` writes integers.
+        let mut m = enc.encode_descriptor(
+            "outpost_process_cpu_seconds",
+            "CPU time used by the daemon",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(cpu).encode(m.encode_family(&Labels::new())?)?;
+    }
+    Ok(())
+}
+
+fn gpu_metrics(enc: &mut DescriptorEncoder, gpus: &[device::Gpu]) -> Result<(), std::fmt::Error> {
+    for (name, help, value) in GPU_GAUGES {
+        let rows: Vec<_> = gpus
+            .iter()
+            .filter_map(|g| {
+                value(g).map(|v| {
+                    (
+                        vec![("gpu", g.index.to_string()), ("name", g.name.clone())],
+                        v,
+                    )
+                })
+            })
+            .collect();
+        if !rows.is_empty() {
+            gauge(enc, name, help, &rows)?;
+        }
+    }
+    Ok(())
 }
 
 /// A registry with the daemon's collector.
@@ -580,4 +586,133 @@ pub fn registry(collector: DaemonCollector) -> Registry {
     let mut r = Registry::default();
     r.register_collector(Box::new(collector));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn help_lines(text: &str) -> Vec<&str> {
+        text.lines().filter(|l| l.starts_with("# HELP ")).collect()
+    }
+
+    #[test]
+    fn an_empty_scheduler_and_an_outbox_write_the_outbox_families_with_their_help() {
+        let dir = tempfile::tempdir().unwrap();
+        let outbox = Outbox::open(dir.path(), Default::default()).unwrap();
+        let r = registry(DaemonCollector {
+            scheduler: Arc::new(arc_swap::ArcSwap::from_pointee(Scheduler::new(Vec::new()))),
+            outbox: outbox.clone(),
+            extra: Vec::new(),
+        });
+        let text = crate::telemetry::metrics::render(&r);
+        let help = help_lines(&text);
+        for want in [
+            "# HELP outpost_outbox_records Unacknowledged records in the outbox",
+            "# HELP outpost_outbox_bytes Bytes of unacknowledged records in the outbox",
+            "# HELP outpost_outbox_max_bytes Outbox size bound",
+            "# HELP outpost_outbox_dead_letters Records in the dead-letter tree",
+            "# HELP outpost_outbox_appended Records appended since start",
+            "# HELP outpost_outbox_acked Records acknowledged by the fleet and deleted since start",
+            "# HELP outpost_outbox_dropped Records dropped by the outbox's size bound, by reason",
+            "# HELP outpost_outbox_flushes Group commits (flush and fsync)",
+            "# HELP outpost_outbox_flush_errors Failed group commits",
+            "# HELP outpost_outbox_unavailable 1 while the outbox refuses records (disk full, I/O error) and recovers",
+            "# HELP outpost_outbox_reopens Outbox databases reopened after a write error",
+            "# HELP outpost_outbox_lost Records appended before a write error that a reopen could not put back",
+            "# HELP outpost_outbox_quarantined Damaged databases moved aside at start",
+            // Pipeline families are written without rows.
+            "# HELP outpost_frames_in Frames received by the pipeline's source",
+            "# HELP outpost_queue_depth Frames waiting in the pipeline's queue",
+            "# HELP outpost_inference_latency_seconds Inference time per run (a batch counts once)",
+            "# HELP outpost_stage_crops Crops a cascade stage ran through its model",
+            "# HELP outpost_model_info Loaded models with their version and execution provider",
+        ] {
+            assert!(help.contains(&want), "no `{want}` in\n{text}");
+        }
+        for (line, kind) in [
+            ("outpost_outbox_records 0.0", "gauge"),
+            ("outpost_outbox_appended_total 0", "counter"),
+            ("outpost_outbox_unavailable 0.0", "gauge"),
+            (
+                "outpost_outbox_dropped_total{reason=\"full_reject_new\"} 0",
+                "counter",
+            ),
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "no {kind} `{line}` in\n{text}"
+            );
+        }
+        // No record waits: no age. No camera pipeline: no camera family.
+        assert!(
+            !text.contains("outpost_outbox_oldest_age_seconds"),
+            "{text}"
+        );
+        assert!(!text.contains("outpost_camera_"), "{text}");
+
+        outbox.append("s", b"{}").unwrap();
+        let text = crate::telemetry::metrics::render(&r);
+        assert!(
+            help_lines(&text).contains(
+                &"# HELP outpost_outbox_oldest_age_seconds Age of the oldest unacknowledged record"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("\noutpost_outbox_appended_total 1\n"),
+            "{text}"
+        );
+    }
+
+    #[derive(Debug)]
+    struct Gpus(Vec<device::Gpu>);
+
+    impl Collector for Gpus {
+        fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+            gpu_metrics(&mut enc, &self.0)
+        }
+    }
+
+    fn gpu_text(gpus: Vec<device::Gpu>) -> String {
+        let mut r = Registry::default();
+        r.register_collector(Box::new(Gpus(gpus)));
+        crate::telemetry::metrics::render(&r)
+    }
+
+    #[test]
+    fn a_gpu_family_is_written_only_when_some_gpu_reports_it() {
+        let bare = |index: u32| device::Gpu {
+            index,
+            name: format!("gpu{index}"),
+            ..Default::default()
+        };
+        assert!(!gpu_text(vec![bare(0)]).contains("outpost_gpu"));
+
+        let text = gpu_text(vec![
+            bare(0),
+            device::Gpu {
+                utilization: Some(0.5),
+                memory_total_bytes: Some(1024),
+                ..bare(1)
+            },
+        ]);
+        assert_eq!(
+            help_lines(&text),
+            [
+                "# HELP outpost_gpu_utilization_ratio GPU utilisation, 0..1",
+                "# HELP outpost_gpu_memory_total_bytes GPU memory in all",
+            ],
+            "{text}"
+        );
+        assert!(
+            text.contains("\noutpost_gpu_utilization_ratio{gpu=\"1\",name=\"gpu1\"} 0.5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\noutpost_gpu_memory_total_bytes{gpu=\"1\",name=\"gpu1\"} 1024.0\n"),
+            "{text}"
+        );
+        assert!(!text.contains("gpu=\"0\""), "{text}");
+    }
 }

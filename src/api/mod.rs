@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use arc_swap::ArcSwap;
 
 pub mod serve;
+pub mod status;
 
 use axum::Router;
 use axum::extract::State;
@@ -24,9 +25,8 @@ use axum::routing::{get, post};
 
 use crate::ota::stats::OtaStats;
 use crate::outbox::Outbox;
+use crate::pipeline::Scheduler;
 use crate::pipeline::recent::RecentRecords;
-use crate::pipeline::{PipelineStats, Scheduler};
-use crate::preprocess::PreprocessConfig;
 use crate::source::http::{HttpIngress, infer};
 use crate::uplink::UplinkStats;
 
@@ -49,9 +49,9 @@ pub struct ApiState {
     pub ota: Option<Arc<OtaStats>>,
     /// The last records of each pipeline (console, `/v1/pipelines/{name}/records`).
     pub recent: Arc<RecentRecords>,
-    /// Turns true when the daemon stops: ends the console's event streams,
+    /// Cancelled when the daemon stops: ends the console's event streams,
     /// which would otherwise hold the graceful shutdown open.
-    pub shutdown: tokio::sync::watch::Receiver<bool>,
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 impl ApiState {
@@ -218,147 +218,6 @@ async fn readyz(State(s): State<ApiState>) -> impl IntoResponse {
     }
 }
 
-/// The daemon's state as JSON.
-pub fn status_json(s: &ApiState) -> serde_json::Value {
-    let sched = s.scheduler();
-    let pipelines: Vec<serde_json::Value> = sched
-        .pipelines()
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let st = &p.stats;
-            let model = p.model();
-            let input = match p
-                .cfg
-                .preprocess
-                .as_ref()
-                .or(model.manifest.preprocess.as_ref())
-            {
-                Some(PreprocessConfig::Image { .. } | PreprocessConfig::Pyramid { .. }) => "image",
-                Some(PreprocessConfig::Audio { .. }) => "audio",
-                Some(PreprocessConfig::Sensor { .. }) => "sensor",
-                Some(PreprocessConfig::None) | None => "",
-            };
-            serde_json::json!({
-                "name": p.name(),
-                "source": p.cfg.source.kind(),
-                "source_state": st.source_state(),
-                "input": input,
-                "priority": p.cfg.priority.as_str(),
-                "model": p.model().id(),
-                "provider": p.model().provider,
-                "provider_fallbacks": p.model().fallbacks,
-                "queue_depth": sched.queue_depth(i),
-                "paused": sched.is_paused(i),
-                "queue_capacity": p.cfg.queue,
-                "frames_in": PipelineStats::get(&st.frames_in),
-                "frames_done": PipelineStats::get(&st.frames_done),
-                "items": PipelineStats::get(&st.items),
-                "records": PipelineStats::get(&st.records),
-                "batches": PipelineStats::get(&st.batches),
-                "batch_items": PipelineStats::get(&st.batch_items),
-                "inference_us_total": PipelineStats::get(&st.inference_us_total),
-                "drops": st.drops(),
-                "outputs": p.outputs().status(),
-                "e2e_latency": st.e2e_us.summary(),
-                "inference_latency": st.inference_us.summary(),
-                "stage_latency": {
-                    "queue": st.queue_us.summary(),
-                    "decode": st.decode_us.summary(),
-                    "inference": st.inference_us.summary(),
-                    "output": st.output_us.summary(),
-                },
-                "stages": p.stage_stats().into_iter().map(|(model, ss)| serde_json::json!({
-                    "model": model,
-                    "crops": PipelineStats::get(&ss.crops),
-                    "boxes_capped": PipelineStats::get(&ss.capped),
-                    "errors": PipelineStats::get(&ss.errors),
-                    "latency": ss.latency_us.summary(),
-                })).collect::<Vec<_>>(),
-                "frame_age": st.frame_age_us.summary(),
-                "camera": st.camera.as_ref().map(|c| c.status()),
-            })
-        })
-        .collect();
-    let o = s.outbox.stats();
-    let uplink = s.uplink.as_ref().map(|u| uplink_json(u));
-    let ota = s.ota.as_ref().map(|o| {
-        let mut v = o.summary();
-        v["daemon"] = serde_json::json!({"version": s.daemon.0, "slot": s.daemon.1});
-        v
-    });
-    serde_json::json!({
-        "device": s.device,
-        "daemon": {"version": s.daemon.0, "slot": s.daemon.1},
-        "boot": s.boot,
-        "ready": s.ready.load(Ordering::SeqCst),
-        "pipelines": pipelines,
-        "outbox": {
-            "records": o.records,
-            "bytes": o.bytes,
-            "oldest_age_s": o.oldest_age.map(|d| d.as_secs_f64()),
-            "dead_letters": o.dead_letters,
-            "appended_total": o.appended_total,
-            "acked_total": o.acked_total,
-            "max_bytes": o.max_bytes,
-            "unavailable": o.unavailable,
-            "reopens_total": o.reopens_total,
-            "lost_total": o.lost_total,
-        },
-        "uplink": uplink,
-        "ota": ota,
-        "system": system_json(),
-    })
-}
-
-fn uplink_json(u: &UplinkStats) -> serde_json::Value {
-    let g = UplinkStats::get;
-    let last_error = u.last_error().map(|(at, msg)| {
-        serde_json::json!({
-            "message": msg,
-            "age_s": at.elapsed().map(|d| d.as_secs_f64()).unwrap_or(0.0),
-        })
-    });
-    serde_json::json!({
-        "kind": u.kind,
-        "connected": u.is_connected(),
-        "sent_total": g(&u.sent_total),
-        "acked_total": g(&u.acked_total),
-        "retries_total": g(&u.retries_total),
-        "bytes_total": g(&u.bytes_total),
-        "dead_letters_total": g(&u.dead_letters_total),
-        "connects_total": g(&u.connects_total),
-        "disconnects_total": g(&u.disconnects_total),
-        "inflight": g(&u.inflight),
-        "errors_total": g(&u.errors_total),
-        "last_error": last_error,
-    })
-}
-
-/// The machine: memory, load, temperatures, GPUs, and this process.
-fn system_json() -> serde_json::Value {
-    let d = crate::telemetry::device::sample();
-    let p = crate::telemetry::device::process();
-    let m = crate::telemetry::system::memory();
-    serde_json::json!({
-        "cpus": crate::telemetry::system::cpus(),
-        "load1": crate::telemetry::system::load1(),
-        "memory_total_bytes": m.map(|m| m.total_bytes),
-        "memory_available_bytes": m.map(|m| m.available_bytes),
-        "process_resident_bytes": p.resident_bytes,
-        "process_cpu_seconds": p.cpu_seconds,
-        "temperatures": d.temperatures.iter().map(|(zone, c)| serde_json::json!({"zone": zone, "celsius": c})).collect::<Vec<_>>(),
-        "gpus": d.gpus.iter().map(|g| serde_json::json!({
-            "index": g.index,
-            "name": g.name,
-            "utilization": g.utilization,
-            "memory_used_bytes": g.memory_used_bytes,
-            "memory_total_bytes": g.memory_total_bytes,
-            "temperature_celsius": g.temperature_celsius,
-        })).collect::<Vec<_>>(),
-    })
-}
-
 async fn metrics(State(s): State<ApiState>) -> impl IntoResponse {
     (
         [(
@@ -370,7 +229,7 @@ async fn metrics(State(s): State<ApiState>) -> impl IntoResponse {
 }
 
 async fn status(State(s): State<ApiState>) -> impl IntoResponse {
-    axum::Json(status_json(&s))
+    axum::Json(status::Status::read(&s))
 }
 
 /// The latest frame of an image pipeline with its boxes drawn (JPEG); 404

@@ -20,7 +20,8 @@ use hyper_util::service::TowerToHyperService;
 use prometheus_client::encoding::DescriptorEncoder;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::ApiConfig;
 use crate::telemetry::metrics::{MetricSource, counter, gauge};
@@ -127,7 +128,7 @@ impl Every {
     }
 }
 
-/// Serves `app` on `listener` until `stop` turns true, then gives open
+/// Serves `app` on `listener` until `stop` is cancelled, then gives open
 /// connections [`DRAIN`] to finish.
 pub async fn serve(
     listener: TcpListener,
@@ -135,7 +136,7 @@ pub async fn serve(
     cfg: &ApiConfig,
     cap: usize,
     stats: Arc<ConnStats>,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
     stats.max.store(cap as u64, Ordering::Relaxed);
     let slots = Arc::new(Semaphore::new(cap));
@@ -151,7 +152,7 @@ pub async fn serve(
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
-            _ = stop.wait_for(|s| *s) => break,
+            _ = stop.cancelled() => break,
         };
         let stream = match accepted {
             Ok((s, _)) => s,
@@ -185,7 +186,7 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
         let stats_c = stats.clone();
-        let mut stop_c = stop.clone();
+        let stopping = stop.clone().cancelled_owned();
         tokio::spawn(async move {
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
@@ -193,9 +194,6 @@ pub async fn serve(
                 .header_read_timeout(header_timeout);
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             let mut conn = std::pin::pin!(conn);
-            let stopping = async move {
-                let _ = stop_c.wait_for(|s| *s).await;
-            };
             let finished = tokio::select! {
                 _ = conn.as_mut() => true,
                 _ = stopping => false,

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
+use tokio_util::sync::CancellationToken;
 
 use crate::backend::ort::{Runtime, SessionOptions};
 use crate::config::Config;
@@ -65,6 +66,8 @@ pub(super) struct Core {
     pub(super) broker_started: Option<std::net::SocketAddr>,
     /// Refused real-time settings (process-wide, across generations).
     pub(super) realtime: Arc<RealtimeStats>,
+    /// The daemon's stop: each generation's tokens are its children.
+    pub(super) shutdown: CancellationToken,
 }
 
 /// One config's pipelines, workers and sources.
@@ -72,10 +75,11 @@ pub(super) struct Generation {
     pub(super) scheduler: Scheduler,
     workers: Vec<std::thread::JoinHandle<()>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    stop: tokio::sync::watch::Sender<bool>,
+    /// Stops the sources.
+    stop: CancellationToken,
     /// Local outputs stop after the workers, so the last frames' records reach them.
     outputs: Vec<tokio::task::JoinHandle<()>>,
-    outputs_stop: tokio::sync::watch::Sender<bool>,
+    outputs_stop: CancellationToken,
     pub(super) ingress: HashMap<String, SourceCtx>,
 }
 
@@ -253,16 +257,14 @@ impl Core {
         let worker_handles = scheduler
             .start_workers(&sched, &self.realtime)
             .context("starting inference workers")?;
-        let (stop, stop_rx) = tokio::sync::watch::channel(false);
-        let (outputs_stop, outputs_rx) = tokio::sync::watch::channel(false);
         // Filled as parts start; on a failure, whatever started is stopped.
         let mut g = Generation {
             scheduler,
             workers: worker_handles,
             tasks: Vec::new(),
-            stop,
+            stop: self.shutdown.child_token(),
             outputs: Vec::new(),
-            outputs_stop,
+            outputs_stop: self.shutdown.child_token(),
             ingress: HashMap::new(),
         };
         // Outputs before sources: a record of the first frame finds them open.
@@ -271,7 +273,7 @@ impl Core {
                 device: self.device.clone(),
                 pipeline: p.name().to_string(),
                 mqtt: mqtt.clone(),
-                shutdown: outputs_rx.clone(),
+                shutdown: g.outputs_stop.clone(),
             };
             match p.outputs().start(&ctx) {
                 Ok(t) => g.outputs.extend(t),
@@ -286,7 +288,7 @@ impl Core {
             let ctx = SourceCtx {
                 pipeline: pipeline.name().to_string(),
                 sink: g.scheduler.input(i),
-                shutdown: stop_rx.clone(),
+                shutdown: g.stop.clone(),
                 mqtt: mqtt.clone(),
                 outbox: Some(self.outbox.clone()),
                 ids: Some(self.ids.clone()),
@@ -331,28 +333,28 @@ async fn join_workers(workers: Vec<std::thread::JoinHandle<()>>) {
 impl Generation {
     /// A generation with nothing in it (between stopping one and starting the next).
     pub(super) fn empty() -> Generation {
-        let (stop, _) = tokio::sync::watch::channel(true);
-        let (outputs_stop, _) = tokio::sync::watch::channel(true);
+        let stop = CancellationToken::new();
+        stop.cancel();
         Generation {
             scheduler: Scheduler::new(Vec::new()),
             workers: Vec::new(),
             tasks: Vec::new(),
-            stop,
+            stop: stop.clone(),
             outputs: Vec::new(),
-            outputs_stop,
+            outputs_stop: stop,
             ingress: HashMap::new(),
         }
     }
 
     /// Stops the sources, then lets the workers finish every queued frame.
     pub(super) async fn stop(self) {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
         for t in self.tasks {
             let _ = t.await;
         }
         self.scheduler.stop();
         join_workers(self.workers).await;
-        let _ = self.outputs_stop.send(true);
+        self.outputs_stop.cancel();
         for t in self.outputs {
             let _ = t.await;
         }

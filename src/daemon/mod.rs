@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sd_notify::NotifyState;
+use tokio_util::sync::CancellationToken;
 
 use crate::api::metrics::{self as api_metrics, DaemonCollector};
 use crate::api::{self, ApiState, Control};
@@ -120,6 +121,11 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
     let outbox = tokio::task::spawn_blocking(move || Outbox::open(&od, oc))
         .await?
         .with_context(|| format!("outbox {}", outbox_dir.display()))?;
+    // Process-wide: the API, the OTA agent and every generation stop with it
+    // (a generation's tokens are its children). Whatever way this function
+    // returns, the guard cancels it.
+    let shutdown = CancellationToken::new();
+    let _stop_on_return = shutdown.clone().drop_guard();
     let ids = Arc::new(IdGen::new(device.clone(), outbox.boot()));
     let recent = Arc::new(RecentRecords::default());
     let sink: Arc<dyn RecordSink> = Arc::new(OutboxSink {
@@ -136,14 +142,16 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
         models: HashMap::new(),
         broker_started: None,
         realtime: realtime.clone(),
+        shutdown: shutdown.clone(),
     };
 
     notify(&[NotifyState::Status("loading and warming models")]);
     let (prepared, _refused) = core.prepare(&cfg).await?;
     let mut generation = core.launch(prepared).await?;
 
-    // Process-wide: the uplink and the API outlive generations.
-    let (global_stop_tx, global_stop_rx) = tokio::sync::watch::channel(false);
+    // The uplink outlives generations and stops last; its interface takes a
+    // watch, which turns true when `shutdown` is cancelled.
+    let (uplink_stop, uplink_stop_rx) = tokio::sync::watch::channel(false);
     let mut extra: Vec<Arc<dyn metrics::MetricSource>> = vec![realtime.clone()];
     let (cmd_tx, cmd_rx) = match (&cfg.ota, cfg.command_topic()) {
         (Some(_), Some(_)) => {
@@ -154,13 +162,8 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
     };
     let uplink = match &cfg.uplink {
         Some(u) => {
-            let up = uplink::start_with_commands(
-                u,
-                outbox.clone(),
-                &device,
-                cmd_tx,
-                global_stop_rx.clone(),
-            )?;
+            let up =
+                uplink::start_with_commands(u, outbox.clone(), &device, cmd_tx, uplink_stop_rx)?;
             extra.push(up.stats.clone());
             Some(up)
         }
@@ -188,7 +191,7 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
                 &device,
                 cfg.device_groups(),
                 cmd_rx,
-                global_stop_rx.clone(),
+                shutdown.clone(),
             )?;
             extra.push(agent.stats.clone());
             Some(agent)
@@ -230,7 +233,7 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
         uplink: uplink.as_ref().map(|u| u.stats.clone()),
         ota: ota.as_ref().map(|o| o.stats.clone()),
         recent,
-        shutdown: global_stop_rx.clone(),
+        shutdown: shutdown.clone(),
     };
     let listener = tokio::net::TcpListener::bind(cfg.api.listen)
         .await
@@ -256,7 +259,7 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
         );
     }
     let api_cfg = cfg.api.clone();
-    let api_stop = global_stop_rx.clone();
+    let api_stop = shutdown.clone();
     let api_task = tokio::spawn(async move {
         api::serve::serve(listener, app, &api_cfg, cap, conn_stats, api_stop).await;
     });
@@ -376,7 +379,8 @@ async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
     notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
     ready.store(false, Ordering::SeqCst);
     generation.stop().await;
-    let _ = global_stop_tx.send(true);
+    shutdown.cancel();
+    let _ = uplink_stop.send(true);
     let _ = api_task.await;
     if let Some(up) = uplink {
         let _ = up.task.await;

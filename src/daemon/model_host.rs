@@ -79,8 +79,7 @@ impl crate::ota::host::ModelHost for DaemonModelHost {
         {
             h.runs += crate::pipeline::PipelineStats::get(&p.stats.batches);
             h.errors += p.stats.drops().get("inference_error").copied().unwrap_or(0);
-            let s = p.stats.inference_us.summary();
-            if let Some(v) = s.get("p99_us").and_then(|v| v.as_u64()) {
+            if let Some(v) = p.stats.inference_us.summary().p99_us {
                 h.p99_us = Some(h.p99_us.map_or(v, |x| x.max(v)));
             }
         }

@@ -188,7 +188,7 @@ impl Fetcher {
         offer: &Offer,
         part: &Path,
         cap: Option<u64>,
-        shutdown: &tokio::sync::watch::Receiver<bool>,
+        shutdown: &tokio_util::sync::CancellationToken,
         progress: &std::sync::atomic::AtomicU64,
     ) -> Result<(), String> {
         use std::sync::atomic::Ordering;
@@ -235,7 +235,7 @@ impl Fetcher {
         let start = have;
         let mut logged = Instant::now();
         while let Some(chunk) = resp.chunk().await.map_err(|e| chain(&e))? {
-            if *shutdown.borrow() {
+            if shutdown.is_cancelled() {
                 return Err("stopping".into());
             }
             if have + chunk.len() as u64 > offer.size {

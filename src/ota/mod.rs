@@ -226,7 +226,7 @@ pub struct OtaAgent {
 }
 
 /// Starts the OTA agent on the current tokio runtime; it runs until
-/// `shutdown` turns true. Settles what a crash left before it returns.
+/// `shutdown` is cancelled. Settles what a crash left before it returns.
 /// `commands` carries the payloads of the uplink's command topic; `groups`
 /// are the device's rollout groups (`[device] groups`).
 pub fn start(
@@ -235,7 +235,7 @@ pub fn start(
     device: &str,
     groups: &[String],
     commands: Option<tokio::sync::mpsc::Receiver<Vec<u8>>>,
-    shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<OtaAgent, OtaError> {
     let problems = cfg.validate();
     if !problems.is_empty() {

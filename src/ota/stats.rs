@@ -29,6 +29,21 @@ pub struct OtaStats {
     pub daemon_trial: AtomicBool,
 }
 
+/// The OTA agent in `/v1/status`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct OtaSummary {
+    /// `idle`, `downloading`, ..., `probation`.
+    pub phase: &'static str,
+    pub model_probation: bool,
+    pub daemon_trial: bool,
+    pub download_bytes: u64,
+    pub download_size: u64,
+    /// The last status events as sent upstream, with their time.
+    pub recent: Vec<serde_json::Value>,
+    /// Commands by outcome.
+    pub commands: BTreeMap<&'static str, u64>,
+}
+
 /// Status events kept for the console.
 const RECENT_EVENTS: usize = 20;
 
@@ -81,26 +96,25 @@ impl OtaStats {
         r.push_back(v);
     }
 
-    /// Phase, probation, the recent status events and the commands, as JSON.
-    pub fn summary(&self) -> serde_json::Value {
+    /// Phase, probation, the recent status events and the commands.
+    pub fn summary(&self) -> OtaSummary {
         let phase = *self.phase.lock().unwrap_or_else(|p| p.into_inner());
         let phase = if phase.is_empty() { "idle" } else { phase };
-        let recent: Vec<serde_json::Value> = self
-            .recent
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect();
-        serde_json::json!({
-            "phase": phase,
-            "model_probation": phase == "probation",
-            "daemon_trial": self.daemon_trial.load(Ordering::Relaxed),
-            "download_bytes": self.download_bytes.load(Ordering::Relaxed),
-            "download_size": self.download_size.load(Ordering::Relaxed),
-            "recent": recent,
-            "commands": self.commands(),
-        })
+        OtaSummary {
+            phase,
+            model_probation: phase == "probation",
+            daemon_trial: self.daemon_trial.load(Ordering::Relaxed),
+            download_bytes: self.download_bytes.load(Ordering::Relaxed),
+            download_size: self.download_size.load(Ordering::Relaxed),
+            recent: self
+                .recent
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .cloned()
+                .collect(),
+            commands: self.commands(),
+        }
     }
 
     pub fn commands(&self) -> BTreeMap<&'static str, u64> {

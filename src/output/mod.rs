@@ -188,6 +188,18 @@ impl OutputStats {
     }
 }
 
+/// One output in `/v1/status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutputStatus {
+    /// The output's label (`udp:127.0.0.1:9000`, ...).
+    pub output: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub connected: bool,
+    pub sent: u64,
+    pub drops: BTreeMap<&'static str, u64>,
+}
+
 /// The result of handing one payload to one output.
 enum Sent {
     Ok,
@@ -214,7 +226,8 @@ pub struct OutputCtx {
     pub pipeline: String,
     /// The site broker (or the embedded one), for mqtt outputs.
     pub mqtt: Option<BrokerAddr>,
-    pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// Cancelled when the outputs must stop.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 /// A pipeline's local outputs.
@@ -260,17 +273,15 @@ impl LocalOutputs {
         })
     }
 
-    /// Status JSON: one object per output.
-    pub fn status(&self) -> serde_json::Value {
+    /// Each output's part of `/v1/status`.
+    pub fn status(&self) -> Vec<OutputStatus> {
         self.stats()
-            .map(|(label, kind, up, st)| {
-                serde_json::json!({
-                    "output": label,
-                    "type": kind,
-                    "connected": up,
-                    "sent": st.sent.load(Ordering::Relaxed),
-                    "drops": st.drops(),
-                })
+            .map(|(label, kind, up, st)| OutputStatus {
+                output: label.to_string(),
+                kind,
+                connected: up,
+                sent: st.sent.load(Ordering::Relaxed),
+                drops: st.drops(),
             })
             .collect()
     }
@@ -362,15 +373,6 @@ impl LocalOutputs {
         o.stats.add_drop(reason);
         if let Some(suppressed) = self.log.allow(reason) {
             tracing::warn!(pipeline = %self.pipeline, output = %o.label, reason, suppressed, "local output dropped a record");
-        }
-    }
-}
-
-/// Resolves when the generation's outputs stop (true sent, or the sender gone).
-async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
-    while !*rx.borrow_and_update() {
-        if rx.changed().await.is_err() {
-            return;
         }
     }
 }

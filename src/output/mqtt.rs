@@ -31,7 +31,7 @@ impl MqttSink {
         topic: &str,
         device: &str,
         pipeline: &str,
-        mut shutdown: tokio::sync::watch::Receiver<bool>,
+        shutdown: tokio_util::sync::CancellationToken,
     ) -> (MqttSink, tokio::task::JoinHandle<()>) {
         let mut opts = MqttOptions::new(
             format!("{}-{name}", broker.client_prefix),
@@ -55,7 +55,7 @@ impl MqttSink {
             loop {
                 let ev = tokio::select! {
                     ev = eventloop.poll() => ev,
-                    _ = super::stopped(&mut shutdown) => {
+                    _ = shutdown.cancelled() => {
                         flag.store(false, Ordering::SeqCst);
                         let _ = task_client.try_disconnect();
                         // Let the DISCONNECT go out; bounded.
@@ -79,7 +79,7 @@ impl MqttSink {
                         }
                         tokio::select! {
                             _ = tokio::time::sleep(delay) => {}
-                            _ = super::stopped(&mut shutdown) => return,
+                            _ = shutdown.cancelled() => return,
                         }
                     }
                 }

@@ -106,7 +106,7 @@ impl UnixSink {
     /// Binds the socket and starts accepting readers until `shutdown`.
     pub fn listen(
         path: &Path,
-        mut shutdown: tokio::sync::watch::Receiver<bool>,
+        shutdown: tokio_util::sync::CancellationToken,
     ) -> std::io::Result<(UnixSink, tokio::task::JoinHandle<()>)> {
         if let Some(dir) = path.parent()
             && !dir.as_os_str().is_empty()
@@ -138,7 +138,7 @@ impl UnixSink {
                             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                         }
                     },
-                    _ = super::stopped(&mut shutdown) => break,
+                    _ = shutdown.cancelled() => break,
                 }
             }
             drop(listener);
@@ -187,8 +187,8 @@ mod tests {
     async fn readers_get_whole_frames_and_a_gone_reader_is_dropped() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.sock");
-        let (_tx, rx) = tokio::sync::watch::channel(false);
-        let (sink, _task) = UnixSink::listen(&path, rx).unwrap();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (sink, _task) = UnixSink::listen(&path, stop).unwrap();
         assert!(matches!(sink.send(b"x"), Sent::Dropped("no_reader")));
         let mut a = UnixStream::connect(&path).unwrap();
         let t0 = std::time::Instant::now();

@@ -183,6 +183,21 @@ impl Default for LatencyHistogram {
     }
 }
 
+/// A histogram's figures in `/v1/status`: `{"count": 0}` while empty,
+/// else `{count, p50_us, p90_us, p99_us, max_us}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct LatencySummary {
+    pub count: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p50_us: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p90_us: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_us: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_us: Option<u64>,
+}
+
 impl LatencyHistogram {
     pub fn record(&self, us: u64) {
         if let Some(h) = self.0.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
@@ -203,17 +218,17 @@ impl LatencyHistogram {
         }
     }
 
-    /// {count, p50_us, p90_us, p99_us, max_us}
-    pub fn summary(&self) -> serde_json::Value {
+    /// The count and the quantiles (none while empty).
+    pub fn summary(&self) -> LatencySummary {
         match self.0.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            Some(h) if !h.is_empty() => serde_json::json!({
-                "count": h.len(),
-                "p50_us": h.value_at_quantile(0.50),
-                "p90_us": h.value_at_quantile(0.90),
-                "p99_us": h.value_at_quantile(0.99),
-                "max_us": h.max(),
-            }),
-            _ => serde_json::json!({"count": 0}),
+            Some(h) if !h.is_empty() => LatencySummary {
+                count: h.len(),
+                p50_us: Some(h.value_at_quantile(0.50)),
+                p90_us: Some(h.value_at_quantile(0.90)),
+                p99_us: Some(h.value_at_quantile(0.99)),
+                max_us: Some(h.max()),
+            },
+            _ => LatencySummary::default(),
         }
     }
 

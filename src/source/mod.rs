@@ -18,7 +18,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{oneshot, watch as tokio_watch};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use tokio::sync::Notify;
 
@@ -361,7 +362,8 @@ pub trait FrameSink: Send + Sync {
 pub struct SourceCtx {
     pub pipeline: String,
     pub sink: Arc<dyn FrameSink>,
-    pub shutdown: tokio_watch::Receiver<bool>,
+    /// Cancelled when the source must stop.
+    pub shutdown: CancellationToken,
     /// The MQTT broker the mqtt sources connect to (site broker or the embedded one).
     pub mqtt: Option<mqtt::BrokerAddr>,
     /// For the watch source: the durable store, to wait for its records to be on disk.
@@ -383,14 +385,13 @@ impl SourceCtx {
                 Err(back) => {
                     frame = back;
                     let space = self.sink.space();
-                    let mut stop = self.shutdown.clone();
                     tokio::select! {
                         _ = space.notified() => {}
                         // Bounded wait: a notification may race with the retry.
                         _ = tokio::time::sleep(Duration::from_millis(5)) => {}
-                        _ = stop.changed() => return false,
+                        _ = self.shutdown.cancelled() => return false,
                     }
-                    if *self.shutdown.borrow() {
+                    if self.shutdown.is_cancelled() {
                         return false;
                     }
                 }
@@ -404,7 +405,7 @@ impl SourceCtx {
     }
 
     pub fn stopping(&self) -> bool {
-        *self.shutdown.borrow()
+        self.shutdown.is_cancelled()
     }
 
     /// Says what the source is doing (`connected`, `reconnecting`, ...),
@@ -415,18 +416,13 @@ impl SourceCtx {
 
     /// Resolves when the daemon begins to stop.
     pub async fn stopped(&self) {
-        let mut s = self.shutdown.clone();
-        while !*s.borrow() {
-            if s.changed().await.is_err() {
-                return;
-            }
-        }
+        self.shutdown.cancelled().await
     }
 }
 
 /// A running source.
 pub trait Source: Send {
-    /// Starts the source; it runs until `ctx.shutdown` turns true.
+    /// Starts the source; it runs until `ctx.shutdown` is cancelled.
     /// Setup failures (address in use, broker unreachable at start is NOT one:
     /// it retries) are returned before anything is spawned.
     fn spawn(self: Box<Self>, ctx: SourceCtx) -> Result<tokio::task::JoinHandle<()>, SourceError>;

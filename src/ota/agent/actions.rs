@@ -93,7 +93,7 @@ impl Agent {
         stats
             .download_bytes
             .store(0, std::sync::atomic::Ordering::Relaxed);
-        if *self.shutdown.borrow() {
+        if self.shutdown.is_cancelled() {
             return None;
         }
         Some(match r {
@@ -201,10 +201,10 @@ impl Agent {
         let job_name = self.state.journal.as_ref()?.name.clone();
         let every =
             (self.policy.probation / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
-        let mut stop = self.shutdown.clone();
+        let stop = self.shutdown.clone();
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
-            _ = stop.wait_for(|s| *s) => return None,
+            _ = stop.cancelled() => return None,
         }
         let elapsed = self.swapped_at.map(|t| t.elapsed()).unwrap_or_default();
         Some(Event::Health {

@@ -64,7 +64,7 @@ impl Agent {
         let slots = self.slots.clone();
         let stats = self.wiring.stats.clone();
         let probation = self.cfg.daemon_probation;
-        let mut stop = self.shutdown.clone();
+        let stop = self.shutdown.clone();
         tracing::info!(slot = %slot, probation_s = probation.as_secs_f64(), "OTA: this daemon slot is on trial");
         stats
             .daemon_trial
@@ -78,7 +78,7 @@ impl Agent {
             };
             tokio::select! {
                 _ = trial => {}
-                _ = stop.wait_for(|s| *s) => return,
+                _ = stop.cancelled() => return,
             }
             let r = tokio::task::spawn_blocking(
                 move || -> Result<Option<(BootState, bool)>, String> {

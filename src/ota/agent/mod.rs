@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ed25519_dalek::VerifyingKey;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::bundle::BundleKind;
 use super::command::{self, Request};
@@ -54,7 +54,8 @@ pub struct Agent {
     fetcher: Fetcher,
     wiring: Wiring,
     state: StateFile,
-    shutdown: watch::Receiver<bool>,
+    /// Cancelled when the daemon stops.
+    shutdown: CancellationToken,
     failpoint: Option<String>,
     /// The loaded new model of the job in progress.
     new_model: Option<Arc<LoadedModel>>,
@@ -87,7 +88,7 @@ impl Agent {
         trusted: Vec<VerifyingKey>,
         fetcher: Fetcher,
         wiring: Wiring,
-        shutdown: watch::Receiver<bool>,
+        shutdown: CancellationToken,
     ) -> Agent {
         let layout = Layout::new(&host.data_dir(), &host.model_dir());
         let slots = Slots::new(&host.data_dir());
@@ -260,7 +261,7 @@ impl Agent {
         }
         let mut poll_now = polling;
         loop {
-            if *self.shutdown.borrow() {
+            if self.shutdown.is_cancelled() {
                 return;
             }
             if poll_now {
@@ -268,7 +269,7 @@ impl Agent {
                     Ok(opened) => {
                         self.document_taken(&opened);
                         for offer in opened.offers {
-                            if *self.shutdown.borrow() {
+                            if self.shutdown.is_cancelled() {
                                 return;
                             }
                             if self
@@ -294,7 +295,7 @@ impl Agent {
                 }
             }
             let wait = self.cfg.poll_interval + jitter(self.cfg.poll_jitter);
-            let mut stop = self.shutdown.clone();
+            let stop = self.shutdown.clone();
             let sleep = async {
                 if polling {
                     tokio::time::sleep(wait).await
@@ -315,7 +316,7 @@ impl Agent {
             }
             let woke = tokio::select! {
                 _ = sleep => Woke::Timer,
-                _ = stop.wait_for(|s| *s) => Woke::Stop,
+                _ = stop.cancelled() => Woke::Stop,
                 c = cmd => Woke::Command(c),
             };
             self.report_junk();

@@ -494,6 +494,18 @@ struct CameraStatus {
     height: Option<u32>,
 }
 
+/// A camera in `/v1/status`: its state and its counters, in one object.
+#[derive(Debug, Clone, Serialize)]
+pub struct CameraReport {
+    /// The camera without credentials.
+    camera: String,
+    frames_in: u64,
+    subsampled: u64,
+    reconnects: u64,
+    #[serde(flatten)]
+    status: CameraStatus,
+}
+
 impl CameraState {
     pub fn new(camera: String) -> CameraState {
         CameraState {
@@ -554,25 +566,14 @@ impl CameraState {
     }
 
     /// The camera's part of `/v1/status`.
-    pub fn status(&self) -> serde_json::Value {
-        let s = self.lock().clone();
-        let mut v = serde_json::to_value(&s).unwrap_or_default();
-        if let Some(o) = v.as_object_mut() {
-            o.insert("camera".into(), self.camera.clone().into());
-            o.insert(
-                "frames_in".into(),
-                self.frames_in.load(Ordering::Relaxed).into(),
-            );
-            o.insert(
-                "subsampled".into(),
-                self.subsampled.load(Ordering::Relaxed).into(),
-            );
-            o.insert(
-                "reconnects".into(),
-                self.reconnects.load(Ordering::Relaxed).into(),
-            );
+    pub fn status(&self) -> CameraReport {
+        CameraReport {
+            camera: self.camera.clone(),
+            frames_in: self.frames_in.load(Ordering::Relaxed),
+            subsampled: self.subsampled.load(Ordering::Relaxed),
+            reconnects: self.reconnects.load(Ordering::Relaxed),
+            status: self.lock().clone(),
         }
-        v
     }
 
     /// Dropped frames by reason as the camera's counters show them.

@@ -65,9 +65,17 @@ impl Flusher {
                 }
             }
         }
-        // Every sled handle must go before sled's file lock is free.
-        *store = None;
-        self.disk = None;
+        // Every sled handle must go before sled's file lock is free. The
+        // last one flushes as it drops, and on a broken disk that can block
+        // for long: they drop on a thread of their own, and the open below
+        // waits for the lock only so long (a later try goes on).
+        let old = (store.take(), self.disk.take());
+        if let Err(e) = std::thread::Builder::new()
+            .name("outbox-close".into())
+            .spawn(move || drop(old))
+        {
+            tracing::warn!(error = %e, "outbox: no thread to close the broken database on");
+        }
         let mut attempt = open::load(&s.dir, &s.cfg);
         for _ in 0..40 {
             if !matches!(attempt, Err(open::Failure::InUse(_))) {

@@ -105,15 +105,32 @@ pub fn centre_offset(outer: u32, inner: u32) -> u32 {
 /// (the GPU kernel does the same operations, so both give the same bytes).
 #[inline]
 pub fn yuv_to_rgb(y: u8, u: u8, v: u8) -> [u8; 3] {
-    let c = (y as i32 - 16) * 298;
-    let d = u as i32 - 128;
-    let e = v as i32 - 128;
-    let clip = |x: i32| ((x + 128) >> 8).clamp(0, 255) as u8;
-    [
-        clip(c + 409 * e),
-        clip(c - 100 * d - 208 * e),
-        clip(c + 516 * d),
-    ]
+    super::raw::yuv_pixel(y, u, v, false)
+}
+
+/// `pixels` (`from` in size, of `kind`) resized to `to` with the bilinear
+/// convolution every image path uses; a copy when the size is already right.
+pub fn resize_pixels(
+    resizer: &mut fir::Resizer,
+    pixels: &[u8],
+    from: (u32, u32),
+    to: (u32, u32),
+    kind: fir::PixelType,
+) -> Result<Vec<u8>, DecodeError> {
+    if from == to {
+        return Ok(pixels.to_vec());
+    }
+    let err = |e: &dyn std::fmt::Display| DecodeError::Resize {
+        message: e.to_string(),
+    };
+    let view = fir::images::ImageRef::new(from.0, from.1, pixels, kind).map_err(|e| err(&e))?;
+    let mut dst = fir::images::Image::new(to.0, to.1, kind);
+    let opts = fir::ResizeOptions::new()
+        .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Bilinear));
+    resizer
+        .resize(&view, &mut dst, &opts)
+        .map_err(|e| err(&e))?;
+    Ok(dst.into_vec())
 }
 
 /// An NV12 frame (`w * h` Y bytes, then `w * h / 2` interleaved UV bytes;
@@ -477,22 +494,13 @@ impl ImagePreprocessor {
             };
             return raw.i420_resized_rgb(src.pixels, nw, nh, &mut self.resizer);
         }
-        if (src.width, src.height) == (nw, nh) {
-            return Ok(src.pixels.to_vec());
-        }
-        let err = |e: &dyn std::fmt::Display| DecodeError::Resize {
-            message: e.to_string(),
-        };
-        let view =
-            fir::images::ImageRef::new(src.width, src.height, src.pixels, fir::PixelType::U8x3)
-                .map_err(|e| err(&e))?;
-        let mut dst = fir::images::Image::new(nw, nh, fir::PixelType::U8x3);
-        let opts = fir::ResizeOptions::new()
-            .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Bilinear));
-        self.resizer
-            .resize(&view, &mut dst, &opts)
-            .map_err(|e| err(&e))?;
-        Ok(dst.into_vec())
+        resize_pixels(
+            &mut self.resizer,
+            src.pixels,
+            (src.width, src.height),
+            (nw, nh),
+            fir::PixelType::U8x3,
+        )
     }
 
     /// Channel reorder + normalization + layout in one pass over the

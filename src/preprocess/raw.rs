@@ -9,6 +9,7 @@ use fast_image_resize as fir;
 
 use super::DecodeError;
 use super::crop::Rgb;
+use super::image::resize_pixels;
 
 /// What the bytes of a decoded frame are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,9 +134,11 @@ impl RawImage {
         };
         let (yp, up, vp) = self.planes(payload);
         let (cw, ch) = self.chroma_size();
-        let ry = plane(yp, self.width, self.height, nw, nh, resizer)?;
-        let ru = plane(up, cw, ch, nw, nh, resizer)?;
-        let rv = plane(vp, cw, ch, nw, nh, resizer)?;
+        let mut plane =
+            |data, size| resize_pixels(resizer, data, size, (nw, nh), fir::PixelType::U8);
+        let ry = plane(yp, (self.width, self.height))?;
+        let ru = plane(up, (cw, ch))?;
+        let rv = plane(vp, (cw, ch))?;
         let mut out = Vec::with_capacity(nw as usize * nh as usize * 3);
         for ((y, u), v) in ry.iter().zip(&ru).zip(&rv) {
             out.extend_from_slice(&yuv_pixel(*y, *u, *v, bt709));
@@ -144,44 +147,23 @@ impl RawImage {
     }
 }
 
-fn plane(
-    data: &[u8],
-    w: u32,
-    h: u32,
-    nw: u32,
-    nh: u32,
-    resizer: &mut fir::Resizer,
-) -> Result<Vec<u8>, DecodeError> {
-    if (w, h) == (nw, nh) {
-        return Ok(data.to_vec());
-    }
-    let err = |e: &dyn std::fmt::Display| DecodeError::Resize {
-        message: e.to_string(),
-    };
-    let view = fir::images::ImageRef::new(w, h, data, fir::PixelType::U8).map_err(|e| err(&e))?;
-    let mut dst = fir::images::Image::new(nw, nh, fir::PixelType::U8);
-    let opts = fir::ResizeOptions::new()
-        .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Bilinear));
-    resizer
-        .resize(&view, &mut dst, &opts)
-        .map_err(|e| err(&e))?;
-    Ok(dst.into_vec())
-}
-
-/// One limited-range YUV pixel to RGB, integer arithmetic (x256).
+/// One limited-range YUV pixel to RGB, integer arithmetic (x256): BT.709
+/// or BT.601 coefficients (Cr to R, Cb to G, Cr to G, Cb to B).
 #[inline]
 pub fn yuv_pixel(y: u8, u: u8, v: u8, bt709: bool) -> [u8; 3] {
-    if !bt709 {
-        return super::image::yuv_to_rgb(y, u, v);
-    }
+    let (rv, gu, gv, bu) = if bt709 {
+        (459, 55, 136, 541)
+    } else {
+        (409, 100, 208, 516)
+    };
     let c = (y as i32 - 16) * 298;
     let d = u as i32 - 128;
     let e = v as i32 - 128;
     let clip = |x: i32| ((x + 128) >> 8).clamp(0, 255) as u8;
     [
-        clip(c + 459 * e),
-        clip(c - 55 * d - 136 * e),
-        clip(c + 541 * d),
+        clip(c + rv * e),
+        clip(c - gu * d - gv * e),
+        clip(c + bu * d),
     ]
 }
 

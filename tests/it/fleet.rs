@@ -48,12 +48,12 @@ impl Files {
     }
 }
 
-fn serve(mut s: std::net::TcpStream, files: &Mutex<HashMap<String, Vec<u8>>>, dir: Option<&Path>) {
+/// Reads an HTTP request's line and headers; its path (None when the
+/// connection closed first).
+fn request_path(s: &std::net::TcpStream) -> Option<String> {
     let mut r = BufReader::new(s.try_clone().unwrap());
     let mut line = String::new();
-    if r.read_line(&mut line).is_err() {
-        return;
-    }
+    r.read_line(&mut line).ok()?;
     let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
     loop {
         let mut h = String::new();
@@ -61,6 +61,30 @@ fn serve(mut s: std::net::TcpStream, files: &Mutex<HashMap<String, Vec<u8>>>, di
             break;
         }
     }
+    Some(path)
+}
+
+/// The Sparkplug subscriber's output lines, once it says it subscribed.
+fn sparkplug_lines(sub: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let out = sub.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let first = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+    assert_eq!(
+        first, "SUBSCRIBED",
+        "the Sparkplug subscriber did not start (python3 with protobuf and paho-mqtt from models/requirements.txt is needed)"
+    );
+    rx
+}
+
+fn serve(mut s: std::net::TcpStream, files: &Mutex<HashMap<String, Vec<u8>>>, dir: Option<&Path>) {
+    let Some(path) = request_path(&s) else {
+        return;
+    };
     let body = files
         .lock()
         .unwrap()
@@ -873,18 +897,7 @@ fn sparkplug_b_uplink_decoded_independently() {
             .spawn()
             .expect("python3"),
     );
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let out = sub.0.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    let first = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
-    assert_eq!(
-        first, "SUBSCRIBED",
-        "the Sparkplug subscriber did not start (python3 with protobuf and paho-mqtt from models/requirements.txt is needed)"
-    );
+    let rx = sparkplug_lines(&mut sub.0);
     let dir = tempfile::tempdir().unwrap();
     recording(dir.path(), N);
     let cfg = format!(
@@ -1050,18 +1063,7 @@ fn sparkplug_ncmd_rebirth_births_the_node_again_with_the_same_bdseq() {
             .expect("python3"),
     );
     let mut host = sub.0.stdin.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let out = sub.0.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    let first = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
-    assert_eq!(
-        first, "SUBSCRIBED",
-        "the Sparkplug subscriber did not start (python3 with protobuf and paho-mqtt from models/requirements.txt is needed)"
-    );
+    let rx = sparkplug_lines(&mut sub.0);
     let cfg = sensors_over_http("").replace("data_dir", "device = \"gw-rb\"\ndata_dir")
         + &format!(
             "[uplink]\ntype = \"mqtt\"\nhost = \"127.0.0.1\"\nport = {}\npayload = \"sparkplug_b\"\nsparkplug_group = \"plant\"\n",

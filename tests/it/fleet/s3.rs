@@ -181,18 +181,9 @@ fn start_front(server: &S3Server) -> String {
 
 fn front(mut s: std::net::TcpStream, endpoint: &str, port: u16) {
     use rusty_s3::S3Action as _;
-    let mut r = BufReader::new(s.try_clone().unwrap());
-    let mut line = String::new();
-    if r.read_line(&mut line).is_err() {
+    let Some(path) = super::request_path(&s) else {
         return;
-    }
-    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
-    loop {
-        let mut h = String::new();
-        if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-            break;
-        }
-    }
+    };
     let key = path
         .strip_prefix(&format!("/{BUCKET}/"))
         .unwrap_or("")

@@ -34,16 +34,18 @@ pub(super) struct OutboxSink {
     pub(super) recent: Arc<RecentRecords>,
 }
 
-impl RecordSink for OutboxSink {
-    fn store(&self, record: &ResultRecord, bytes: &[u8]) -> Result<(), FrameError> {
-        self.outbox.append(&record.stream, bytes).map_err(|e| {
-            let kind = if e.is_transient() {
-                FrameErrorKind::Unavailable
-            } else {
-                FrameErrorKind::Store
-            };
-            FrameError::new(kind, e.to_string())
-        })?;
+fn store_error(e: crate::outbox::OutboxError) -> FrameError {
+    let kind = if e.is_transient() {
+        FrameErrorKind::Unavailable
+    } else {
+        FrameErrorKind::Store
+    };
+    FrameError::new(kind, e.to_string())
+}
+
+impl OutboxSink {
+    /// What follows a stored record: printing (demos) and the console's recent list.
+    fn stored(&self, record: &ResultRecord, bytes: &[u8]) {
         if self.print {
             let mut out = std::io::stdout().lock();
             let _ = out.write_all(bytes);
@@ -51,7 +53,33 @@ impl RecordSink for OutboxSink {
             let _ = out.flush();
         }
         self.recent.push(&record.pipeline, bytes);
+    }
+}
+
+impl RecordSink for OutboxSink {
+    fn store(&self, record: &ResultRecord, bytes: &[u8]) -> Result<(), FrameError> {
+        self.outbox
+            .append(&record.stream, bytes)
+            .map_err(store_error)?;
+        self.stored(record, bytes);
         Ok(())
+    }
+
+    fn store_all(&self, records: &[(ResultRecord, Vec<u8>)]) -> Vec<Result<(), FrameError>> {
+        let appended = self.outbox.append_all(
+            records
+                .iter()
+                .map(|(r, j)| (r.stream.as_str(), j.as_slice())),
+        );
+        records
+            .iter()
+            .zip(appended)
+            .map(|((r, j), a)| {
+                a.map_err(store_error)?;
+                self.stored(r, j);
+                Ok(())
+            })
+            .collect()
     }
 }
 /// Everything that lives as long as the process.

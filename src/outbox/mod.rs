@@ -300,6 +300,38 @@ impl Outbox {
     /// not wait for the disk: the record is durable after the next group
     /// commit (`sync()` waits for it).
     pub fn append(&self, stream: &str, record: &[u8]) -> Result<Key, OutboxError> {
+        let key = self.append_quiet(stream, record)?;
+        self.wake_readers();
+        Ok(key)
+    }
+
+    /// Appends records made together, each as [`Outbox::append`] would (in
+    /// order, each with its own result), and wakes the uplink once for all
+    /// of them: a batch of results costs the uplink one wake-up, not one
+    /// per record.
+    pub fn append_all<'a>(
+        &self,
+        records: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    ) -> Vec<Result<Key, OutboxError>> {
+        let out: Vec<_> = records
+            .into_iter()
+            .map(|(stream, record)| self.append_quiet(stream, record))
+            .collect();
+        if out.iter().any(|r| r.is_ok()) {
+            self.wake_readers();
+        }
+        out
+    }
+
+    fn wake_readers(&self) {
+        let s = self.s();
+        // notify_waiters wakes every uplink waiting now; notify_one leaves a
+        // permit for one that is between an empty `pending` and its await.
+        s.notify.notify_waiters();
+        s.notify.notify_one();
+    }
+
+    fn append_quiet(&self, stream: &str, record: &[u8]) -> Result<Key, OutboxError> {
         let s = self.s();
         if s.inspect {
             return Err(OutboxError::ReadOnly);
@@ -341,10 +373,6 @@ impl Outbox {
         drop(seq);
         s.appended_total.fetch_add(1, Ordering::Relaxed);
         s.commit.appended();
-        // notify_waiters wakes every uplink waiting now; notify_one leaves a
-        // permit for one that is between an empty `pending` and its await.
-        s.notify.notify_waiters();
-        s.notify.notify_one();
         Ok(key)
     }
 

@@ -306,6 +306,16 @@ pub trait RecordSink: Send + Sync {
     /// and shared with the local outputs). `Unavailable` when the store may
     /// take it later (full, disk full).
     fn store(&self, record: &ResultRecord, json: &[u8]) -> Result<(), crate::source::FrameError>;
+
+    /// Stores records made together (one batch of frames), each as `store`
+    /// would, in order, each with its own result. A store that wakes a
+    /// reader per record (the uplink) wakes it once for all of them.
+    fn store_all(
+        &self,
+        records: &[(ResultRecord, Vec<u8>)],
+    ) -> Vec<Result<(), crate::source::FrameError>> {
+        records.iter().map(|(r, j)| self.store(r, j)).collect()
+    }
 }
 
 #[cfg(test)]

@@ -113,6 +113,10 @@ struct SchedState {
     busy: Vec<bool>,
     slot: usize,
     rr: [usize; 3],
+    /// Workers blocked on `work` now: a frame or a released pipeline signals
+    /// the condvar only when one waits (a signal is a system call even when
+    /// nobody waits, one per frame at full load).
+    waiting: usize,
 }
 
 struct Inner {
@@ -173,6 +177,7 @@ impl Scheduler {
                     busy: vec![false; n],
                     slot: 0,
                     rr: [0; 3],
+                    waiting: 0,
                 }),
                 work: Condvar::new(),
                 stopping: AtomicBool::new(false),
@@ -197,7 +202,11 @@ impl Scheduler {
         let Some(p) = self.inner.pipelines.get(idx) else {
             return Ok(());
         };
-        let offer = self.lock().queues[idx].offer(frame);
+        let (offer, waiting) = {
+            let mut st = self.lock();
+            let offer = st.queues[idx].offer(frame);
+            (offer, st.waiting > 0)
+        };
         match offer {
             Offer::Queued => {}
             Offer::QueuedDroppedOldest(old) => {
@@ -211,7 +220,9 @@ impl Scheduler {
             Offer::Full(f) => return Err(f),
         }
         p.stats.frames_in.fetch_add(1, Ordering::Relaxed);
-        self.inner.work.notify_one();
+        if waiting {
+            self.inner.work.notify_one();
+        }
         Ok(())
     }
 
@@ -361,12 +372,14 @@ impl Scheduler {
                 {
                     return;
                 }
+                st.waiting += 1;
                 st = self
                     .inner
                     .work
                     .wait_timeout(st, Duration::from_millis(100))
                     .map(|(g, _)| g)
                     .unwrap_or_else(|p| p.into_inner().0);
+                st.waiting -= 1;
             };
             let p = self.inner.pipelines[idx].clone();
             let max = p.take_limit();
@@ -384,12 +397,14 @@ impl Scheduler {
                     if now >= deadline {
                         break;
                     }
+                    st.waiting += 1;
                     st = self
                         .inner
                         .work
                         .wait_timeout(st, deadline - now)
                         .map(|(g, _)| g)
                         .unwrap_or_else(|p| p.into_inner().0);
+                    st.waiting -= 1;
                     let more = st.queues[idx].take(max - frames.len());
                     frames.extend(more);
                 }
@@ -400,8 +415,13 @@ impl Scheduler {
             p.process(frames, id);
             self.set_busy(id, None);
             if p.serial() {
-                self.lock().busy[idx] = false;
-                self.inner.work.notify_all();
+                let mut st = self.lock();
+                st.busy[idx] = false;
+                let waiting = st.waiting > 0;
+                drop(st);
+                if waiting {
+                    self.inner.work.notify_all();
+                }
             }
         }
     }

@@ -253,8 +253,6 @@ impl Pipeline {
         self.cascade.as_ref().map(|c| c.stats()).unwrap_or_default()
     }
 
-    /// The latest frame with its boxes drawn, as JPEG; `None` before the
-    /// first frame or for pipelines that take no images.
     /// Makes the record of one frame's result and hands it on: to the local
     /// outputs first (they never wait for the outbox), then to the store.
     /// The JSON is encoded once for both. Counts the record, or the drop.
@@ -265,6 +263,21 @@ impl Pipeline {
         latency_us: u64,
         outputs: serde_json::Value,
     ) -> Result<ResultRecord, FrameError> {
+        let stored = self
+            .make_record(f, model, latency_us, outputs)
+            .and_then(|(rec, json)| self.sink.store(&rec, &json).map(|()| rec));
+        self.account(f, stored)
+    }
+
+    /// A frame's record and its JSON, already handed to the local outputs
+    /// (they never wait for the outbox); the store comes after.
+    fn make_record(
+        &self,
+        f: &Frame,
+        model: &LoadedModel,
+        latency_us: u64,
+        outputs: serde_json::Value,
+    ) -> Result<(ResultRecord, Vec<u8>), FrameError> {
         let (id, seq) = self.ids.next();
         let rec = ResultRecord {
             id,
@@ -279,32 +292,39 @@ impl Pipeline {
             outputs,
             captured: f.captured.map(rfc3339),
         };
-        let stored = serde_json::to_vec(&rec)
-            .map_err(|e| FrameError::new(FrameErrorKind::Store, e.to_string()))
-            .and_then(|json| {
-                if !self.outputs.is_empty() {
-                    self.outputs.send(&rec, &json);
-                }
-                if let Some(age) = f
-                    .captured
-                    .and_then(|c| SystemTime::now().duration_since(c).ok())
-                {
-                    self.stats.frame_age_us.record(age.as_micros() as u64);
-                }
-                self.sink.store(&rec, &json)
-            });
+        let json = serde_json::to_vec(&rec)
+            .map_err(|e| FrameError::new(FrameErrorKind::Store, e.to_string()))?;
+        if !self.outputs.is_empty() {
+            self.outputs.send(&rec, &json);
+        }
+        if let Some(age) = f
+            .captured
+            .and_then(|c| SystemTime::now().duration_since(c).ok())
+        {
+            self.stats.frame_age_us.record(age.as_micros() as u64);
+        }
+        Ok((rec, json))
+    }
+
+    /// Counts a stored record, or the drop of one the store refused.
+    fn account<T>(&self, f: &Frame, stored: Result<T, FrameError>) -> Result<T, FrameError> {
         match stored {
-            Ok(()) => {
+            Ok(v) => {
                 self.stats.records.fetch_add(1, Ordering::Relaxed);
-                Ok(rec)
+                Ok(v)
             }
-            Err(e) => {
-                self.count_drop("store_error", &format!("stream {}: {e}", f.stream));
-                Err(e)
-            }
+            Err(e) => Err(self.refused(f, e)),
         }
     }
 
+    /// Counts a record that could not be stored (or encoded) as a drop.
+    fn refused(&self, f: &Frame, e: FrameError) -> FrameError {
+        self.count_drop("store_error", &format!("stream {}: {e}", f.stream));
+        e
+    }
+
+    /// The latest frame with its boxes drawn, as JPEG; `None` before the
+    /// first frame or for pipelines that take no images.
     pub fn snapshot_jpeg(&self) -> Option<Result<Vec<u8>, String>> {
         self.snapshot.render()
     }
@@ -499,8 +519,10 @@ impl Pipeline {
                 }
             }
         }
-        // Postprocess, record, store.
+        // Postprocess and record (the local outputs get each record at
+        // once), then store the batch's records together.
         let output_start = Instant::now();
+        let mut made: Vec<(usize, ResultRecord, Vec<u8>)> = Vec::with_capacity(results.len());
         {
             let mut post = lock(&self.post[slot]);
             for (i, meta, outputs, us) in results {
@@ -515,14 +537,23 @@ impl Pipeline {
                     }
                 };
                 self.snapshot.keep(&f.payload, f.raw, &value);
-                match self.emit(f, &model, us, value) {
-                    Ok(rec) => {
-                        if let Ok(v) = &mut answers[i] {
-                            v.push(rec);
-                        }
-                    }
-                    Err(e) => answers[i] = Err(e),
+                match self.make_record(f, &model, us, value) {
+                    Ok((rec, json)) => made.push((i, rec, json)),
+                    Err(e) => answers[i] = Err(self.refused(f, e)),
                 }
+            }
+        }
+        let (idx, records): (Vec<usize>, Vec<(ResultRecord, Vec<u8>)>) =
+            made.into_iter().map(|(i, r, j)| (i, (r, j))).unzip();
+        let stored = self.sink.store_all(&records);
+        for ((i, (rec, _)), r) in idx.into_iter().zip(records).zip(stored) {
+            match self.account(&frames[i], r) {
+                Ok(()) => {
+                    if let Ok(v) = &mut answers[i] {
+                        v.push(rec);
+                    }
+                }
+                Err(e) => answers[i] = Err(e),
             }
         }
         self.stats

@@ -261,12 +261,18 @@ async fn connection(
         let idle = c.connected && c.caught_up && c.buf.is_empty();
         tokio::select! {
             ev = rx.recv() => {
-                let r = match ev {
-                    None => Err("the MQTT event loop ended".to_string()),
-                    Some(Err(e)) => Err(e.to_string()),
-                    Some(Ok(ev)) => c.on_event(ctx, &client, ev),
-                };
-                if let Err(reason) = r {
+                // Everything the poller has ready is handled in one go (at
+                // load, a wake-up brings many PUBACKs), and their records
+                // leave the outbox in one ack.
+                let mut r = c.handle(ctx, &client, ev);
+                let mut more = EVENTS_PER_WAKE;
+                while r.is_ok() && more > 0 {
+                    let Ok(ev) = rx.try_recv() else { break };
+                    r = c.handle(ctx, &client, Some(ev));
+                    more -= 1;
+                }
+                let acked = c.flush_acks(ctx);
+                if let Err(reason) = r.and(acked) {
                     return c.lost(ctx, reason);
                 }
             }
@@ -277,9 +283,16 @@ async fn connection(
     }
 }
 
+/// Events handled per wake-up of the connection task before it looks at
+/// the outbox and its stop again.
+const EVENTS_PER_WAKE: usize = 256;
+
 /// The state of one connection.
 #[derive(Default)]
 struct Conn {
+    /// Records the broker acknowledged, not yet removed from the outbox
+    /// (removed together after each round of events).
+    acked: Vec<Key>,
     connected: bool,
     flight: InFlight,
     /// Messages built from the outbox, not yet published.
@@ -407,6 +420,34 @@ impl Conn {
         Ok(true)
     }
 
+    /// One message from the poller: an event, its error, or its end.
+    fn handle(
+        &mut self,
+        ctx: &Ctx,
+        client: &AsyncClient,
+        ev: Option<Result<Event, ConnectionError>>,
+    ) -> Result<(), String> {
+        match ev {
+            None => Err("the MQTT event loop ended".to_string()),
+            Some(Err(e)) => Err(e.to_string()),
+            Some(Ok(ev)) => self.on_event(ctx, client, ev),
+        }
+    }
+
+    /// Removes the acknowledged records from the outbox. One that fails
+    /// leaves them there: the next connection sends them again.
+    fn flush_acks(&mut self, ctx: &Ctx) -> Result<(), String> {
+        if self.acked.is_empty() {
+            return Ok(());
+        }
+        let keys = std::mem::take(&mut self.acked);
+        ctx.outbox
+            .ack(&keys)
+            .map_err(|e| format!("outbox ack: {e}"))?;
+        UplinkStats::add(&ctx.stats.acked_total, keys.len() as u64);
+        Ok(())
+    }
+
     fn on_event(&mut self, ctx: &Ctx, client: &AsyncClient, ev: Event) -> Result<(), String> {
         match ev {
             Event::Incoming(Packet::ConnAck(ack)) => {
@@ -487,15 +528,8 @@ impl Conn {
                 self.flight.sent(pkid).map_err(|e| e.to_string())?;
             }
             Event::Incoming(Packet::PubAck(ack)) => {
-                if let Some(keys) = self.flight.acked(ack.pkid)
-                    && !keys.is_empty()
-                {
-                    // An ack that fails leaves the records in the outbox; the
-                    // next connection sends them again.
-                    ctx.outbox
-                        .ack(&keys)
-                        .map_err(|e| format!("outbox ack: {e}"))?;
-                    UplinkStats::add(&ctx.stats.acked_total, keys.len() as u64);
+                if let Some(keys) = self.flight.acked(ack.pkid) {
+                    self.acked.extend(keys);
                 }
                 self.set_inflight_gauge(ctx);
             }
@@ -576,6 +610,9 @@ impl Conn {
                 },
                 _ = tokio::time::sleep_until(deadline) => break,
             }
+        }
+        if let Err(reason) = self.flush_acks(ctx) {
+            tracing::warn!(%reason, "uplink: acknowledged records stay in the outbox and go again");
         }
         let _ = client.try_disconnect();
         // Let the poller write the DISCONNECT (it ends with an error after).

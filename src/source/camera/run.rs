@@ -21,6 +21,10 @@ use super::{
 use crate::preprocess::raw::{RawFormat, RawImage};
 use crate::source::{Frame, SourceCtx, SourceError};
 
+/// How often free heap memory goes back to the system while cameras run.
+#[cfg(target_env = "gnu")]
+const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Frames are megabytes, allocated and freed by GStreamer's streaming
 /// threads, and every reconnect makes new threads. With glibc's defaults
 /// each new thread may get an arena of its own (up to 8 per core), and the
@@ -39,6 +43,22 @@ pub fn bounded_malloc() {
             let ok = unsafe { libc::mallopt(libc::M_ARENA_MAX, 2) == 1 };
             if !ok {
                 tracing::warn!("mallopt refused the camera allocator settings");
+            }
+            // Freed frames stay in the arenas' free lists, and glibc gives
+            // back only what lies at the top of the main heap: RSS crept up
+            // ~2 MiB a minute at 640x480 x 15 fps while the live heap stayed
+            // flat (heaptrack). Handing the free pages back every 30 s bounds
+            // it; the cost is one walk of two arenas.
+            let spawned = std::thread::Builder::new()
+                .name("malloc-trim".into())
+                .spawn(|| loop {
+                    std::thread::sleep(TRIM_EVERY);
+                    // SAFETY: malloc_trim only returns free memory to the
+                    // system; it is thread-safe in glibc.
+                    unsafe { libc::malloc_trim(0) };
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start the malloc-trim thread");
             }
         });
     }

@@ -154,9 +154,10 @@ async fn closed_loop(a: &Args, pub_tpl: &str, sub: &str, mode: &str) {
     let permits = Arc::new(Semaphore::new(a.window));
     let done = Arc::new(AtomicU64::new(0));
     let (p2, d2) = (permits.clone(), done.clone());
-    let _sub = subscriber(a.port, sub, move |_, _| {
-        d2.fetch_add(1, Ordering::Relaxed);
-        p2.add_permits(1);
+    let _sub = subscriber(a.port, sub, move |_, payload| {
+        let n = records_in(payload);
+        d2.fetch_add(n as u64, Ordering::Relaxed);
+        p2.add_permits(n);
     })
     .await;
     let c = publisher(a.port).await;
@@ -203,6 +204,16 @@ async fn closed_loop(a: &Args, pub_tpl: &str, sub: &str, mode: &str) {
             "timed_out": n < total,
         })
     );
+}
+
+/// Records in one result message: an uplink with `batch > 1` sends a JSON
+/// array of records, everything else one record per message.
+fn records_in(payload: &[u8]) -> usize {
+    if payload.first() == Some(&b'[') {
+        serde_json::from_slice::<Vec<serde::de::IgnoredAny>>(payload).map_or(1, |v| v.len().max(1))
+    } else {
+        1
+    }
 }
 
 type Pending = Arc<std::sync::Mutex<HashMap<String, VecDeque<Instant>>>>;

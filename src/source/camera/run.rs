@@ -51,11 +51,13 @@ pub fn bounded_malloc() {
             // it; the cost is one walk of two arenas.
             let spawned = std::thread::Builder::new()
                 .name("malloc-trim".into())
-                .spawn(|| loop {
-                    std::thread::sleep(TRIM_EVERY);
-                    // SAFETY: malloc_trim only returns free memory to the
-                    // system; it is thread-safe in glibc.
-                    unsafe { libc::malloc_trim(0) };
+                .spawn(|| {
+                    loop {
+                        std::thread::sleep(TRIM_EVERY);
+                        // SAFETY: malloc_trim only returns free memory to the
+                        // system; it is thread-safe in glibc.
+                        unsafe { libc::malloc_trim(0) };
+                    }
                 });
             if let Err(e) = spawned {
                 tracing::warn!(error = %e, "cannot start the malloc-trim thread");

@@ -118,6 +118,12 @@ struct Shared {
     commit: Commit,
     /// Every seq below this was in a commit that completed.
     durable_seq: AtomicU64,
+    /// This boot's records from `durable_seq` on (value by seq): what a
+    /// reopen after a write error puts back. Kept here because reading the
+    /// broken database can spin for good inside sled (an iterator that
+    /// splits a node retries its log write forever). Acks, dead-letter
+    /// moves and drops take records out of it as they do from sled.
+    unsaved: Mutex<std::collections::BTreeMap<u64, sled::IVec>>,
     /// Databases reopened after a write error.
     reopens_total: AtomicU64,
     /// Records appended before a write error that a reopen could not put back.
@@ -241,6 +247,7 @@ impl Outbox {
             store: RwLock::new(Some(store)),
             commit: Commit::new(cfg.flush_interval, cfg.flush_records),
             durable_seq: AtomicU64::new(0),
+            unsaved: Mutex::new(std::collections::BTreeMap::new()),
             reopens_total: AtomicU64::new(0),
             lost_total: AtomicU64::new(0),
             cfg,
@@ -346,7 +353,7 @@ impl Outbox {
                 max: MAX_NAME,
             });
         }
-        let value = record::encode(stream, SystemTime::now(), record);
+        let value = sled::IVec::from(record::encode(stream, SystemTime::now(), record));
         let size = (KEY_LEN + value.len()) as u64;
         if size > s.cfg.max_bytes {
             return Err(OutboxError::TooLarge {
@@ -363,11 +370,12 @@ impl Outbox {
         // subtract first and wrap the counters.
         s.records_n.fetch_add(1, Ordering::SeqCst);
         s.records_bytes.fetch_add(size, Ordering::SeqCst);
-        if let Err(e) = st.records.insert(key.to_bytes(), value) {
+        if let Err(e) = st.records.insert(key.to_bytes(), value.clone()) {
             s.records_n.fetch_sub(1, Ordering::SeqCst);
             s.records_bytes.fetch_sub(size, Ordering::SeqCst);
             return Err(s.write_failed("append", e));
         }
+        lock(&s.unsaved).insert(key.1, value);
         *seq += 1;
         drop(guard);
         drop(seq);
@@ -424,6 +432,7 @@ impl Outbox {
         let mut n = 0;
         let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
         let st = guard.as_ref().ok_or_else(|| s.unavailable_now())?;
+        s.forget_unsaved(keys.iter().copied());
         for k in keys {
             let kb = k.to_bytes();
             let removed = st
@@ -605,6 +614,9 @@ impl Shared {
             };
             match popped {
                 Some((k, v)) => {
+                    if let Ok(key) = open::key_of(&k) {
+                        self.forget_unsaved([key]);
+                    }
                     self.records_n.fetch_sub(1, Ordering::SeqCst);
                     self.records_bytes
                         .fetch_sub(entry_size(&k, &v), Ordering::SeqCst);
@@ -627,8 +639,23 @@ impl Shared {
     }
 
     /// Moves one record to the dead letters in one sled transaction.
+    /// Takes records that left the store out of the unsaved ones (a reopen
+    /// must not put them back).
+    fn forget_unsaved(&self, keys: impl IntoIterator<Item = Key>) {
+        let mut unsaved = lock(&self.unsaved);
+        if unsaved.is_empty() {
+            return;
+        }
+        for k in keys {
+            if k.0 == self.boot {
+                unsaved.remove(&k.1);
+            }
+        }
+    }
+
     fn move_to_dead(&self, key: Key, reason: &str) -> Result<(), OutboxError> {
         use sled::Transactional;
+        self.forget_unsaved([key]);
         let kb = key.to_bytes();
         let now = SystemTime::now();
         let guard = self.store.read().unwrap_or_else(|p| p.into_inner());

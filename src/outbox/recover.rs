@@ -53,18 +53,17 @@ impl Flusher {
         // Appends wait on this lock; the order (append, then store) is theirs.
         let seq = lock(&s.append);
         let mut store = s.store.write().unwrap_or_else(|p| p.into_inner());
-        // What sled held in memory only: read it while the old handle lives.
-        let from = Key(s.boot, s.durable_seq.load(Ordering::SeqCst)).to_bytes();
-        let mut unsaved: Vec<(sled::IVec, sled::IVec)> = Vec::new();
-        let mut unreadable = 0u64;
-        if let Some(st) = store.as_ref() {
-            for kv in st.records.range(from..) {
-                match kv {
-                    Ok(kv) => unsaved.push(kv),
-                    Err(_) => unreadable += 1,
-                }
-            }
-        }
+        // What the broken database held in memory only. Never read from
+        // it: sled can spin for good there (see `Shared::unsaved`).
+        let unsaved: Vec<(sled::IVec, sled::IVec)> = lock(&s.unsaved)
+            .iter()
+            .map(|(seq, v)| {
+                (
+                    sled::IVec::from(&Key(s.boot, *seq).to_bytes()[..]),
+                    v.clone(),
+                )
+            })
+            .collect();
         // Every sled handle must go before sled's file lock is free. The
         // last one flushes as it drops, and on a broken disk that can block
         // for long: they drop on a thread of their own, and the open below
@@ -108,7 +107,7 @@ impl Flusher {
         s.dead_n.store(loaded.dead_n, Ordering::SeqCst);
         s.dead_bytes.store(loaded.dead_bytes, Ordering::SeqCst);
         s.durable_seq.store(*seq, Ordering::SeqCst);
-        s.lost_total.fetch_add(unreadable, Ordering::Relaxed);
+        lock(&s.unsaved).clear();
         s.reopens_total.fetch_add(1, Ordering::Relaxed);
         *store = Some(Store {
             records: loaded.records,
@@ -119,7 +118,6 @@ impl Flusher {
             path = %s.dir.display(),
             records = n,
             put_back,
-            lost = unreadable,
             "outbox database reopened after a write error"
         );
         Ok(())
@@ -151,6 +149,12 @@ impl Target for Flusher {
             return self.failed(e, false);
         }
         self.shared.durable_seq.store(seq, Ordering::SeqCst);
+        {
+            // Everything below `seq` is on the disk now.
+            let mut unsaved = lock(&self.shared.unsaved);
+            let rest = unsaved.split_off(&seq);
+            *unsaved = rest;
+        }
         self.backoff = RETRY_MIN;
         Attempt::Done
     }

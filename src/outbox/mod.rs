@@ -56,10 +56,12 @@
 //! at once, and the flusher thread reopens the database at a growing
 //! interval (0.5 s to 10 s) until it opens and commits again. A reopen
 //! keeps every committed record (sled recovers its log up to the last good
-//! flush) and puts back the records appended since the last good commit,
-//! which it read from the old handle's memory first; whatever it could not
-//! put back is counted (`lost_total`). Keys stay unique across a reopen:
-//! the seq counter lives in memory and only grows.
+//! flush) and puts back the records appended since the last good commit.
+//! Those are kept in memory (`Shared::unsaved`) until a commit covers them,
+//! because reading them back from the broken database can spin for good
+//! inside sled. `lost_total` counts records a reopen could not put back
+//! (none since then). Keys stay unique across a reopen: the seq counter
+//! lives in memory and only grows.
 //!
 //! A database sled cannot open (or panics on) is moved to
 //! `<data_dir>/quarantine/outbox-<unix-ts>`, never deleted, and a fresh one

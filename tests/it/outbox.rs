@@ -96,6 +96,42 @@ fn append_pending_ack_round_trip_across_reopen() {
     assert_eq!(st.bytes, left, "byte accounting survives the restart");
 }
 
+/// A batch's records: each stored in order with its own result (one too
+/// large for the store refused alone), and the uplink woken for them.
+#[test]
+fn append_all_answers_each_record_in_order_and_wakes_the_reader() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ob = Outbox::open(&tmp.path().join("outbox"), small(WhenFull::RejectNew)).unwrap();
+    let wake = ob.notified();
+    let big = vec![b'x'; 70_000];
+    let (a, b) = (rec(0, 1), rec(0, 2));
+    let got = ob.append_all([
+        ("s1", a.as_slice()),
+        ("s2", big.as_slice()),
+        ("s1", b.as_slice()),
+    ]);
+    assert_eq!(got.len(), 3);
+    assert!(
+        matches!(got[1], Err(OutboxError::TooLarge { .. })),
+        "{:?}",
+        got[1]
+    );
+    let (k0, k2) = (got[0].as_ref().unwrap(), got[2].as_ref().unwrap());
+    assert!(k0 < k2, "{k0} {k2}");
+    let stored: Vec<Vec<u8>> = all_pending(&ob).into_iter().map(|e| e.record).collect();
+    assert_eq!(stored, vec![a, b]);
+    // The permit left for a reader that was not waiting yet.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let woken =
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), wake.notified()).await });
+    assert!(woken.is_ok(), "append_all did not wake the reader");
+    ob.sync().unwrap();
+    ob.close().unwrap();
+}
+
 #[test]
 fn keys_never_repeat_across_reopen_even_without_close() {
     let tmp = tempfile::tempdir().unwrap();

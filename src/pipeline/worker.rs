@@ -522,7 +522,8 @@ impl Pipeline {
         // Postprocess and record (the local outputs get each record at
         // once), then store the batch's records together.
         let output_start = Instant::now();
-        let mut made: Vec<(usize, ResultRecord, Vec<u8>)> = Vec::with_capacity(results.len());
+        let mut idx: Vec<usize> = Vec::with_capacity(results.len());
+        let mut records: Vec<(ResultRecord, Vec<u8>)> = Vec::with_capacity(results.len());
         {
             let mut post = lock(&self.post[slot]);
             for (i, meta, outputs, us) in results {
@@ -538,13 +539,14 @@ impl Pipeline {
                 };
                 self.snapshot.keep(&f.payload, f.raw, &value);
                 match self.make_record(f, &model, us, value) {
-                    Ok((rec, json)) => made.push((i, rec, json)),
+                    Ok(made) => {
+                        idx.push(i);
+                        records.push(made);
+                    }
                     Err(e) => answers[i] = Err(self.refused(f, e)),
                 }
             }
         }
-        let (idx, records): (Vec<usize>, Vec<(ResultRecord, Vec<u8>)>) =
-            made.into_iter().map(|(i, r, j)| (i, (r, j))).unzip();
         let stored = self.sink.store_all(&records);
         for ((i, (rec, _)), r) in idx.into_iter().zip(records).zip(stored) {
             match self.account(&frames[i], r) {

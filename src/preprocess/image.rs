@@ -657,11 +657,7 @@ impl Decoded {
 
 impl Preprocessor for ImagePreprocessor {
     fn process(&mut self, _stream: &str, payload: &[u8]) -> Result<Vec<Item>, DecodeError> {
-        if let Some(message) = &self.misconfigured {
-            return Err(DecodeError::Config {
-                message: message.clone(),
-            });
-        }
+        DecodeError::check_config(&self.misconfigured)?;
         let decoded = self.decode(payload)?;
         self.finish(decoded)
     }
@@ -672,11 +668,7 @@ impl Preprocessor for ImagePreprocessor {
         pixels: &[u8],
         raw: RawImage,
     ) -> Result<Vec<Item>, DecodeError> {
-        if let Some(message) = &self.misconfigured {
-            return Err(DecodeError::Config {
-                message: message.clone(),
-            });
-        }
+        DecodeError::check_config(&self.misconfigured)?;
         self.check_size((raw.width, raw.height))?;
         raw.check(pixels)?;
         // Resized straight from the frame: no copy of the camera's pixels

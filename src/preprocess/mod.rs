@@ -339,6 +339,17 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
+    /// `Config` when a decoder was built from a config it cannot serve (the
+    /// reason kept at build time), so every frame hears why.
+    pub fn check_config(misconfigured: &Option<String>) -> Result<(), DecodeError> {
+        match misconfigured {
+            Some(message) => Err(DecodeError::Config {
+                message: message.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Short stable label for metrics (`outpost_decode_errors_total{reason=..}`).
     pub fn reason(&self) -> &'static str {
         match self {

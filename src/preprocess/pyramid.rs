@@ -128,11 +128,7 @@ impl PyramidPreprocessor {
 
 impl Preprocessor for PyramidPreprocessor {
     fn process(&mut self, _stream: &str, payload: &[u8]) -> Result<Vec<Item>, DecodeError> {
-        if let Some(message) = &self.misconfigured {
-            return Err(DecodeError::Config {
-                message: message.clone(),
-            });
-        }
+        DecodeError::check_config(&self.misconfigured)?;
         if payload.is_empty() {
             return Err(DecodeError::Empty);
         }
@@ -146,11 +142,7 @@ impl Preprocessor for PyramidPreprocessor {
         pixels: &[u8],
         raw: RawImage,
     ) -> Result<Vec<Item>, DecodeError> {
-        if let Some(message) = &self.misconfigured {
-            return Err(DecodeError::Config {
-                message: message.clone(),
-            });
-        }
+        DecodeError::check_config(&self.misconfigured)?;
         let img = raw.to_rgb(pixels)?;
         self.levels(&img)
     }

@@ -64,6 +64,26 @@ fn request_path(s: &std::net::TcpStream) -> Option<String> {
     Some(path)
 }
 
+/// The independent Sparkplug subscriber (tests/fleet/sparkplug_sub.py) on
+/// `spBv1.0/#` of the broker at `port`, with its output lines once it
+/// subscribed; `commands`: its stdin piped (it publishes what it reads).
+fn sparkplug_subscriber(
+    port: u16,
+    commands: bool,
+) -> (KillOnDrop, std::sync::mpsc::Receiver<String>) {
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(root().join("tests/fleet/sparkplug_sub.py"))
+        .arg(port.to_string())
+        .arg("spBv1.0/#")
+        .stdout(std::process::Stdio::piped());
+    if commands {
+        cmd.stdin(std::process::Stdio::piped());
+    }
+    let mut sub = KillOnDrop(cmd.spawn().expect("python3"));
+    let rx = sparkplug_lines(&mut sub.0);
+    (sub, rx)
+}
+
 /// The Sparkplug subscriber's output lines, once it says it subscribed.
 fn sparkplug_lines(sub: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
     let (tx, rx) = std::sync::mpsc::channel::<String>();
@@ -887,17 +907,7 @@ fn sparkplug_b_uplink_decoded_independently() {
     const N: usize = 300;
     let work = tempfile::tempdir().unwrap();
     let broker = crate::uplink::Mosquitto::start(&work.path().join("mosquitto"));
-    let script = root().join("tests/fleet/sparkplug_sub.py");
-    let mut sub = KillOnDrop(
-        std::process::Command::new("python3")
-            .arg(&script)
-            .arg(broker.port.to_string())
-            .arg("spBv1.0/#")
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("python3"),
-    );
-    let rx = sparkplug_lines(&mut sub.0);
+    let (_sub, rx) = sparkplug_subscriber(broker.port, false);
     let dir = tempfile::tempdir().unwrap();
     recording(dir.path(), N);
     let cfg = format!(
@@ -1051,19 +1061,8 @@ sparkplug_group = "plant"
 fn sparkplug_ncmd_rebirth_births_the_node_again_with_the_same_bdseq() {
     let work = tempfile::tempdir().unwrap();
     let broker = crate::uplink::Mosquitto::start(&work.path().join("mosquitto"));
-    let script = root().join("tests/fleet/sparkplug_sub.py");
-    let mut sub = KillOnDrop(
-        std::process::Command::new("python3")
-            .arg(&script)
-            .arg(broker.port.to_string())
-            .arg("spBv1.0/#")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("python3"),
-    );
+    let (mut sub, rx) = sparkplug_subscriber(broker.port, true);
     let mut host = sub.0.stdin.take().unwrap();
-    let rx = sparkplug_lines(&mut sub.0);
     let cfg = sensors_over_http("").replace("data_dir", "device = \"gw-rb\"\ndata_dir")
         + &format!(
             "[uplink]\ntype = \"mqtt\"\nhost = \"127.0.0.1\"\nport = {}\npayload = \"sparkplug_b\"\nsparkplug_group = \"plant\"\n",

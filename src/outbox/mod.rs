@@ -27,7 +27,8 @@
 //! - A record is removed only by `ack`, `dead_letter` (moved), the full
 //!   policy (counted by reason) or `purge` (operator, CLI).
 //! - `bytes` accounting = sum of key + value lengths of the `records` tree,
-//!   `max_bytes` bounds records + dead letters. It is recomputed by a scan
+//!   `max_bytes` bounds records + dead letters (a dead-letter move over
+//!   the budget drops the oldest dead letters). It is recomputed by a scan
 //!   at every open, never stored, so it cannot drift across restarts.
 //!   sled's log takes more disk than that (see benches/outbox.rs).
 //!
@@ -655,11 +656,20 @@ impl Shared {
         }
     }
 
+    ///
+    /// A dead letter is larger than its record (reason and time added), so
+    /// the move can take the outbox past `max_bytes`; the oldest dead
+    /// letters then go (counted as full drops of dead letters), never a
+    /// record still to be sent, whatever `when_full` says. Dropping every
+    /// dead letter always suffices: the records alone were within budget.
     fn move_to_dead(&self, key: Key, reason: &str) -> Result<(), OutboxError> {
         use sled::Transactional;
         self.forget_unsaved([key]);
         let kb = key.to_bytes();
         let now = SystemTime::now();
+        // The append lock, as in an append: make_room must not count space
+        // this move is about to take.
+        let _seq = lock(&self.append);
         let guard = self.store.read().unwrap_or_else(|p| p.into_inner());
         let st = guard.as_ref().ok_or_else(|| self.unavailable_now())?;
         let moved = (&st.records, &st.dead)
@@ -701,6 +711,31 @@ impl Shared {
             self.dead_n.fetch_add(1, Ordering::SeqCst);
             self.dead_bytes.fetch_add(new, Ordering::SeqCst);
             self.dead_lettered_total.fetch_add(1, Ordering::Relaxed);
+            self.commit.op_done();
+            self.trim_dead(st)?;
+        }
+        Ok(())
+    }
+
+    /// Drops the oldest dead letters while the outbox is over `max_bytes`.
+    fn trim_dead(&self, st: &Store) -> Result<(), OutboxError> {
+        let max = self.cfg.max_bytes;
+        while self.records_bytes.load(Ordering::SeqCst) + self.dead_bytes.load(Ordering::SeqCst)
+            > max
+        {
+            let Some((k, v)) = st
+                .dead
+                .pop_min()
+                .map_err(|e| self.write_failed("drop dead letter", e))?
+            else {
+                break;
+            };
+            self.dead_n.fetch_sub(1, Ordering::SeqCst);
+            self.dead_bytes
+                .fetch_sub(entry_size(&k, &v), Ordering::SeqCst);
+            self.dropped
+                .full_drop_dead_letter
+                .fetch_add(1, Ordering::Relaxed);
             self.commit.op_done();
         }
         Ok(())

@@ -281,6 +281,46 @@ fn dead_letters_persist_and_are_dropped_first_when_full() {
 }
 
 #[test]
+fn dead_letter_growth_stays_within_budget_and_drops_dead_letters_only() {
+    for when_full in [WhenFull::RejectNew, WhenFull::DropOldest] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("outbox");
+        let ob = Outbox::open(&dir, small(when_full)).unwrap();
+        // Fill the budget to the last byte the records allow.
+        let mut keys = Vec::new();
+        while ob.stats().bytes + ENTRY <= 65536 {
+            keys.push(ob.append("s", &[7u8; REC_1000]).unwrap());
+        }
+        let spare = 65536 - ob.stats().bytes;
+        // Each dead letter is larger than its record by its reason (and
+        // time); the reasons alone exceed the spare bytes.
+        let reason = "r".repeat(spare as usize + 40);
+        ob.dead_letter(keys[0], &reason).unwrap();
+        ob.dead_letter(keys[1], &reason).unwrap();
+        let st = ob.stats();
+        assert!(
+            st.bytes + st.dead_letter_bytes <= st.max_bytes,
+            "{when_full:?}: {} + {} over {}",
+            st.bytes,
+            st.dead_letter_bytes,
+            st.max_bytes
+        );
+        // No record still to be sent was dropped for it: the older dead
+        // letter went.
+        assert_eq!(st.records, keys.len() as u64 - 2, "{when_full:?}");
+        assert_eq!(st.dropped.full_drop_oldest, 0, "{when_full:?}");
+        assert_eq!(st.dropped.full_drop_dead_letter, 1, "{when_full:?}");
+        let d = ob.dead_letters(None, 10).unwrap();
+        assert_eq!(
+            d.iter().map(|d| d.key).collect::<Vec<_>>(),
+            vec![keys[1]],
+            "{when_full:?}"
+        );
+        ob.close().unwrap();
+    }
+}
+
+#[test]
 fn corrupt_database_is_quarantined_and_replaced() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("outbox");

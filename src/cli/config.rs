@@ -32,7 +32,7 @@ cuda_graph = false                  # record and replay CUDA graphs (static shap
 [scheduler]
 workers = 0                         # inference threads; 0 = one per core
 # cpus = [2, 3]                     # pin inference threads (worker i -> cpus[i % len])
-# realtime_priority = 50            # SCHED_FIFO 1..99; needs CAP_SYS_NICE (systemd/outpost-realtime.conf)
+# realtime_priority = 50            # SCHED_FIFO 1..99 (inference and I/O threads); needs CAP_SYS_NICE (systemd/outpost-realtime.conf)
 # lock_memory = true                # mlockall; needs CAP_IPC_LOCK or LimitMEMLOCK=infinity
 
 [outbox]

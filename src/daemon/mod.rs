@@ -82,13 +82,21 @@ pub fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
     {
         crate::source::camera::bounded_malloc();
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let realtime = Arc::new(RealtimeStats::default());
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder
         .worker_threads(2)
         .enable_all()
-        .thread_name("outpost-io")
-        .build()
-        .context("tokio runtime")?;
-    let restart = rt.block_on(run_async(cfg, opts))?;
+        .thread_name("outpost-io");
+    // The I/O threads carry frames from the sources and records to the
+    // local outputs: under load they need the inference threads' priority,
+    // or frames queue in front of a real-time inference thread.
+    if let Some(p) = cfg.scheduler.realtime_priority {
+        let stats = realtime.clone();
+        builder.on_thread_start(move || crate::pipeline::realtime::fifo_io_thread(p, &stats));
+    }
+    let rt = builder.build().context("tokio runtime")?;
+    let restart = rt.block_on(run_async(cfg, opts, realtime))?;
     drop(rt);
     if restart {
         tracing::info!(
@@ -103,11 +111,14 @@ pub fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
 static READY: AtomicBool = AtomicBool::new(false);
 
 /// Runs until stopped; true when it stopped to restart into a new daemon slot.
-async fn run_async(cfg: Config, opts: RunOptions) -> anyhow::Result<bool> {
+async fn run_async(
+    cfg: Config,
+    opts: RunOptions,
+    realtime: Arc<RealtimeStats>,
+) -> anyhow::Result<bool> {
     if let Some(ota) = &cfg.ota {
         crate::ota::slots::ready_deadline(&cfg.data_dir, ota.daemon_ready_timeout, &READY);
     }
-    let realtime = Arc::new(RealtimeStats::default());
     if cfg.scheduler.lock_memory {
         crate::pipeline::realtime::lock_memory(&realtime);
     }

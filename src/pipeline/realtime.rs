@@ -1,6 +1,8 @@
 //! Real-time settings of the inference threads (`[scheduler] cpus`,
 //! `realtime_priority`, `lock_memory`), for sites that need a latency bound
-//! under load.
+//! under load. `realtime_priority` also applies to the daemon's I/O threads
+//! (sources, local outputs, uplink, API), which carry every frame to the
+//! inference threads and every record out of them.
 //!
 //! Each setting that the system refuses (no `CAP_SYS_NICE` for SCHED_FIFO,
 //! no `CAP_IPC_LOCK` or too small `RLIMIT_MEMLOCK` for mlockall, a CPU that
@@ -11,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use prometheus_client::encoding::DescriptorEncoder;
 
@@ -20,6 +23,9 @@ use crate::telemetry::metrics::{MetricSource, counter};
 #[derive(Debug, Default)]
 pub struct RealtimeStats {
     errors: Mutex<BTreeMap<&'static str, u64>>,
+    /// An I/O thread's refusal was logged (every thread of the runtime
+    /// asks; one log line says it).
+    io_refused: AtomicBool,
 }
 
 impl RealtimeStats {
@@ -105,6 +111,24 @@ pub fn fifo_current_thread(priority: u32, stats: &RealtimeStats) {
     }
 }
 
+/// Makes the calling I/O thread SCHED_FIFO at `priority`. Runs on every
+/// thread the I/O runtime starts; a refusal is counted and logged once.
+pub fn fifo_io_thread(priority: u32, stats: &RealtimeStats) {
+    let param = libc::sched_param {
+        sched_priority: priority as libc::c_int,
+    };
+    // SAFETY: a valid sched_param; pid 0 is the calling thread.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+    if rc != 0 && !stats.io_refused.swap(true, Ordering::Relaxed) {
+        stats.failed(
+            "realtime_priority",
+            os_error(&format!(
+                "cannot run the I/O threads at SCHED_FIFO priority {priority} (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= {priority}; under systemd see systemd/outpost-realtime.conf)"
+            )),
+        );
+    }
+}
+
 /// Locks every page of the process, now and later, into memory.
 pub fn lock_memory(stats: &RealtimeStats) {
     // SAFETY: mlockall takes flags only.
@@ -138,5 +162,19 @@ mod tests {
             s.errors()
         });
         assert!(t.join().unwrap().is_empty());
+    }
+
+    #[test]
+    fn io_thread_refusals_are_counted_once() {
+        // Priority 100 is out of SCHED_FIFO's range even for root: refused
+        // on every thread, counted and logged once.
+        let s = std::sync::Arc::new(RealtimeStats::default());
+        for _ in 0..3 {
+            let s = s.clone();
+            std::thread::spawn(move || fifo_io_thread(100, &s))
+                .join()
+                .unwrap();
+        }
+        assert_eq!(s.errors().get("realtime_priority"), Some(&1));
     }
 }

@@ -62,8 +62,8 @@ pub struct SchedulerConfig {
     /// 1` inference runs on these threads; ONNX Runtime's own pool threads
     /// are not pinned.)
     pub cpus: Vec<usize>,
-    /// SCHED_FIFO priority (1..=99) of the inference threads; unset = normal
-    /// scheduling. Needs CAP_SYS_NICE, which the systemd unit grants only
+    /// SCHED_FIFO priority (1..=99) of the inference threads and of the
+    /// daemon's I/O threads; unset = normal scheduling. Needs CAP_SYS_NICE, which the systemd unit grants only
     /// through the drop-in `systemd/outpost-realtime.conf`. Refused: logged,
     /// counted, and the daemon runs on at normal priority.
     pub realtime_priority: Option<u32>,

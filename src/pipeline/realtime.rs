@@ -2,7 +2,8 @@
 //! `realtime_priority`, `lock_memory`), for sites that need a latency bound
 //! under load. `realtime_priority` also applies to the daemon's I/O threads
 //! (sources, local outputs, uplink, API), which carry every frame to the
-//! inference threads and every record out of them.
+//! inference threads and every record out of them; threads started from
+//! them (the outbox writer, sled's I/O threads, GStreamer's) inherit it.
 //!
 //! Each setting that the system refuses (no `CAP_SYS_NICE` for SCHED_FIFO,
 //! no `CAP_IPC_LOCK` or too small `RLIMIT_MEMLOCK` for mlockall, a CPU that

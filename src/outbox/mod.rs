@@ -641,7 +641,6 @@ impl Shared {
         }
     }
 
-    /// Moves one record to the dead letters in one sled transaction.
     /// Takes records that left the store out of the unsaved ones (a reopen
     /// must not put them back).
     fn forget_unsaved(&self, keys: impl IntoIterator<Item = Key>) {
@@ -656,6 +655,7 @@ impl Shared {
         }
     }
 
+    /// Moves one record to the dead letters in one sled transaction.
     ///
     /// A dead letter is larger than its record (reason and time added), so
     /// the move can take the outbox past `max_bytes`; the oldest dead

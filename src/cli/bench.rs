@@ -164,6 +164,33 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Resident bytes of this process's own executable file (its text and
+/// read-only data, from /proc/self/smaps): a debug build's is many times a
+/// release build's, so a comparison with `plan` can take it out.
+pub fn exe_resident_bytes() -> Option<u64> {
+    let exe = std::fs::read_link("/proc/self/exe").ok()?;
+    let exe = exe.to_str()?;
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut in_exe = false;
+    let mut kb = 0u64;
+    for line in smaps.lines() {
+        let mut f = line.split_whitespace();
+        let Some(first) = f.next() else { continue };
+        if first.ends_with(':') {
+            if in_exe && first == "Rss:" {
+                kb += f.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            }
+        } else {
+            // A mapping's header: address perms offset dev inode [path]
+            // (the path may hold spaces: compare the line's end).
+            in_exe = line
+                .strip_suffix(exe)
+                .is_some_and(|head| head.ends_with(' '));
+        }
+    }
+    Some(kb * 1024)
+}
+
 pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
     if a.iterations == 0 || a.batch == 0 {
         anyhow::bail!("--iterations and --batch must be at least 1");
@@ -288,6 +315,7 @@ pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
             "mean_us": s.mean_us,
             "throughput_per_s": s.throughput_per_s,
             "peak_rss_bytes": rss,
+            "exe_resident_bytes": exe_resident_bytes(),
             "io_binding": binding,
         });
         println!("{}", serde_json::to_string(&v)?);

@@ -131,7 +131,10 @@ fn plan_needs_no_onnxruntime_and_reads_bare_files() {
 }
 
 /// The CPU estimate is a heuristic; hold it within a factor of two of the
-/// resident memory `bench` measures for the same model on this machine.
+/// resident memory `bench` measures for the same model on this machine,
+/// less the pages of the executable itself: the debug build these tests run
+/// keeps 30-40 MB more of its own text resident than the release build the
+/// estimate is for (with it, sensor_mlp came out at 0.49x).
 #[test]
 fn plan_cpu_estimate_is_near_bench_peak_rss() {
     for model in MODELS {
@@ -145,7 +148,10 @@ fn plan_cpu_estimate_is_near_bench_peak_rss() {
             "2",
             "--json",
         ])));
-        let rss = b["peak_rss_bytes"].as_u64().expect("peak_rss_bytes") as f64;
+        let exe = b["exe_resident_bytes"]
+            .as_u64()
+            .expect("exe_resident_bytes") as f64;
+        let rss = b["peak_rss_bytes"].as_u64().expect("peak_rss_bytes") as f64 - exe;
         let p = json(&run(outpost().args([
             "plan",
             "--model",
@@ -158,7 +164,7 @@ fn plan_cpu_estimate_is_near_bench_peak_rss() {
         let ratio = est / rss;
         assert!(
             (0.5..=2.0).contains(&ratio),
-            "{model}: plan {est} B, bench peak RSS {rss} B"
+            "{model}: plan {est} B, bench peak RSS {rss} B without the executable's {exe} B"
         );
     }
 }

@@ -589,23 +589,11 @@ impl Shared {
     fn make_room(&self, st: &Store, size: u64) -> Result<(), OutboxError> {
         let max = self.cfg.max_bytes;
         loop {
-            let used =
-                self.records_bytes.load(Ordering::SeqCst) + self.dead_bytes.load(Ordering::SeqCst);
+            let used = self.used_bytes();
             if used + size <= max {
                 return Ok(());
             }
-            if let Some((k, v)) = st
-                .dead
-                .pop_min()
-                .map_err(|e| self.write_failed("drop dead letter", e))?
-            {
-                self.dead_n.fetch_sub(1, Ordering::SeqCst);
-                self.dead_bytes
-                    .fetch_sub(entry_size(&k, &v), Ordering::SeqCst);
-                self.dropped
-                    .full_drop_dead_letter
-                    .fetch_add(1, Ordering::Relaxed);
-                self.commit.op_done();
+            if self.drop_oldest_dead_letter(st)? {
                 continue;
             }
             let popped = match self.cfg.when_full {
@@ -719,26 +707,33 @@ impl Shared {
 
     /// Drops the oldest dead letters while the outbox is over `max_bytes`.
     fn trim_dead(&self, st: &Store) -> Result<(), OutboxError> {
-        let max = self.cfg.max_bytes;
-        while self.records_bytes.load(Ordering::SeqCst) + self.dead_bytes.load(Ordering::SeqCst)
-            > max
-        {
-            let Some((k, v)) = st
-                .dead
-                .pop_min()
-                .map_err(|e| self.write_failed("drop dead letter", e))?
-            else {
-                break;
-            };
-            self.dead_n.fetch_sub(1, Ordering::SeqCst);
-            self.dead_bytes
-                .fetch_sub(entry_size(&k, &v), Ordering::SeqCst);
-            self.dropped
-                .full_drop_dead_letter
-                .fetch_add(1, Ordering::Relaxed);
-            self.commit.op_done();
-        }
+        while self.used_bytes() > self.cfg.max_bytes && self.drop_oldest_dead_letter(st)? {}
         Ok(())
+    }
+
+    /// Records + dead letters, the bytes `max_bytes` bounds.
+    fn used_bytes(&self) -> u64 {
+        self.records_bytes.load(Ordering::SeqCst) + self.dead_bytes.load(Ordering::SeqCst)
+    }
+
+    /// Drops the oldest dead letter to make room (counted as a full drop);
+    /// false when there is none.
+    fn drop_oldest_dead_letter(&self, st: &Store) -> Result<bool, OutboxError> {
+        let Some((k, v)) = st
+            .dead
+            .pop_min()
+            .map_err(|e| self.write_failed("drop dead letter", e))?
+        else {
+            return Ok(false);
+        };
+        self.dead_n.fetch_sub(1, Ordering::SeqCst);
+        self.dead_bytes
+            .fetch_sub(entry_size(&k, &v), Ordering::SeqCst);
+        self.dropped
+            .full_drop_dead_letter
+            .fetch_add(1, Ordering::Relaxed);
+        self.commit.op_done();
+        Ok(true)
     }
 
     fn stats(&self) -> OutboxStats {

@@ -95,38 +95,38 @@ pub fn pin_current_thread(cpu: usize, stats: &RealtimeStats) {
     }
 }
 
-/// Makes the calling thread SCHED_FIFO at `priority` (1..=99).
-pub fn fifo_current_thread(priority: u32, stats: &RealtimeStats) {
+/// Makes the calling thread SCHED_FIFO at `priority`; false when refused
+/// (errno says why).
+fn set_fifo(priority: u32) -> bool {
     let param = libc::sched_param {
         sched_priority: priority as libc::c_int,
     };
     // SAFETY: a valid sched_param; pid 0 is the calling thread.
-    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
-    if rc != 0 {
-        stats.failed(
-            "realtime_priority",
-            os_error(&format!(
-                "cannot run inference threads at SCHED_FIFO priority {priority} (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= {priority}; under systemd see systemd/outpost-realtime.conf)"
-            )),
-        );
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
+}
+
+/// Counts and logs a refused SCHED_FIFO for `threads`.
+fn fifo_refused(threads: &str, priority: u32, stats: &RealtimeStats) {
+    stats.failed(
+        "realtime_priority",
+        os_error(&format!(
+            "cannot run {threads} at SCHED_FIFO priority {priority} (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= {priority}; under systemd see systemd/outpost-realtime.conf)"
+        )),
+    );
+}
+
+/// Makes the calling thread SCHED_FIFO at `priority` (1..=99).
+pub fn fifo_current_thread(priority: u32, stats: &RealtimeStats) {
+    if !set_fifo(priority) {
+        fifo_refused("inference threads", priority, stats);
     }
 }
 
 /// Makes the calling I/O thread SCHED_FIFO at `priority`. Runs on every
 /// thread the I/O runtime starts; a refusal is counted and logged once.
 pub fn fifo_io_thread(priority: u32, stats: &RealtimeStats) {
-    let param = libc::sched_param {
-        sched_priority: priority as libc::c_int,
-    };
-    // SAFETY: a valid sched_param; pid 0 is the calling thread.
-    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
-    if rc != 0 && !stats.io_refused.swap(true, Ordering::Relaxed) {
-        stats.failed(
-            "realtime_priority",
-            os_error(&format!(
-                "cannot run the I/O threads at SCHED_FIFO priority {priority} (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= {priority}; under systemd see systemd/outpost-realtime.conf)"
-            )),
-        );
+    if !set_fifo(priority) && !stats.io_refused.swap(true, Ordering::Relaxed) {
+        fifo_refused("the I/O threads", priority, stats);
     }
 }
 

@@ -176,7 +176,7 @@ UPLINK_HTTP
 # daemon_ready_timeout = "15m"  # ... and must be READY within this
 # daemon_max_attempts = 3       # starts before the launcher falls back
 # max_bundle_bytes = 2147483648 # larger entries are skipped before any download
-# max_command_skew = "10m"      # commands dated further ahead are refused
+# max_command_skew = "10m"      # commands and signed documents dated further ahead are refused
 # require_signed_manifest = true   # refuse manifest documents not signed as a whole (staged rollouts)
 "#;
 

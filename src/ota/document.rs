@@ -30,6 +30,10 @@
 //! - A signed document issued before the last one accepted is a replay and
 //!   refused: an old wave (or the update a rollback replaced) cannot be
 //!   served again.
+//! - A signed document dated further ahead of the device's clock than
+//!   `max_skew_ms` (`[ota] max_command_skew`, the bound commands have) is
+//!   refused and never raises the replay floor: a document dated 2100 would
+//!   otherwise make every current one after it look like a replay.
 
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
@@ -71,13 +75,26 @@ pub struct SignedDocument {
 }
 
 /// How a device takes documents.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Policy {
     pub trusted: Vec<VerifyingKey>,
     /// Refuse plain documents (`[ota] require_signed_manifest`).
     pub require_signed: bool,
     /// `issued_ms` of the last signed document accepted.
     pub last_signed: Option<u64>,
+    /// How far ahead of the device's clock a signed document may be dated.
+    pub max_skew_ms: u64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            trusted: Vec::new(),
+            require_signed: false,
+            last_signed: None,
+            max_skew_ms: super::command::DEFAULT_MAX_SKEW_MS,
+        }
+    }
 }
 
 /// An accepted document.
@@ -102,6 +119,10 @@ pub enum DocumentError {
         "manifest document issued at {issued}, before the last one accepted ({last}): a replay"
     )]
     Replay { issued: u64, last: u64 },
+    #[error(
+        "manifest document issued at {issued}, {ahead_ms} ms ahead of this device's clock (over the allowed skew)"
+    )]
+    Future { issued: u64, ahead_ms: u64 },
     #[error("manifest document is not signed, and {0}")]
     Unsigned(&'static str),
 }
@@ -113,6 +134,7 @@ impl DocumentError {
             DocumentError::TooLarge(_) | DocumentError::Malformed(_) => "malformed",
             DocumentError::Signature(_) => "signature",
             DocumentError::Replay { .. } => "replay",
+            DocumentError::Future { .. } => "future",
             DocumentError::Unsigned(_) => "unsigned",
         }
     }
@@ -128,8 +150,9 @@ pub fn seal(key: &SigningKey, doc: &SignedDocument) -> Result<Envelope, String> 
     })
 }
 
-/// Reads a polled document under `policy`.
-pub fn open(body: &[u8], policy: &Policy) -> Result<Opened, DocumentError> {
+/// Reads a polled document under `policy`; `now_ms` is the device's clock
+/// (Unix milliseconds).
+pub fn open(body: &[u8], policy: &Policy, now_ms: u64) -> Result<Opened, DocumentError> {
     if body.len() > MAX_DOCUMENT_BYTES {
         return Err(DocumentError::TooLarge(body.len()));
     }
@@ -169,6 +192,14 @@ pub fn open(body: &[u8], policy: &Policy) -> Result<Opened, DocumentError> {
         .map_err(|e| DocumentError::Signature(e.to_string()))?;
     let doc: SignedDocument = serde_json::from_str(&env.document)
         .map_err(|e| DocumentError::Malformed(format!("signed but not a document: {e}")))?;
+    // Before the replay check, as for commands: a document from the far
+    // future must never become the floor that refuses the current ones.
+    if doc.issued_ms > now_ms.saturating_add(policy.max_skew_ms) {
+        return Err(DocumentError::Future {
+            issued: doc.issued_ms,
+            ahead_ms: doc.issued_ms - now_ms,
+        });
+    }
     if let Some(last) = policy.last_signed
         && doc.issued_ms < last
     {
@@ -221,6 +252,9 @@ mod tests {
         serde_json::to_vec(&e).unwrap()
     }
 
+    /// The device's clock in these tests (Unix ms).
+    const NOW: u64 = 1_000_000;
+
     fn policy(k: &SigningKey) -> Policy {
         Policy {
             trusted: vec![k.verifying_key()],
@@ -239,7 +273,7 @@ mod tests {
                 offer("2.0.0", None, &[]),
             ],
         );
-        let o = open(&body, &policy(&k)).unwrap();
+        let o = open(&body, &policy(&k), NOW).unwrap();
         assert_eq!(o.signed, Some(1000));
         assert_eq!(o.offers.len(), 2);
         assert_eq!(o.offers[0].rollout.as_ref().unwrap().percent, 10);
@@ -247,18 +281,36 @@ mod tests {
         // The same document again is no replay; an older one is.
         let mut p = policy(&k);
         p.last_signed = Some(1000);
-        assert!(open(&body, &p).is_ok());
+        assert!(open(&body, &p, NOW).is_ok());
         p.last_signed = Some(1001);
-        assert_eq!(open(&body, &p).unwrap_err().reason(), "replay");
+        assert_eq!(open(&body, &p, NOW).unwrap_err().reason(), "replay");
         // Bad targeting leaves that entry out, not the document.
         let bad = sealed(
             &k,
             2000,
             vec![offer("1.1.0", Some(150), &[]), offer("2.0.0", None, &[])],
         );
-        let o = open(&bad, &policy(&k)).unwrap();
+        let o = open(&bad, &policy(&k), NOW).unwrap();
         assert_eq!(o.offers.len(), 1);
         assert!(o.skipped[0].1.contains("percent"), "{:?}", o.skipped);
+    }
+
+    #[test]
+    fn a_document_from_the_far_future_is_refused_and_sets_no_floor() {
+        let k = sign::generate().unwrap();
+        let mut p = policy(&k);
+        p.max_skew_ms = 600_000;
+        // Dated 2100: refused as from the future, not taken as the floor.
+        let far = sealed(&k, 4_102_444_800_000, vec![offer("9.9.9", None, &[])]);
+        let err = open(&far, &p, NOW).unwrap_err();
+        assert_eq!(err.reason(), "future");
+        assert!(
+            err.to_string().contains("ahead of this device's clock"),
+            "{err}"
+        );
+        // Within the skew: taken.
+        let near = sealed(&k, NOW + 1000, vec![offer("1.1.0", None, &[])]);
+        assert_eq!(open(&near, &p, NOW).unwrap().signed, Some(NOW + 1000));
     }
 
     #[test]
@@ -272,27 +324,27 @@ mod tests {
         assert!(env.document.contains("\"percent\":100"));
         let edited = serde_json::to_vec(&env).unwrap();
         assert_eq!(
-            open(&edited, &policy(&k)).unwrap_err().reason(),
+            open(&edited, &policy(&k), NOW).unwrap_err().reason(),
             "signature"
         );
         // Signed by a key the device does not trust.
         let foreign = sealed(&other, 1000, vec![offer("1.1.0", Some(100), &[])]);
         assert_eq!(
-            open(&foreign, &policy(&k)).unwrap_err().reason(),
+            open(&foreign, &policy(&k), NOW).unwrap_err().reason(),
             "signature"
         );
         // A bundle or command signature over the same bytes is no document's.
         let digest: [u8; 32] = Sha256::digest(env.document.as_bytes()).into();
         env.signature = sign::sign_digest(&k, &digest);
         assert_eq!(
-            open(&serde_json::to_vec(&env).unwrap(), &policy(&k))
+            open(&serde_json::to_vec(&env).unwrap(), &policy(&k), NOW)
                 .unwrap_err()
                 .reason(),
             "signature"
         );
         env.signature = sign::sign_digest_in(sign::COMMAND_CONTEXT, &k, &digest);
         assert_eq!(
-            open(&serde_json::to_vec(&env).unwrap(), &policy(&k))
+            open(&serde_json::to_vec(&env).unwrap(), &policy(&k), NOW)
                 .unwrap_err()
                 .reason(),
             "signature"
@@ -306,7 +358,7 @@ mod tests {
             ],
         })
         .unwrap();
-        let o = open(&plain, &policy(&k)).unwrap();
+        let o = open(&plain, &policy(&k), NOW).unwrap();
         assert_eq!(o.signed, None);
         assert_eq!(o.offers.len(), 1);
         assert_eq!(o.offers[0].version, "2.0.0");
@@ -314,17 +366,20 @@ mod tests {
         // ...unless the device requires signed documents or has seen one.
         let mut p = policy(&k);
         p.require_signed = true;
-        assert_eq!(open(&plain, &p).unwrap_err().reason(), "unsigned");
+        assert_eq!(open(&plain, &p, NOW).unwrap_err().reason(), "unsigned");
         let mut p = policy(&k);
         p.last_signed = Some(1);
-        assert_eq!(open(&plain, &p).unwrap_err().reason(), "unsigned");
+        assert_eq!(open(&plain, &p, NOW).unwrap_err().reason(), "unsigned");
         for junk in [
             &b"{"[..],
             b"\"x\"",
             b"{\"document\":1}",
             b"{\"bundles\":[{}]}",
         ] {
-            assert_eq!(open(junk, &policy(&k)).unwrap_err().reason(), "malformed");
+            assert_eq!(
+                open(junk, &policy(&k), NOW).unwrap_err().reason(),
+                "malformed"
+            );
         }
     }
 }

@@ -93,14 +93,17 @@ impl Fetcher {
         })
     }
 
-    /// The keys that sign documents, and whether plain ones are refused.
+    /// The keys that sign documents, whether plain ones are refused, and
+    /// how far ahead of this device's clock a signed one may be dated.
     pub fn set_document_policy(
         &mut self,
         trusted: Vec<ed25519_dalek::VerifyingKey>,
         require_signed: bool,
+        max_skew: Duration,
     ) {
         self.policy.trusted = trusted;
         self.policy.require_signed = require_signed;
+        self.policy.max_skew_ms = u64::try_from(max_skew.as_millis()).unwrap_or(u64::MAX);
     }
 
     /// `issued_ms` of the last signed document accepted (from state.json).
@@ -142,7 +145,8 @@ impl Fetcher {
             .bytes()
             .await
             .map_err(|e| PollError::Fetch(chain(&e)))?;
-        let mut opened = document::open(&body, &self.policy)?;
+        let now = super::command::unix_ms_now();
+        let mut opened = document::open(&body, &self.policy, now)?;
         if opened.signed.is_some() {
             self.policy.last_signed = opened.signed;
         }

@@ -109,7 +109,8 @@ pub struct OtaConfig {
     /// before any download (a download is also cut at the stated size).
     #[serde(default = "default_max_bundle_bytes")]
     pub max_bundle_bytes: u64,
-    /// How far ahead of this device's clock a signed command may be dated.
+    /// How far ahead of this device's clock a signed command or manifest
+    /// document may be dated.
     #[serde(default = "default_max_command_skew", with = "humantime_serde")]
     pub max_command_skew: Duration,
     /// Refuse manifest documents that are not signed as a whole (see
@@ -250,7 +251,11 @@ pub fn start(
     let mut fetcher =
         fetch::Fetcher::new(cfg.manifest_url.as_deref(), cfg.ca.as_deref(), cfg.timeout)
             .map_err(OtaError::Setup)?;
-    fetcher.set_document_policy(trusted.clone(), cfg.require_signed_manifest);
+    fetcher.set_document_policy(
+        trusted.clone(),
+        cfg.require_signed_manifest,
+        cfg.max_command_skew,
+    );
     let running = slots::running_slot();
     let boot = slots::Slots::new(&host.data_dir())
         .load()

@@ -269,6 +269,56 @@ fn metric(d: &Daemon, name: &str, label: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// A signed document dated 2100 (a key holder's wrong clock, or a document
+/// made to outlive every later one) was accepted and became the replay
+/// floor, so every current document after it was refused as a replay.
+#[test]
+fn signed_document_dated_2100_is_refused_and_the_current_one_still_installs() {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let key = w.join("fleet");
+    cli(&["keygen", "--out", key.to_str().unwrap()]);
+    let pubkey = std::fs::read_to_string(w.join("fleet.pub"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let files = Files::start();
+    let bundle = model_bundle(w, &key, "1.1.0");
+    files.put("/sensor_mlp-1.1.0.tar", std::fs::read(&bundle).unwrap());
+    // The genuine document, re-signed with the date moved to 2100.
+    let current = signed_document(w, &key, &bundle, &[]);
+    let env: outpost::ota::document::Envelope = serde_json::from_slice(&current).unwrap();
+    let mut dated: outpost::ota::document::SignedDocument =
+        serde_json::from_str(&env.document).unwrap();
+    dated.issued_ms = 4_102_444_800_000;
+    let signing = outpost::ota::sign::read_signing_key(&key).unwrap();
+    let far = outpost::ota::document::seal(&signing, &dated).unwrap();
+    files.put("/manifest.json", serde_json::to_vec(&far).unwrap());
+    let d = start_device(&device_config(
+        "gw-2100",
+        &[],
+        &files.url("/manifest.json"),
+        &pubkey,
+    ));
+    let t0 = Instant::now();
+    while metric(&d, "outpost_ota_documents_total", "future") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        d.log().contains("ahead of this device's clock"),
+        "{}",
+        d.log()
+    );
+    assert_eq!(serving(&d), "sensor_mlp@1.0.0");
+    assert_eq!(count(&d, "step=\"downloading\""), 0, "{}", d.log());
+    // The current document (issued now, before 2100) is taken, not a replay.
+    files.put("/manifest.json", current);
+    wait_log_count(&d, "step=\"installed\"", 0, Duration::from_secs(60));
+    assert_eq!(serving(&d), "sensor_mlp@1.1.0");
+    assert_eq!(metric(&d, "outpost_ota_documents_total", "replay"), 0.0);
+}
+
 #[test]
 fn staged_rollout_widens_by_signed_waves_and_no_unsigned_edit_moves_a_device() {
     let work = tempfile::tempdir().unwrap();

@@ -248,8 +248,9 @@ fn verified_entry(body: &[u8], pubkey: &str) -> serde_json::Value {
         trusted: vec![outpost::ota::sign::parse_public_key(pubkey).unwrap()],
         require_signed: true,
         last_signed: None,
+        ..outpost::ota::document::Policy::default()
     };
-    let opened = outpost::ota::document::open(body, &policy)
+    let opened = outpost::ota::document::open(body, &policy, outpost::ota::command::unix_ms_now())
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(body)));
     assert!(opened.signed.is_some());
     assert_eq!(opened.offers.len(), 1);

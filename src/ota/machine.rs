@@ -21,43 +21,12 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::bundle::{BundleKind, BundleManifest};
 use super::host::ModelHealth;
-
-/// One entry of the fleet's manifest document: a bundle on offer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Offer {
-    pub kind: BundleKind,
-    pub name: String,
-    pub version: String,
-    /// Absolute, or relative to the manifest document's URL.
-    pub url: String,
-    /// sha256 of the whole bundle file, lowercase hex.
-    pub sha256: String,
-    pub size: u64,
-    /// `ed25519:<public key, base64>:<signature, base64>` (see `sign.rs`).
-    pub signature: String,
-    /// The publisher asks for a downgrade; only honoured when the signed
-    /// bundle says so too.
-    #[serde(default)]
-    pub rollback: bool,
-    /// Staged rollout: only devices whose bucket is under the percent take
-    /// it (see `rollout.rs`; honoured only from a signed document or command).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rollout: Option<super::rollout::Rollout>,
-    /// Only devices in one of these `[device] groups` take it (empty: all).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub groups: Vec<String>,
-}
-
-impl Offer {
-    pub fn id(&self) -> String {
-        format!("{}@{}", self.name, self.version)
-    }
-}
+/// The offer is data of its own (`offer.rs`); this path stays.
+pub use super::offer::Offer;
 
 /// Thresholds of the probation window and what this build is.
 #[derive(Debug, Clone, PartialEq)]

@@ -41,6 +41,7 @@ pub mod fetch;
 pub mod host;
 pub mod install;
 pub mod machine;
+pub mod offer;
 pub mod rollout;
 pub mod sign;
 pub mod slots;

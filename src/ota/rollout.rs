@@ -12,20 +12,11 @@
 //!
 //! The fields only mean something when they are signed: see `document.rs`.
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::machine::Offer;
-
-/// `rollout = { percent, salt }` of a manifest entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rollout {
-    /// Share of the fleet (0..=100) that takes the entry.
-    pub percent: u8,
-    /// Names the rollout; every wave of one rollout keeps it.
-    pub salt: String,
-}
+use super::offer::Offer;
+/// The field is data of the offer (`offer.rs`); this path stays.
+pub use super::offer::Rollout;
 
 /// This device's place in the rollout named `salt`: 0..100.
 pub fn bucket(salt: &str, device: &str) -> u8 {

@@ -8,15 +8,9 @@ use std::io::Cursor;
 
 use fast_image_resize as fir;
 
+/// This path stays; the type lives in `pixels.rs`.
+pub use super::pixels::Rgb;
 use super::{ChannelOrder, DecodeError, ImageFormat, Layout, PreprocessConfig};
-
-/// Packed 8-bit RGB pixels.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Rgb {
-    pub width: u32,
-    pub height: u32,
-    pub pixels: Vec<u8>,
-}
 
 /// Decodes a frame the way the pipeline's preprocessing reads it (JPEG or
 /// PNG, or raw RGB/BGR of a configured size) to RGB.
@@ -76,7 +70,7 @@ pub fn decode_frame(payload: &[u8], cfg: &PreprocessConfig) -> Result<Rgb, Decod
                 });
             }
             let mut pixels = Vec::with_capacity(w as usize * h as usize * 3);
-            super::image::nv12_to_rgb(payload, w as usize, h as usize, &mut pixels);
+            super::pixels::nv12_to_rgb(payload, w as usize, h as usize, &mut pixels);
             Ok(Rgb {
                 width: w,
                 height: h,

@@ -318,7 +318,7 @@ mod tests {
 
     #[test]
     fn nv12_conversion_is_bt601_limited_range() {
-        use crate::preprocess::image::yuv_to_rgb;
+        use crate::preprocess::pixels::yuv_to_rgb;
         assert_eq!(yuv_to_rgb(16, 128, 128), [0, 0, 0]);
         assert_eq!(yuv_to_rgb(235, 128, 128), [255, 255, 255]);
         // Saturated red: Y 81, U 90, V 240 (BT.601).

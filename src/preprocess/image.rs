@@ -12,6 +12,8 @@ use image::{ColorType, DynamicImage, ImageDecoder};
 use ndarray::{ArrayD, IxDyn};
 use serde::{Deserialize, Serialize};
 
+/// These paths stay; the functions live in `pixels.rs`.
+pub use super::pixels::{nv12_to_rgb, resize_pixels};
 use super::raw::{RawFormat, RawImage};
 use super::{
     ChannelOrder, DecodeError, ImageTransform, Item, ItemMeta, Layout, MAX_ELEMENTS,
@@ -99,52 +101,6 @@ pub fn pad_offset(resize: ResizeMode, tw: u32, th: u32, nw: u32, nh: u32) -> (u3
 /// Offset that centres `inner` in `outer` (letterbox padding, centre crop).
 pub fn centre_offset(outer: u32, inner: u32) -> u32 {
     outer.saturating_sub(inner) / 2
-}
-
-/// One pixel of NV12 to RGB, BT.601 limited range, in integer arithmetic
-/// (the GPU kernel does the same operations, so both give the same bytes).
-#[inline]
-pub fn yuv_to_rgb(y: u8, u: u8, v: u8) -> [u8; 3] {
-    super::raw::yuv_pixel(y, u, v, false)
-}
-
-/// `pixels` (`from` in size, of `kind`) resized to `to` with the bilinear
-/// convolution every image path uses; a copy when the size is already right.
-pub fn resize_pixels(
-    resizer: &mut fir::Resizer,
-    pixels: &[u8],
-    from: (u32, u32),
-    to: (u32, u32),
-    kind: fir::PixelType,
-) -> Result<Vec<u8>, DecodeError> {
-    if from == to {
-        return Ok(pixels.to_vec());
-    }
-    let err = |e: &dyn std::fmt::Display| DecodeError::Resize {
-        message: e.to_string(),
-    };
-    let view = fir::images::ImageRef::new(from.0, from.1, pixels, kind).map_err(|e| err(&e))?;
-    let mut dst = fir::images::Image::new(to.0, to.1, kind);
-    let opts = fir::ResizeOptions::new()
-        .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Bilinear));
-    resizer
-        .resize(&view, &mut dst, &opts)
-        .map_err(|e| err(&e))?;
-    Ok(dst.into_vec())
-}
-
-/// An NV12 frame (`w * h` Y bytes, then `w * h / 2` interleaved UV bytes;
-/// even `w` and `h`) as packed RGB.
-pub fn nv12_to_rgb(frame: &[u8], w: usize, h: usize, out: &mut Vec<u8>) {
-    out.clear();
-    out.reserve(w * h * 3);
-    let (yp, uv) = frame.split_at(w * h);
-    for y in 0..h {
-        for x in 0..w {
-            let i = (y / 2) * w + (x / 2) * 2;
-            out.extend_from_slice(&yuv_to_rgb(yp[y * w + x], uv[i], uv[i + 1]));
-        }
-    }
 }
 
 /// Element type of the image tensor.

@@ -12,6 +12,7 @@ pub mod crop;
 pub mod gpu;
 pub mod gpu_launch;
 mod image;
+pub mod pixels;
 mod pyramid;
 pub mod raw;
 mod resample;

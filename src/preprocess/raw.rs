@@ -8,8 +8,9 @@
 use fast_image_resize as fir;
 
 use super::DecodeError;
-use super::crop::Rgb;
-use super::image::resize_pixels;
+/// This path stays; the function lives in `pixels.rs`.
+pub use super::pixels::yuv_pixel;
+use super::pixels::{Rgb, resize_pixels};
 
 /// What the bytes of a decoded frame are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,26 +146,6 @@ impl RawImage {
         }
         Ok(out)
     }
-}
-
-/// One limited-range YUV pixel to RGB, integer arithmetic (x256): BT.709
-/// or BT.601 coefficients (Cr to R, Cb to G, Cr to G, Cb to B).
-#[inline]
-pub fn yuv_pixel(y: u8, u: u8, v: u8, bt709: bool) -> [u8; 3] {
-    let (rv, gu, gv, bu) = if bt709 {
-        (459, 55, 136, 541)
-    } else {
-        (409, 100, 208, 516)
-    };
-    let c = (y as i32 - 16) * 298;
-    let d = u as i32 - 128;
-    let e = v as i32 - 128;
-    let clip = |x: i32| ((x + 128) >> 8).clamp(0, 255) as u8;
-    [
-        clip(c + rv * e),
-        clip(c - gu * d - gv * e),
-        clip(c + bu * d),
-    ]
 }
 
 #[cfg(test)]

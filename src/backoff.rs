@@ -53,6 +53,12 @@ impl Backoff {
     }
 }
 
+/// A uniform random delay in `[0, max]`: spreads periodic work (manifest
+/// polls) across a fleet that started together.
+pub fn jitter(max: Duration) -> Duration {
+    max.mul_f64(rand::random_range(0.0..=1.0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,6 +106,15 @@ mod tests {
             .collect();
         let distinct: std::collections::HashSet<_> = draws.iter().collect();
         assert!(distinct.len() > 40, "{draws:?}");
+    }
+
+    #[test]
+    fn jitter_stays_within_its_bound() {
+        let max = Duration::from_millis(30);
+        for _ in 0..200 {
+            assert!(jitter(max) <= max);
+        }
+        assert_eq!(jitter(Duration::ZERO), Duration::ZERO);
     }
 
     #[test]

@@ -38,27 +38,11 @@ impl ResultRecord {
     }
 }
 
-/// Formats a system time as RFC 3339 UTC with microseconds (civil-from-days,
-/// proleptic Gregorian; no time-zone database needed for UTC).
+/// Formats a system time as RFC 3339 UTC with microseconds (humantime;
+/// times before 1970 are written as the epoch).
 pub fn rfc3339(t: std::time::SystemTime) -> String {
-    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs() as i64;
-    let micros = d.subsec_micros();
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
-    // Howard Hinnant's days-to-civil algorithm.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = if month <= 2 { y + 1 } else { y };
-    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{micros:06}Z")
+    let t = t.max(std::time::UNIX_EPOCH);
+    humantime::format_rfc3339_micros(t).to_string()
 }
 
 /// Ids `<device>/<boot>/<seq>`: one sequence per daemon start.

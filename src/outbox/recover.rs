@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::commit::{Attempt, Broken, Disk, Target, lock};
 use super::record::{KEY_LEN, Key};
 use super::{OutboxError, Shared, entry_size, open};
+use crate::backoff::Backoff;
 
 /// The trees appends and reads go to (replaced by a reopen).
 pub struct Store {
@@ -16,7 +17,8 @@ pub struct Store {
     pub dead: sled::Tree,
 }
 
-/// First wait before trying again after a failure; it doubles up to [`RETRY_MAX`].
+/// First wait before trying again after a failure; the ceiling doubles up
+/// to [`RETRY_MAX`] (the daemon's one [`Backoff`]).
 const RETRY_MIN: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(10);
 
@@ -26,7 +28,7 @@ pub struct Flusher {
     /// None once a broken database was closed and not yet reopened.
     disk: Option<Disk>,
     next_try: Instant,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 impl Flusher {
@@ -35,14 +37,13 @@ impl Flusher {
             shared,
             disk: Some(disk),
             next_try: Instant::now(),
-            backoff: RETRY_MIN,
+            backoff: Backoff::new(RETRY_MIN, RETRY_MAX),
         }
     }
 
     fn failed(&mut self, e: OutboxError, reopen: bool) -> Attempt {
         self.shared.commit.set_broken(e.to_string(), reopen);
-        self.next_try = Instant::now() + self.backoff;
-        self.backoff = (self.backoff * 2).min(RETRY_MAX);
+        self.next_try = Instant::now() + self.backoff.next_delay();
         Attempt::Failed(e)
     }
 
@@ -155,7 +156,7 @@ impl Target for Flusher {
             let rest = unsaved.split_off(&seq);
             *unsaved = rest;
         }
-        self.backoff = RETRY_MIN;
+        self.backoff.reset();
         Attempt::Done
     }
 }

@@ -294,7 +294,7 @@ impl Agent {
                     }
                 }
             }
-            let wait = self.cfg.poll_interval + jitter(self.cfg.poll_jitter);
+            let wait = self.cfg.poll_interval + crate::backoff::jitter(self.cfg.poll_jitter);
             let stop = self.shutdown.clone();
             let sleep = async {
                 if polling {
@@ -555,13 +555,4 @@ fn emit(host: &dyn ModelHost, stats: &OtaStats, s: &Status) {
     if let Err(e) = host.event("ota", &v) {
         tracing::warn!(error = %e, "OTA: status event not stored");
     }
-}
-
-/// A random part of `max`, so a fleet does not poll in step.
-fn jitter(max: Duration) -> Duration {
-    let mut b = [0u8; 8];
-    if getrandom::fill(&mut b).is_err() {
-        return Duration::ZERO;
-    }
-    max.mul_f64(u64::from_le_bytes(b) as f64 / u64::MAX as f64)
 }

@@ -22,25 +22,46 @@ pub struct CheckArgs {
 
 pub fn run(cli: &super::Cli, a: &CheckArgs) -> anyhow::Result<()> {
     let Some(path) = a.file.as_ref().or(cli.config.as_ref()) else {
-        anyhow::bail!("no config to check: pass --config FILE");
+        anyhow::bail!("no config to check: pass --config FILE (or - to read it from stdin)");
     };
-    let mut cfg = Config::load(path)?;
+    let stdin = path.as_os_str() == "-";
+    let shown = if stdin {
+        "stdin".to_string()
+    } else {
+        path.display().to_string()
+    };
+    let text = if stdin {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(path)
+    }
+    .map_err(|source| ConfigError::Io {
+        path: shown.clone(),
+        source,
+    })?;
+    // The files are checked on what could be read, so a missing model is
+    // listed with every other problem, not only once the rest is right.
+    let model_dir = cli.model_dir.clone();
+    let mut cfg = Config::read(
+        &text,
+        &shown,
+        |k| std::env::var(k).ok(),
+        |read| {
+            if a.no_files {
+                return Vec::new();
+            }
+            let mut c = read.clone();
+            if let Some(d) = &model_dir {
+                c.model_dir = d.clone();
+            }
+            file_problems(&c)
+        },
+    )?;
     if let Some(d) = &cli.model_dir {
         cfg.model_dir = d.clone();
     }
-    if !a.no_files {
-        let problems = file_problems(&cfg);
-        if !problems.is_empty() {
-            return Err(ConfigError::Invalid {
-                path: path.display().to_string(),
-                problems,
-            }
-            .into());
-        }
-    }
     println!(
-        "{}: ok (data_dir {}, model_dir {}, providers {})",
-        path.display(),
+        "{shown}: ok (data_dir {}, model_dir {}, providers {})",
         cfg.data_dir.display(),
         cfg.model_dir.display(),
         cfg.runtime
@@ -53,24 +74,32 @@ pub fn run(cli: &super::Cli, a: &CheckArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every problem with the models and files the config names.
+/// Every problem with the models and files the config names, each
+/// starting with its key path (the config reader gives it its line).
 pub fn file_problems(cfg: &Config) -> Vec<String> {
     let mut p = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (i, pl) in cfg.pipelines.iter().enumerate() {
-        let at = format!("pipelines[{i}] ({})", pl.name);
-        if seen.insert(pl.model.clone()) {
-            p.extend(
-                model_problems(cfg, &pl.model)
-                    .into_iter()
-                    .map(|e| format!("{at}: model `{}`: {e}", pl.model)),
-            );
+        let models = std::iter::once((format!("pipelines[{i}].model"), &pl.model)).chain(
+            pl.stages
+                .iter()
+                .enumerate()
+                .map(|(j, st)| (format!("pipelines[{i}].stages[{j}].model"), &st.model)),
+        );
+        for (at, model) in models {
+            if seen.insert(model.clone()) {
+                p.extend(
+                    model_problems(cfg, model)
+                        .into_iter()
+                        .map(|e| format!("{at}: model `{model}`: {e}")),
+                );
+            }
         }
         if let SourceConfig::Replay { file, .. } = &pl.source
             && !file.is_file()
         {
             p.push(format!(
-                "{at}: source.file {}: no such file",
+                "pipelines[{i}].source.file: {}: no such file",
                 file.display()
             ));
         }
@@ -81,6 +110,12 @@ pub fn file_problems(cfg: &Config) -> Vec<String> {
 /// A model's manifest, file, checksum and ONNX header.
 fn model_problems(cfg: &Config, name: &str) -> Vec<String> {
     let dir = cfg.model_dir.join(name);
+    if !dir.is_dir() {
+        return vec![format!(
+            "not found in the model directory {} (`outpost models list` shows its models)",
+            cfg.model_dir.display()
+        )];
+    }
     let m = match Manifest::load(&dir.join("manifest.toml")) {
         Ok(m) => m,
         Err(e) => return vec![e.to_string()],

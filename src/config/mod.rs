@@ -16,6 +16,9 @@ use crate::source::SourceConfig;
 use crate::source::mqtt::{EmbeddedBrokerConfig, SiteBrokerConfig};
 use crate::uplink::UplinkConfig;
 
+mod locate;
+mod read;
+
 /// Top level of `outpost.toml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -251,88 +254,20 @@ pub enum ConfigError {
     Invalid { path: String, problems: Vec<String> },
 }
 
-/// serde stops at the first error; a config that is valid TOML but wrong
-/// in several places gets each top-level key (and each pipeline) read on
-/// its own, so every one of them is named. None when the text is not TOML
-/// at all (the parser's one error says where) or no part fails alone.
-fn every_toml_problem(text: &str) -> Option<Vec<String>> {
-    let table: toml::Table = text.parse().ok()?;
-    let mut problems = Vec::new();
-    let mut try_part = |at: String, part: toml::Table| {
-        if let Err(e) = toml::Value::Table(part).try_into::<Config>() {
-            problems.push(format!("{at}: {}", e.to_string().trim_end()));
-        }
-    };
-    for (k, v) in &table {
-        match (k.as_str(), v) {
-            ("pipelines", toml::Value::Array(items)) => {
-                for (i, item) in items.iter().enumerate() {
-                    let mut part = toml::Table::new();
-                    part.insert(k.clone(), toml::Value::Array(vec![item.clone()]));
-                    try_part(format!("pipelines[{i}]"), part);
-                }
-            }
-            _ => {
-                let mut part = toml::Table::new();
-                part.insert(k.clone(), v.clone());
-                try_part(k.clone(), part);
-            }
-        }
-    }
-    (!problems.is_empty()).then_some(problems)
-}
-
 /// Replaces `${NAME}` with the environment variable NAME (`$$` escapes a
 /// dollar). Unset variables are reported with their line.
 pub fn interpolate(
     text: &str,
     get: impl Fn(&str) -> Option<String>,
 ) -> Result<String, Vec<String>> {
-    let mut out = String::with_capacity(text.len());
-    let mut problems = Vec::new();
-    for (lineno, line) in text.split_inclusive('\n').enumerate() {
-        // Comment lines are documentation: `${VAR}` there is not a reference.
-        if line.trim_start().starts_with('#') {
-            out.push_str(line);
-            continue;
-        }
-        let mut rest = line;
-        while let Some(i) = rest.find('$') {
-            out.push_str(&rest[..i]);
-            let after = &rest[i + 1..];
-            if let Some(stripped) = after.strip_prefix('$') {
-                out.push('$');
-                rest = stripped;
-            } else if let Some(body) = after.strip_prefix('{') {
-                match body.find('}') {
-                    Some(end) => {
-                        let name = &body[..end];
-                        match get(name) {
-                            Some(v) => out.push_str(&v),
-                            None => problems.push(format!(
-                                "line {}: environment variable `{name}` is not set",
-                                lineno + 1
-                            )),
-                        }
-                        rest = &body[end + 1..];
-                    }
-                    None => {
-                        problems.push(format!("line {}: unterminated `${{`", lineno + 1));
-                        out.push('$');
-                        rest = after;
-                    }
-                }
-            } else {
-                out.push('$');
-                rest = after;
-            }
-        }
-        out.push_str(rest);
-    }
+    let (out, problems) = read::interpolate_lines(text, get);
     if problems.is_empty() {
         Ok(out)
     } else {
-        Err(problems)
+        Err(problems
+            .into_iter()
+            .map(|(line, p)| format!("line {line}: {p}"))
+            .collect())
     }
 }
 
@@ -362,24 +297,24 @@ impl Config {
         path: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
-        let text = interpolate(text, env).map_err(|problems| ConfigError::Invalid {
+        Self::read(text, path, env, |_| Vec::new())
+    }
+
+    /// Reads as far as the text goes and reports every problem at once,
+    /// each with its line and key: the syntax (which stops the reading),
+    /// each key that cannot be read, `validate`, and `more`, the caller's
+    /// own checks of what could be read (messages that start with their
+    /// key path, e.g. `pipelines[0].model: ...`).
+    pub fn read(
+        text: &str,
+        path: &str,
+        env: impl Fn(&str) -> Option<String>,
+        more: impl FnOnce(&Config) -> Vec<String>,
+    ) -> Result<Config, ConfigError> {
+        read::read(text, env, more).map_err(|problems| ConfigError::Invalid {
             path: path.into(),
-            problems,
-        })?;
-        let cfg: Config = toml::from_str(&text).map_err(|e| ConfigError::Invalid {
-            path: path.into(),
-            problems: every_toml_problem(&text)
-                .unwrap_or_else(|| vec![e.to_string().trim_end().replace('\n', "\n    ")]),
-        })?;
-        let problems = cfg.validate();
-        if problems.is_empty() {
-            Ok(cfg)
-        } else {
-            Err(ConfigError::Invalid {
-                path: path.into(),
-                problems,
-            })
-        }
+            problems: problems.iter().map(|p| p.to_string()).collect(),
+        })
     }
 
     /// Every problem, each naming its key.
@@ -462,11 +397,12 @@ impl Config {
         }
         p.extend(self.scheduler.validate());
         for (i, pc) in self.pipelines.iter().enumerate() {
-            let at = format!("pipelines[{i}] ({})", pc.name);
+            // The reader writes `pipelines[i]` as the pipeline's name and line.
+            let at = format!("pipelines[{i}]");
             p.extend(pc.validate(&at));
-            if self.pipelines[..i].iter().any(|o| o.name == pc.name) {
+            if let Some(j) = self.pipelines[..i].iter().position(|o| o.name == pc.name) {
                 p.push(format!(
-                    "{at}.name: `{}` is used by an earlier pipeline",
+                    "{at}.name: `{}` is already the name of pipelines[{j}]",
                     pc.name
                 ));
             }
@@ -598,8 +534,19 @@ outputs = [
             panic!("expected invalid");
         };
         assert_eq!(problems.len(), 4, "{problems:?}");
-        assert!(problems.iter().any(|p| p.contains("outputs[0].topic")));
-        assert!(problems.iter().any(|p| p.contains("outputs[1].path")));
+        // Elements as the file counts them, each with its line.
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("line 11: pipeline \"vad\" (line 6), outputs#1.topic")),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("line 12: pipeline \"vad\" (line 6), outputs#2.path")),
+            "{problems:?}"
+        );
         assert!(problems.iter().any(|p| p.contains("realtime_priority")));
         assert!(problems.iter().any(|p| p.contains("cpus")));
         let ok = text

@@ -166,7 +166,7 @@ fn a_config_with_several_mistakes_reports_them_all() {
     );
     std::fs::write(&cfg, "[runtime]\nprovider = [\"cpu\"]\n").unwrap();
     let o = run(outpost().arg("check").arg(&cfg));
-    assert_fails(&o, 2, "unknown field `provider`");
+    assert_fails(&o, 2, "unknown key `provider`");
     std::fs::write(
         &cfg,
         "device = \"gw-1\"\n[runtime]\nproviders = [\"cpu\"]\n",

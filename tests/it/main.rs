@@ -3,6 +3,7 @@
 
 mod batching;
 mod camera;
+mod check_report;
 mod common;
 mod console;
 mod errors;

@@ -87,15 +87,21 @@ pub enum Transport {
 /// Largest `queue`: a camera that queues more is not "latest frame" any more.
 const MAX_QUEUE: usize = 64;
 
+/// Why a camera source at `at` cannot run, when this build (`has_camera`:
+/// built with the `camera` feature) has no camera support.
+pub fn needs_camera_build(at: &str, has_camera: bool) -> Option<String> {
+    (!has_camera).then(|| {
+        format!(
+            "{at}: a camera source needs outpost built with the `camera` feature \
+             (GStreamer); this build has no camera support"
+        )
+    })
+}
+
 impl CameraConfig {
     pub fn validate(&self, at: &str) -> Vec<String> {
         let mut p = Vec::new();
-        if !cfg!(feature = "camera") {
-            p.push(format!(
-                "{at}: a camera source needs outpost built with the `camera` feature \
-                 (GStreamer); this build has no camera support"
-            ));
-        }
+        p.extend(needs_camera_build(at, cfg!(feature = "camera")));
         match (&self.url, &self.pipeline) {
             (Some(_), Some(_)) => p.push(format!("{at}: set `url` or `pipeline`, not both")),
             (None, None) => p.push(format!("{at}: set `url` or `pipeline`")),

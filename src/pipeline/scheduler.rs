@@ -135,6 +135,10 @@ struct Inner {
     sweeper: Mutex<Option<std::thread::Thread>>,
 }
 
+/// Streams expired in one sweep from which their freed memory is handed
+/// back to the system (a few KiB each; fewer are not worth the arena walk).
+const TRIM_AFTER_EXPIRED: usize = 256;
+
 /// How often idle streams are looked for: a quarter of the shortest
 /// `stream_idle`, between 10 ms and 1 s (a stream goes at most that much
 /// after its idle time; a look costs one lock per pipeline).
@@ -318,8 +322,20 @@ impl Scheduler {
     fn sweep_streams(&self) {
         let every = sweep_interval(&self.inner.pipelines);
         while !self.inner.stopping.load(Ordering::SeqCst) {
+            let mut expired = 0;
             for p in &self.inner.pipelines {
-                p.expire_idle_streams();
+                expired += p.expire_idle_streams();
+            }
+            if expired >= TRIM_AFTER_EXPIRED {
+                // The state of many streams was freed inside the workers'
+                // malloc arenas, which glibc keeps: without this the RSS of
+                // a burst of streams stays after they expire.
+                #[cfg(target_env = "gnu")]
+                // SAFETY: malloc_trim only returns free memory to the
+                // system; it is thread-safe in glibc.
+                unsafe {
+                    libc::malloc_trim(0);
+                }
             }
             // `stop` unparks: no waiting out the interval at shutdown.
             std::thread::park_timeout(every);

@@ -490,11 +490,12 @@ impl Pipeline {
     }
 
     /// Expires the streams not seen for `stream_idle` (run periodically by
-    /// the scheduler, so it happens without new frames).
-    pub fn expire_idle_streams(&self) {
+    /// the scheduler, so it happens without new frames); returns how many.
+    pub fn expire_idle_streams(&self) -> usize {
         let mut table = lock(&self.streams);
         let gone = table.expire(Instant::now());
         self.forget(&gone);
+        gone.len()
     }
 
     /// Streams held now, the bound, and the evictions by reason.

@@ -21,5 +21,6 @@ pub mod postprocess;
 pub mod preprocess;
 pub mod record;
 pub mod source;
+pub mod stream_table;
 pub mod telemetry;
 pub mod uplink;

@@ -78,6 +78,16 @@ const PIPELINE_GAUGES: &[PipelineGauge] = &[
         "Capacity of the pipeline's queue",
         |s, i| s.pipelines()[i].cfg.queue as f64,
     ),
+    (
+        "outpost_streams",
+        "Streams the pipeline holds state for",
+        |s, i| s.pipelines()[i].streams_held().held as f64,
+    ),
+    (
+        "outpost_streams_max",
+        "Streams the pipeline holds state for, at most (max_streams)",
+        |s, i| s.pipelines()[i].streams_held().max as f64,
+    ),
 ];
 
 /// A histogram family with one row per pipeline that has one.
@@ -362,6 +372,21 @@ fn pipeline_metrics(enc: &mut DescriptorEncoder, sched: &Scheduler) -> Result<()
         "outpost_frames_dropped",
         "Frames dropped, by reason",
         &drops,
+    )?;
+    let mut evicted = Vec::new();
+    for p in pipes {
+        let h = p.streams_held();
+        for (reason, n) in [("lru", h.evicted_lru), ("idle", h.evicted_idle)] {
+            let mut l = pipeline_labels(p);
+            l.push(("reason", reason.to_string()));
+            evicted.push((l, n));
+        }
+    }
+    counter(
+        enc,
+        "outpost_streams_evicted",
+        "Streams whose state was reset: lru = least recently seen when a new one needed room, idle = not seen for stream_idle",
+        &evicted,
     )?;
     let (mut sent, mut dropped, mut connected) = (Vec::new(), Vec::new(), Vec::new());
     for p in pipes {

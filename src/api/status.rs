@@ -12,7 +12,7 @@ use crate::backend::Provider;
 use crate::backend::ort::Fallback;
 use crate::ota::stats::OtaSummary;
 use crate::output::OutputStatus;
-use crate::pipeline::{LatencySummary, Pipeline, PipelineStats, Scheduler};
+use crate::pipeline::{LatencySummary, Pipeline, PipelineStats, Scheduler, StreamsHeld};
 use crate::preprocess::PreprocessConfig;
 use crate::source::camera::CameraReport;
 use crate::uplink::UplinkStats;
@@ -66,6 +66,8 @@ pub struct PipelineStatus {
     pub batch_items: u64,
     pub inference_us_total: u64,
     pub drops: BTreeMap<&'static str, u64>,
+    /// Streams with state held, `max_streams`, and the evictions by reason.
+    pub streams: StreamsHeld,
     pub outputs: Vec<OutputStatus>,
     pub e2e_latency: LatencySummary,
     pub inference_latency: LatencySummary,
@@ -240,6 +242,7 @@ impl PipelineStatus {
             batch_items: get(&st.batch_items),
             inference_us_total: get(&st.inference_us_total),
             drops: st.drops(),
+            streams: p.streams_held(),
             outputs: p.outputs().status(),
             e2e_latency: st.e2e_us.summary(),
             inference_latency: st.inference_us.summary(),

@@ -67,6 +67,13 @@ when_full = "block"
 # qos = 1: a persistent session (the broker keeps frames while the daemon restarts);
 # max_message_bytes: larger messages are counted (too_large) and dropped.
 source = { type = "mqtt", topics = ["site/+/audio"], qos = 1, stream = { topic_segment = 1 }, max_message_bytes = 16777216 }
+# Stream names come from the senders (here a topic segment): state is held for
+# at most max_streams of them (the least recently seen beyond that is evicted
+# and starts over if it comes back), and a stream not seen for stream_idle is
+# forgotten. Counted in outpost_streams_evicted_total{pipeline,reason};
+# /v1/status shows `streams` per pipeline.
+max_streams = 4096
+stream_idle = "10m"
 # Local outputs: each record also goes straight from the inference thread to
 # these (best effort: a slow or absent peer drops it, counted in /metrics as
 # outpost_output_dropped_total{pipeline,output,reason}); the outbox and the

@@ -34,6 +34,10 @@ impl StreamStates {
     /// Forgets a stream (it ended, or it must start over).
     pub fn reset(&mut self, stream: &str) {
         self.streams.remove(stream);
+        // After many streams went (idle), the table's own memory goes too.
+        if self.streams.len() * 4 < self.streams.capacity() {
+            self.streams.shrink_to_fit();
+        }
     }
 
     /// The batch axis of each state input (None: a state without one cannot

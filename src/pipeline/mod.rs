@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 pub use self::queue::WhenFull;
 pub use self::scheduler::{Priority, Scheduler, SchedulerConfig};
 pub use self::stages::{StageConfig, ThumbnailConfig};
-pub use self::worker::Pipeline;
+pub use self::worker::{Pipeline, StreamsHeld};
 use crate::output::OutputConfig;
 use crate::postprocess::PostprocessConfig;
 use crate::preprocess::PreprocessConfig;
@@ -71,6 +71,16 @@ pub struct PipelineConfig {
     /// Per-box JPEG thumbnails in records (off by default).
     #[serde(default)]
     pub thumbnails: Option<ThumbnailConfig>,
+    /// Streams this pipeline holds state for (model state, audio windows,
+    /// events), at most: stream names come from the senders, so a new one
+    /// beyond this evicts the least recently seen, which starts over if it
+    /// comes back.
+    #[serde(default = "default_max_streams")]
+    pub max_streams: usize,
+    /// A stream not seen this long is forgotten (its state reset), whether
+    /// other frames arrive or not.
+    #[serde(default = "default_stream_idle", with = "humantime_serde")]
+    pub stream_idle: Duration,
 }
 
 fn default_queue() -> usize {
@@ -81,6 +91,14 @@ fn default_max_batch() -> usize {
 }
 fn default_max_delay() -> Duration {
     Duration::from_millis(2)
+}
+/// A few KiB of state each (silero VAD: ~4 KiB): some MiB per pipeline at most.
+pub const DEFAULT_MAX_STREAMS: usize = 4096;
+fn default_max_streams() -> usize {
+    DEFAULT_MAX_STREAMS
+}
+fn default_stream_idle() -> Duration {
+    Duration::from_secs(600)
 }
 
 impl PipelineConfig {
@@ -108,6 +126,12 @@ impl PipelineConfig {
                 "{at}.max_batch: {} is out of range 1..=1024",
                 self.max_batch
             ));
+        }
+        if self.max_streams == 0 {
+            p.push(format!("{at}.max_streams: must be at least 1"));
+        }
+        if self.stream_idle.is_zero() {
+            p.push(format!("{at}.stream_idle: must be longer than 0s"));
         }
         p.extend(self.source.validate(&format!("{at}.source")));
         for (i, o) in self.outputs.iter().enumerate() {
@@ -355,13 +379,22 @@ source = { type = "udp", listen = "127.0.0.1:9000" }
             (c.queue, c.max_batch, c.priority, c.when_full),
             (256, 1, Priority::Normal, WhenFull::DropOldest)
         );
+        assert_eq!(
+            (c.max_streams, c.stream_idle),
+            (4096, Duration::from_secs(600))
+        );
         assert!(c.validate("p").is_empty());
         let bad = PipelineConfig {
             name: "a b".into(),
             queue: 0,
             max_batch: 0,
+            max_streams: 0,
+            stream_idle: Duration::ZERO,
             ..c
         };
-        assert_eq!(bad.validate("p").len(), 3);
+        let problems = bad.validate("p");
+        assert_eq!(problems.len(), 5, "{problems:?}");
+        assert!(problems.contains(&"p.max_streams: must be at least 1".to_string()));
+        assert!(problems.contains(&"p.stream_idle: must be longer than 0s".to_string()));
     }
 }

@@ -11,6 +11,8 @@
 //!   windows, event thresholds) is run by one worker at a time, so its
 //!   streams see their frames in order.
 //! - Stop: sources stop first; workers finish every queued frame, then exit.
+//! - One more thread (`streams`) expires each pipeline's idle streams every
+//!   sweep interval, so their state goes whether frames arrive or not.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -129,6 +131,24 @@ struct Inner {
     busy_since: Mutex<Vec<Option<Instant>>>,
     /// Pipelines paused through the API: their frames wait (or drop by policy).
     paused: Vec<AtomicBool>,
+    /// The idle-stream sweeper, woken (unparked) by `stop`.
+    sweeper: Mutex<Option<std::thread::Thread>>,
+}
+
+/// Streams expired in one sweep from which their freed memory is handed
+/// back to the system (a few KiB each; fewer are not worth the arena walk).
+const TRIM_AFTER_EXPIRED: usize = 256;
+
+/// How often idle streams are looked for: a quarter of the shortest
+/// `stream_idle`, between 10 ms and 1 s (a stream goes at most that much
+/// after its idle time; a look costs one lock per pipeline).
+fn sweep_interval(pipelines: &[Arc<Pipeline>]) -> Duration {
+    pipelines
+        .iter()
+        .map(|p| p.cfg.stream_idle / 4)
+        .min()
+        .unwrap_or(Duration::from_secs(1))
+        .clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
 /// Shared handle to the queues and workers.
@@ -183,6 +203,7 @@ impl Scheduler {
                 stopping: AtomicBool::new(false),
                 busy_since: Mutex::new(Vec::new()),
                 paused: (0..n).map(|_| AtomicBool::new(false)).collect(),
+                sweeper: Mutex::new(None),
             }),
         }
     }
@@ -255,7 +276,8 @@ impl Scheduler {
         self.lock().queues.get(idx).map(|q| q.len()).unwrap_or(0)
     }
 
-    /// Starts the worker threads, each pinned and prioritised as `cfg` says.
+    /// Starts the worker threads, each pinned and prioritised as `cfg` says,
+    /// and the idle-stream sweeper (its handle is the last one).
     pub fn start_workers(
         &self,
         cfg: &SchedulerConfig,
@@ -267,7 +289,7 @@ impl Scheduler {
             .busy_since
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = vec![None; n.max(1)];
-        (0..n.max(1))
+        let mut handles = (0..n.max(1))
             .map(|w| {
                 let s = self.clone();
                 let cpu = (!cfg.cpus.is_empty()).then(|| cfg.cpus[w % cfg.cpus.len()]);
@@ -285,7 +307,39 @@ impl Scheduler {
                         s.worker(w)
                     })
             })
-            .collect()
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let s = self.clone();
+        let sweeper = std::thread::Builder::new()
+            .name("streams".into())
+            .spawn(move || s.sweep_streams())?;
+        *self.inner.sweeper.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(sweeper.thread().clone());
+        handles.push(sweeper);
+        Ok(handles)
+    }
+
+    /// Expires idle streams in every pipeline until the scheduler stops.
+    fn sweep_streams(&self) {
+        let every = sweep_interval(&self.inner.pipelines);
+        while !self.inner.stopping.load(Ordering::SeqCst) {
+            let mut expired = 0;
+            for p in &self.inner.pipelines {
+                expired += p.expire_idle_streams();
+            }
+            if expired >= TRIM_AFTER_EXPIRED {
+                // The state of many streams was freed inside the workers'
+                // malloc arenas, which glibc keeps: without this the RSS of
+                // a burst of streams stays after they expire.
+                #[cfg(target_env = "gnu")]
+                // SAFETY: malloc_trim only returns free memory to the
+                // system; it is thread-safe in glibc.
+                unsafe {
+                    libc::malloc_trim(0);
+                }
+            }
+            // `stop` unparks: no waiting out the interval at shutdown.
+            std::thread::park_timeout(every);
+        }
     }
 
     /// The longest time any worker has spent on its current batch: a
@@ -329,6 +383,9 @@ impl Scheduler {
         }
         self.inner.stopping.store(true, Ordering::SeqCst);
         self.inner.work.notify_all();
+        if let Some(t) = &*self.inner.sweeper.lock().unwrap_or_else(|p| p.into_inner()) {
+            t.unpark();
+        }
     }
 
     fn set_busy(&self, worker: usize, since: Option<Instant>) {

@@ -233,6 +233,14 @@ impl Cascade {
         })
     }
 
+    /// Forgets `stream` in every stage's postprocessor (the pipeline's stream
+    /// table let it go).
+    pub fn reset(&self, stream: &str) {
+        for s in &self.stages {
+            super::worker::lock(&s.post).reset(stream);
+        }
+    }
+
     /// `(stage model, stats)` per stage, in order.
     pub fn stats(&self) -> Vec<(String, &StageStats)> {
         self.stages

@@ -22,11 +22,25 @@ use crate::preprocess::{Item, ItemMeta, PreprocessConfig, Preprocessor};
 use crate::record::{ResultRecord, rfc3339};
 use crate::source::camera::CameraState;
 use crate::source::{Frame, FrameError, FrameErrorKind, SourceConfig};
+use crate::stream_table::{Evicted, Reason, StreamTable};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
     #[error("pipeline `{pipeline}`: {detail}")]
     Setup { pipeline: String, detail: String },
+}
+
+/// A pipeline's stream table in figures (`/v1/status`, `/metrics`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StreamsHeld {
+    /// Streams with state held now.
+    pub held: usize,
+    /// `max_streams`.
+    pub max: usize,
+    /// Streams evicted as least recently seen to make room for a new one.
+    pub evicted_lru: u64,
+    /// Streams expired after `stream_idle` unseen.
+    pub evicted_idle: u64,
 }
 
 /// One item's outputs: (frame index, item meta, outputs, inference µs).
@@ -46,6 +60,11 @@ pub struct Pipeline {
     pub(super) pre: Vec<Mutex<Box<dyn Preprocessor>>>,
     pub(super) post: Vec<Mutex<Box<dyn Postprocessor>>>,
     states: Mutex<StreamStates>,
+    /// The streams that may hold state here (bounded, least recently seen
+    /// evicted, idle ones expired); a stream it lets go is reset in `pre`,
+    /// `post`, `states` and the stages. Taken before any of those locks,
+    /// never while one is held.
+    streams: Mutex<StreamTable<()>>,
     serial: bool,
     batchable: bool,
     /// Stateful batching across streams: the batch axis of each state input.
@@ -198,6 +217,7 @@ impl Pipeline {
             ));
         }
         let snapshot = Latest::new(&pre_cfg);
+        let streams = Mutex::new(StreamTable::new(cfg.max_streams, cfg.stream_idle));
         Ok(Pipeline {
             outputs: LocalOutputs::new(&cfg.name, &cfg.outputs),
             cfg,
@@ -211,6 +231,7 @@ impl Pipeline {
             pre,
             post,
             states: Mutex::new(StreamStates::new()),
+            streams,
             serial,
             batchable,
             stateful_axes,
@@ -398,7 +419,7 @@ impl Pipeline {
         if self.stateful_axes.is_none() {
             return true;
         }
-        let known = lock(&self.states).streams();
+        let known = lock(&self.streams).len();
         let mut distinct: Vec<&str> = Vec::with_capacity(frames.len());
         for f in frames {
             if !distinct.contains(&&*f.stream) {
@@ -438,8 +459,88 @@ impl Pipeline {
         }
     }
 
-    /// Processes frames taken together from the queue.
+    /// Processes frames taken together from the queue. Their streams are
+    /// held (and seen) while they are processed.
     pub fn process(&self, frames: Vec<Frame>, worker: usize) {
+        let mut names: Vec<std::sync::Arc<str>> = Vec::with_capacity(frames.len());
+        for f in &frames {
+            if !names.contains(&f.stream) {
+                names.push(f.stream.clone());
+            }
+        }
+        {
+            let mut table = lock(&self.streams);
+            let now = Instant::now();
+            let mut gone = Vec::new();
+            for s in &names {
+                gone.extend(table.begin(s, now, || ()));
+            }
+            // Under the table's lock: no frame of a stream can begin between
+            // its eviction and its reset.
+            self.forget(&gone);
+        }
+        self.run_frames(frames, worker);
+        let mut table = lock(&self.streams);
+        let now = Instant::now();
+        let mut gone = Vec::new();
+        for s in &names {
+            gone.extend(table.end(s, now));
+        }
+        self.forget(&gone);
+    }
+
+    /// Expires the streams not seen for `stream_idle` (run periodically by
+    /// the scheduler, so it happens without new frames); returns how many.
+    pub fn expire_idle_streams(&self) -> usize {
+        let mut table = lock(&self.streams);
+        let gone = table.expire(Instant::now());
+        self.forget(&gone);
+        gone.len()
+    }
+
+    /// Streams held now, the bound, and the evictions by reason.
+    pub fn streams_held(&self) -> StreamsHeld {
+        let t = lock(&self.streams);
+        StreamsHeld {
+            held: t.len(),
+            max: t.max(),
+            evicted_lru: t.evicted(Reason::Lru),
+            evicted_idle: t.evicted(Reason::Idle),
+        }
+    }
+
+    /// Resets evicted streams wherever state is kept per stream. Only serial
+    /// pipelines keep any (the scheduler's invariant: stateful processing is
+    /// run by one worker at a time), so the others skip the locks.
+    fn forget(&self, gone: &[Evicted<()>]) {
+        if gone.is_empty() || !self.serial {
+            return;
+        }
+        let mut states = lock(&self.states);
+        for e in gone {
+            states.reset(&e.stream);
+        }
+        drop(states);
+        for pre in &self.pre {
+            let mut pre = lock(pre);
+            for e in gone {
+                pre.reset(&e.stream);
+            }
+        }
+        for post in &self.post {
+            let mut post = lock(post);
+            for e in gone {
+                post.reset(&e.stream);
+            }
+        }
+        if let Some(c) = &self.cascade {
+            for e in gone {
+                c.reset(&e.stream);
+            }
+        }
+    }
+
+    fn run_frames(&self, frames: Vec<Frame>, worker: usize) {
         if let Some(c) = &self.cascade {
             return c.process(self, frames, worker);
         }

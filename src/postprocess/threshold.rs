@@ -161,6 +161,10 @@ impl Postprocessor for ThresholdPostprocessor {
 
     fn reset(&mut self, stream: &str) {
         self.streams.remove(stream);
+        // After many streams went (idle), the table's own memory goes too.
+        if self.streams.len() * 4 < self.streams.capacity() {
+            self.streams.shrink_to_fit();
+        }
     }
 }
 

@@ -163,6 +163,10 @@ impl Preprocessor for AudioPreprocessor {
 
     fn reset(&mut self, stream: &str) {
         self.streams.remove(stream);
+        // After many streams went (idle), the table's own memory goes too.
+        if self.streams.len() * 4 < self.streams.capacity() {
+            self.streams.shrink_to_fit();
+        }
     }
 }
 

@@ -22,6 +22,7 @@ mod registry;
 mod runtime;
 mod service;
 mod state;
+mod stream_bounds;
 mod streams;
 mod uplink;
 mod vision;

@@ -5,6 +5,7 @@ mod batching;
 mod camera;
 mod common;
 mod console;
+mod docs;
 mod errors;
 mod fleet;
 mod gpu;

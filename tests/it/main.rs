@@ -6,6 +6,7 @@ mod camera;
 mod check_report;
 mod common;
 mod console;
+mod docs;
 mod errors;
 mod fleet;
 mod gpu;

@@ -49,6 +49,7 @@ listen = "127.0.0.1:8780"           # /healthz /readyz /metrics /v1/status
 # body_read_timeout = "30s"       # http source: the whole request body
 # max_body_bytes = 16777216       # http source: larger bodies are answered 413
 # reserved_fds = 64               # descriptors connections never take (storage, uplink)
+# allowed_hosts = ["gw-1.local"]  # names besides loopback, localhost and the listen address (others: 421)
 
 # MQTT sources connect to the site's broker when set, else to the embedded one.
 # [site_broker]

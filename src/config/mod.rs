@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub mod host;
+
 use crate::backend::Provider;
 use crate::backend::ort::{CudaOptions, TensorRtOptions};
 use crate::outbox::OutboxConfig;
@@ -137,6 +139,11 @@ pub struct ApiConfig {
     /// Descriptors kept free for storage (outbox, watch folders, journals)
     /// and the uplink: connections never take them.
     pub reserved_fds: u64,
+    /// Further names the API is reached by (`host` or `host:port`, e.g.
+    /// "gw-1.local"), besides its loopback addresses, `localhost` and the
+    /// listen address, which are always served. A request whose `Host` is
+    /// none of these is answered 421 (it is what a DNS-rebinding page sends).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Default `api.max_connections`.
@@ -160,6 +167,7 @@ impl Default for ApiConfig {
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             reserved_fds: DEFAULT_RESERVED_FDS,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -179,6 +187,11 @@ impl ApiConfig {
         }
         if self.max_body_bytes == 0 {
             p.push("api.max_body_bytes: must be at least 1".into());
+        }
+        for h in &self.allowed_hosts {
+            if let Err(e) = host::check_entry(h) {
+                p.push(format!("api.allowed_hosts: {e}"));
+            }
         }
         p
     }

@@ -44,7 +44,7 @@ when_full = "drop_oldest"           # or "reject_new"
 [api]
 listen = "127.0.0.1:8780"           # /healthz /readyz /metrics /v1/status
 # token_file = "/etc/outpost/api.token"   # bearer token for reload, pause/resume, OTA
-# max_connections = 512          # one more is answered 503 (lowered to keep reserved_fds free)
+# max_connections = 512          # one more is answered 503 (lowered to keep reserved_fds free); 8 kept for /healthz /readyz /metrics
 # header_read_timeout = "10s"     # also how long an idle connection stays open
 # body_read_timeout = "30s"       # http source: the whole request body
 # max_body_bytes = 16777216       # http source: larger bodies are answered 413

@@ -124,7 +124,8 @@ pub struct ApiConfig {
     pub token_file: Option<PathBuf>,
     /// Connections served at once (the API and the http source share
     /// them); one more is answered 503 and closed. Lowered at start to
-    /// leave `reserved_fds` of the process's descriptor limit free.
+    /// leave `reserved_fds` of the process's descriptor limit free. A few
+    /// (8, at most half) are kept for `/healthz`, `/readyz` and `/metrics`.
     pub max_connections: usize,
     /// A connection must send a request's headers within this, counted from
     /// its start or from the end of its previous response: it is also how

@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -336,4 +336,118 @@ fn a_rebound_name_in_a_real_browser_reads_nothing() {
         "return document.body && document.body.innerText.includes('\"pipelines\"')",
     );
     assert!(metric(&d, REFUSED_HOST) >= 4.0);
+}
+
+/// A connection that sends an http-source request header announcing a
+/// large body, and a few bytes of it, then stops: it holds its connection
+/// slot for `body_read_timeout`.
+fn slow_body(api: &str) -> std::net::TcpStream {
+    let mut s = std::net::TcpStream::connect(api).expect("connect");
+    write!(
+        s,
+        "POST /v1/pipelines/sensors/infer HTTP/1.1\r\nHost: {api}\r\nContent-Length: 1000000\r\n\r\n[0.1,"
+    )
+    .unwrap();
+    s
+}
+
+/// Whether the server answers and closes `s` within `limit` (an answer
+/// then EOF, or a reset when it closed with the body unread).
+fn answered_and_closed(s: &mut std::net::TcpStream, limit: Duration) -> (bool, String) {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return (true, String::from_utf8_lossy(&seen).into_owned()),
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return (false, String::from_utf8_lossy(&seen).into_owned());
+            }
+            Err(_) => return (true, String::from_utf8_lossy(&seen).into_owned()),
+        }
+    }
+}
+
+/// 517 slow request bodies made `/healthz` answer 503 for the whole
+/// `body_read_timeout` (30 s): each held a connection slot. Now a few slots
+/// of `max_connections` are kept for `/healthz`, `/readyz` and `/metrics`:
+/// with every other slot held by a slow body those still answer at once,
+/// anything else beyond the cap still gets 503, and a slow body cannot hold
+/// a kept slot.
+#[test]
+fn slow_bodies_leave_slots_for_health_checks() {
+    let d = Daemon::start(&sensors_over_http(
+        "max_connections = 16\nbody_read_timeout = \"30s\"",
+    ));
+    let max = metric(&d, "outpost_api_max_connections") as usize;
+    assert_eq!(max, 16);
+    let kept = metric(&d, "outpost_api_health_connections") as usize;
+    // Every general slot: taken in the order they connect, before any
+    // connection made after them.
+    let mut slow: Vec<_> = (0..max - kept).map(|_| slow_body(&d.api)).collect();
+    let t0 = Instant::now();
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let (code, body) = request(&d.api, "GET", path, &format!("Host: {}\r\n", d.api), "");
+        assert_eq!(code, 200, "{path} with the general slots full: {body}");
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "health checks took {:?}",
+        t0.elapsed()
+    );
+    // Held: the slow bodies are still open, and the gauge counts them.
+    assert!(metric(&d, "outpost_api_connections") >= (max - kept) as f64);
+    // Anything else beyond the general slots: 503 at once.
+    for path in ["/v1/status", "/"] {
+        let (code, _) = request(&d.api, "GET", path, &format!("Host: {}\r\n", d.api), "");
+        assert_eq!(code, 503, "{path}");
+    }
+    // Slow bodies beyond the general slots are answered and let go at
+    // once: none can hold a kept slot.
+    for _ in 0..kept * 2 {
+        let mut s = slow_body(&d.api);
+        let (closed, seen) = answered_and_closed(&mut s, Duration::from_secs(10));
+        assert!(closed, "a slow body held a kept slot: {seen}");
+        assert!(
+            seen.is_empty() || seen.starts_with("HTTP/1.1 503"),
+            "{seen}"
+        );
+    }
+    let (code, _) = request(
+        &d.api,
+        "GET",
+        "/healthz",
+        &format!("Host: {}\r\n", d.api),
+        "",
+    );
+    assert_eq!(code, 200);
+    assert!(metric(&d, "outpost_api_health_connections_accepted_total") >= 4.0);
+    // The slow bodies still hold their slots (well within body_read_timeout).
+    for s in slow.iter_mut() {
+        let (closed, seen) = answered_and_closed(s, Duration::from_millis(10));
+        assert!(!closed, "a slow body was let go early: {seen}");
+    }
+    drop(slow);
+    // Once they close, the general slots serve everything again.
+    let t0 = Instant::now();
+    loop {
+        let (code, _) = request(
+            &d.api,
+            "GET",
+            "/v1/status",
+            &format!("Host: {}\r\n", d.api),
+            "",
+        );
+        if code == 200 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "still {code}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -78,10 +78,13 @@ outputs = [
 ]
 
 # Sensor vectors as datagrams: `[len][stream name][16 little-endian f32]`.
+# recv_buffer_bytes: the socket's receive buffer (SO_RCVBUF; unset: the system's
+# default; above net.core.rmem_max only with CAP_NET_ADMIN); datagrams the kernel
+# drops on a full buffer count as `kernel_overflow`.
 [[pipelines]]
 name = "vibration"
 model = "sensor_mlp"
-source = { type = "udp", listen = "127.0.0.1:9400", framing = "named" }
+source = { type = "udp", listen = "127.0.0.1:9400", framing = "named", recv_buffer_bytes = 4194304 }
 [pipelines.preprocess]
 type = "sensor"
 format = "f32le"

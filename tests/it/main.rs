@@ -23,5 +23,6 @@ mod runtime;
 mod service;
 mod state;
 mod streams;
+mod udp_kernel_drops;
 mod uplink;
 mod vision;

@@ -3,9 +3,12 @@
 //! sources started), `/metrics` (OpenMetrics), `/v1/status` (pipelines, models, outbox,
 //! uplink, OTA, machine), `GET /v1/pipelines/{name}/snapshot.jpg` (the latest frame,
 //! annotated), the http source's `POST /v1/pipelines/{name}/infer`, and the local
-//! console (`GET /`, `/v1/events`, `/v1/pipelines/{name}/records`).
+//! console (`GET /`, `/v1/events`, `/v1/pipelines/{name}/records`). Every
+//! request passes the [`guard`] first (Host names, cross-origin state
+//! changes).
 
 pub mod console;
+pub mod guard;
 pub mod live;
 pub mod metrics;
 
@@ -91,6 +94,12 @@ impl Control {
         Ok(Control { token, reload })
     }
 
+    /// The bearer token, when one is set (the [`guard`] lets a cross-origin
+    /// state change through with it).
+    pub fn token(&self) -> Option<Arc<String>> {
+        self.token.clone()
+    }
+
     /// Checks `Authorization: Bearer <token>` in constant time.
     fn authorize(
         &self,
@@ -104,17 +113,7 @@ impl Control {
                 ),
             ));
         };
-        let given = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        let (a, b) = (given.as_bytes(), want.as_bytes());
-        let mut diff = a.len() ^ b.len();
-        for i in 0..a.len().max(b.len()) {
-            diff |= (a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0)) as usize;
-        }
-        if diff == 0 {
+        if guard::bearer_matches(headers, want) {
             Ok(())
         } else {
             Err((
@@ -267,9 +266,9 @@ async fn snapshot(
     }
 }
 
-/// The API's routes. Starts the console's sampler (one for every console),
-/// so it is called inside the tokio runtime.
-pub fn router(state: ApiState, ingress: HttpIngress) -> Router {
+/// The API's routes, every one behind the [`guard`]. Starts the console's
+/// sampler (one for every console), so it is called inside the tokio runtime.
+pub fn router(state: ApiState, ingress: HttpIngress, guard: Arc<guard::Guard>) -> Router {
     let infer_routes = Router::new()
         .route("/v1/pipelines/{name}/infer", post(infer))
         .with_state(ingress);
@@ -286,4 +285,5 @@ pub fn router(state: ApiState, ingress: HttpIngress) -> Router {
         .with_state(state)
         .merge(infer_routes)
         .merge(console::routes(live))
+        .layer(axum::middleware::from_fn_with_state(guard, guard::guard))
 }

@@ -5,10 +5,20 @@
 //! lowered at start so connections never take the descriptors storage
 //! needs.
 //!
-//! Invariant: at most `max_connections` accepted connections are open, plus
-//! the one being turned away; so with the cap below the descriptor limit
-//! minus `reserved_fds`, the outbox, watch folders and the uplink always
-//! find a descriptor.
+//! A few of the cap's slots ([`health_slots`]) are kept for `/healthz`,
+//! `/readyz` and `/metrics`: slow request bodies (each may take
+//! `body_read_timeout`) or event streams can hold every general slot, and
+//! the checks that decide whether to restart the daemon must still be
+//! answered. A connection accepted while the general slots are full takes a
+//! kept slot: it is served one request (no keep-alive), with a short
+//! header timeout; a GET or HEAD of those three paths is answered, anything
+//! else 503 at once, without reading its body. So no body can hold a kept
+//! slot, and one is free again as soon as its single answer is written.
+//!
+//! Invariant: at most `max_connections` accepted connections are open
+//! (general and kept slots together), plus the one being turned away; so
+//! with the cap below the descriptor limit minus `reserved_fds`, the
+//! outbox, watch folders and the uplink always find a descriptor.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,17 +43,59 @@ const LOG_EVERY: Duration = Duration::from_secs(30);
 
 const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: text/plain\r\nContent-Length: 22\r\nConnection: close\r\n\r\ntoo many connections\r\n";
 
+/// Most slots of the cap kept for the health paths.
+pub const HEALTH_SLOTS: usize = 8;
+/// What a kept slot's connection gets to send its request header: health
+/// checkers send theirs at once, and a slot held by a silent client is one
+/// a checker cannot have.
+const HEALTH_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+/// The paths kept slots serve.
+const HEALTH_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
+/// Slots of a cap of `cap` kept for the health paths: [`HEALTH_SLOTS`],
+/// and never more than half of the cap (a cap of 1 keeps none).
+pub fn health_slots(cap: usize) -> usize {
+    HEALTH_SLOTS.min(cap / 2)
+}
+
+/// Whether a kept slot serves this request.
+fn health_request<B>(req: &axum::http::Request<B>) -> bool {
+    matches!(
+        *req.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    ) && HEALTH_PATHS.contains(&req.uri().path())
+}
+
+/// The 503 a kept slot gives any other request.
+fn busy_response() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        [
+            (axum::http::header::RETRY_AFTER, "1"),
+            (axum::http::header::CONNECTION, "close"),
+        ],
+        "too many connections\r\n",
+    )
+        .into_response()
+}
+
 /// Connection figures for `/metrics`.
 #[derive(Debug, Default)]
 pub struct ConnStats {
     pub open: AtomicU64,
     pub accepted: AtomicU64,
-    /// Turned away at the cap.
+    /// Turned away at the cap (also: a request other than a health check
+    /// on a kept slot).
     pub refused: AtomicU64,
     /// accept() failed (e.g. no descriptor left).
     pub accept_errors: AtomicU64,
     /// The cap in force (after lowering it to the descriptor limit).
     pub max: AtomicU64,
+    /// Slots of the cap kept for `/healthz`, `/readyz` and `/metrics`.
+    pub health_slots: AtomicU64,
+    /// Connections served on a kept slot.
+    pub health_accepted: AtomicU64,
 }
 
 impl MetricSource for ConnStats {
@@ -62,6 +114,12 @@ impl MetricSource for ConnStats {
             "Connections the local API serves at once",
             &[(none.clone(), g(&self.max) as f64)],
         )?;
+        gauge(
+            enc,
+            "outpost_api_health_connections",
+            "Connections of max_connections kept for /healthz, /readyz and /metrics",
+            &[(none.clone(), g(&self.health_slots) as f64)],
+        )?;
         counter(
             enc,
             "outpost_api_connections_accepted",
@@ -70,8 +128,14 @@ impl MetricSource for ConnStats {
         )?;
         counter(
             enc,
+            "outpost_api_health_connections_accepted",
+            "Connections accepted on a slot kept for the health paths (the others were full)",
+            &[(none.clone(), g(&self.health_accepted))],
+        )?;
+        counter(
+            enc,
             "outpost_api_connections_refused",
-            "Connections turned away (503) at max_connections",
+            "Connections turned away (503) at max_connections, and requests other than health checks on a kept slot",
             &[(none.clone(), g(&self.refused))],
         )?;
         counter(
@@ -139,7 +203,10 @@ pub async fn serve(
     stop: CancellationToken,
 ) {
     stats.max.store(cap as u64, Ordering::Relaxed);
-    let slots = Arc::new(Semaphore::new(cap));
+    let kept = health_slots(cap);
+    stats.health_slots.store(kept as u64, Ordering::Relaxed);
+    let slots = Arc::new(Semaphore::new(cap - kept));
+    let health = Arc::new(Semaphore::new(kept));
     let mut busy_log = Every {
         last: None,
         suppressed: 0,
@@ -166,22 +233,32 @@ pub async fn serve(
                 continue;
             }
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            stats.refused.fetch_add(1, Ordering::Relaxed);
-            if let Some(suppressed) = busy_log.due() {
-                tracing::warn!(
-                    max_connections = cap,
-                    suppressed,
-                    "API: connection refused (503): max_connections are open"
-                );
-            }
-            tokio::spawn(async move {
-                let mut s = stream;
-                let _ = tokio::time::timeout(Duration::from_secs(1), s.write_all(BUSY)).await;
-            });
-            continue;
+        let (permit, health_only) = match slots.clone().try_acquire_owned() {
+            Ok(p) => (p, false),
+            Err(_) => match health.clone().try_acquire_owned() {
+                Ok(p) => (p, true),
+                Err(_) => {
+                    stats.refused.fetch_add(1, Ordering::Relaxed);
+                    if let Some(suppressed) = busy_log.due() {
+                        tracing::warn!(
+                            max_connections = cap,
+                            suppressed,
+                            "API: connection refused (503): max_connections are open"
+                        );
+                    }
+                    tokio::spawn(async move {
+                        let mut s = stream;
+                        let _ =
+                            tokio::time::timeout(Duration::from_secs(1), s.write_all(BUSY)).await;
+                    });
+                    continue;
+                }
+            },
         };
         stats.accepted.fetch_add(1, Ordering::Relaxed);
+        if health_only {
+            stats.health_accepted.fetch_add(1, Ordering::Relaxed);
+        }
         stats.open.fetch_add(1, Ordering::Relaxed);
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
@@ -189,9 +266,26 @@ pub async fn serve(
         let stopping = stop.clone().cancelled_owned();
         tokio::spawn(async move {
             let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_timeout);
+            builder.timer(TokioTimer::new());
+            if health_only {
+                builder
+                    .header_read_timeout(header_timeout.min(HEALTH_HEADER_TIMEOUT))
+                    .keep_alive(false);
+            } else {
+                builder.header_read_timeout(header_timeout);
+            }
+            let refused = stats_c.clone();
+            let service = hyper::service::service_fn(move |req| {
+                let service = service.clone();
+                let refused = refused.clone();
+                async move {
+                    if health_only && !health_request(&req) {
+                        refused.refused.fetch_add(1, Ordering::Relaxed);
+                        return Ok(busy_response());
+                    }
+                    hyper::service::Service::call(&service, req).await
+                }
+            });
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             let mut conn = std::pin::pin!(conn);
             let finished = tokio::select! {
@@ -207,9 +301,38 @@ pub async fn serve(
         });
     }
     // Wait for the connections to finish (each drains within DRAIN).
-    let _ = tokio::time::timeout(
-        DRAIN + Duration::from_secs(1),
-        slots.acquire_many(cap as u32),
-    )
+    let _ = tokio::time::timeout(DRAIN + Duration::from_secs(1), async {
+        let _ = slots.acquire_many((cap - kept) as u32).await;
+        let _ = health.acquire_many(kept as u32).await;
+    })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_slots_are_a_few_and_never_more_than_half() {
+        assert_eq!(health_slots(512), HEALTH_SLOTS);
+        assert_eq!(health_slots(10), 5);
+        assert_eq!(health_slots(1), 0);
+    }
+
+    #[test]
+    fn kept_slots_serve_only_health_reads() {
+        let req = |m: &str, p: &str| {
+            axum::http::Request::builder()
+                .method(m)
+                .uri(p)
+                .body(())
+                .unwrap()
+        };
+        assert!(health_request(&req("GET", "/healthz")));
+        assert!(health_request(&req("HEAD", "/readyz")));
+        assert!(health_request(&req("GET", "/metrics?x=1")));
+        assert!(!health_request(&req("POST", "/healthz")));
+        assert!(!health_request(&req("GET", "/v1/status")));
+        assert!(!health_request(&req("POST", "/v1/pipelines/a/infer")));
+    }
 }

@@ -45,11 +45,12 @@ when_full = "drop_oldest"           # or "reject_new"
 [api]
 listen = "127.0.0.1:8780"           # /healthz /readyz /metrics /v1/status
 # token_file = "/etc/outpost/api.token"   # bearer token for reload, pause/resume, OTA
-# max_connections = 512          # one more is answered 503 (lowered to keep reserved_fds free)
+# max_connections = 512          # one more is answered 503 (lowered to keep reserved_fds free); 8 kept for /healthz /readyz /metrics
 # header_read_timeout = "10s"     # also how long an idle connection stays open
 # body_read_timeout = "30s"       # http source: the whole request body
 # max_body_bytes = 16777216       # http source: larger bodies are answered 413
 # reserved_fds = 64               # descriptors connections never take (storage, uplink)
+# allowed_hosts = ["gw-1.local"]  # names besides loopback, localhost and the listen address (others: 421)
 
 # MQTT sources connect to the site's broker when set, else to the embedded one.
 # [site_broker]
@@ -85,10 +86,13 @@ outputs = [
 ]
 
 # Sensor vectors as datagrams: `[len][stream name][16 little-endian f32]`.
+# recv_buffer_bytes: the socket's receive buffer (SO_RCVBUF; unset: the system's
+# default; above net.core.rmem_max only with CAP_NET_ADMIN); datagrams the kernel
+# drops on a full buffer count as `kernel_overflow`.
 [[pipelines]]
 name = "vibration"
 model = "sensor_mlp"
-source = { type = "udp", listen = "127.0.0.1:9400", framing = "named" }
+source = { type = "udp", listen = "127.0.0.1:9400", framing = "named", recv_buffer_bytes = 4194304 }
 [pipelines.preprocess]
 type = "sensor"
 format = "f32le"

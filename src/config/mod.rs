@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub mod host;
+
 use crate::backend::Provider;
 use crate::backend::ort::{CudaOptions, TensorRtOptions};
 use crate::outbox::OutboxConfig;
@@ -125,7 +127,8 @@ pub struct ApiConfig {
     pub token_file: Option<PathBuf>,
     /// Connections served at once (the API and the http source share
     /// them); one more is answered 503 and closed. Lowered at start to
-    /// leave `reserved_fds` of the process's descriptor limit free.
+    /// leave `reserved_fds` of the process's descriptor limit free. A few
+    /// (8, at most half) are kept for `/healthz`, `/readyz` and `/metrics`.
     pub max_connections: usize,
     /// A connection must send a request's headers within this, counted from
     /// its start or from the end of its previous response: it is also how
@@ -140,6 +143,11 @@ pub struct ApiConfig {
     /// Descriptors kept free for storage (outbox, watch folders, journals)
     /// and the uplink: connections never take them.
     pub reserved_fds: u64,
+    /// Further names the API is reached by (`host` or `host:port`, e.g.
+    /// "gw-1.local"), besides its loopback addresses, `localhost` and the
+    /// listen address, which are always served. A request whose `Host` is
+    /// none of these is answered 421 (it is what a DNS-rebinding page sends).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Default `api.max_connections`.
@@ -163,6 +171,7 @@ impl Default for ApiConfig {
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             reserved_fds: DEFAULT_RESERVED_FDS,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -182,6 +191,11 @@ impl ApiConfig {
         }
         if self.max_body_bytes == 0 {
             p.push("api.max_body_bytes: must be at least 1".into());
+        }
+        for h in &self.allowed_hosts {
+            if let Err(e) = host::check_entry(h) {
+                p.push(format!("api.allowed_hosts: {e}"));
+            }
         }
         p
     }

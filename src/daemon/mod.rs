@@ -224,6 +224,8 @@ async fn run_async(
     let ingress = Arc::new(ArcSwap::from_pointee(generation.ingress.clone()));
     let conn_stats = Arc::new(api::serve::ConnStats::default());
     extra.push(conn_stats.clone());
+    let guard_stats = Arc::new(api::guard::GuardStats::default());
+    extra.push(guard_stats.clone());
     let registry = Arc::new(api_metrics::registry(DaemonCollector {
         scheduler: current.clone(),
         outbox: outbox.clone(),
@@ -232,6 +234,7 @@ async fn run_async(
     let (reload_tx, mut reload_rx) =
         tokio::sync::mpsc::channel::<tokio::sync::oneshot::Sender<Result<(), String>>>(4);
     let control = Control::from_config(&cfg.api, reload_tx.clone())?;
+    let token = control.token();
     let state = ApiState {
         ready: ready.clone(),
         scheduler: current.clone(),
@@ -258,6 +261,12 @@ async fn run_async(
             max_body_bytes: cfg.api.max_body_bytes,
             body_read_timeout: cfg.api.body_read_timeout,
         },
+        Arc::new(api::guard::Guard::new(
+            &cfg.api.allowed_hosts,
+            api_addr,
+            token,
+            guard_stats,
+        )),
     );
     let (cap, nofile) = api::serve::connection_cap(&cfg.api);
     if cap < cfg.api.max_connections {

@@ -113,6 +113,13 @@ pub enum SourceConfig {
         listen: SocketAddr,
         #[serde(default)]
         framing: Framing,
+        /// The socket's receive buffer (SO_RCVBUF), which holds datagrams
+        /// while the pipeline is busy; a datagram that finds it full is
+        /// dropped by the kernel and counted (`kernel_overflow`). Unset: the
+        /// system's default (net.core.rmem_default); above net.core.rmem_max
+        /// only with CAP_NET_ADMIN. The size granted is logged at start.
+        #[serde(default)]
+        recv_buffer_bytes: Option<usize>,
     },
     /// A Unix-domain stream socket with length-prefixed frames
     /// (u32 little-endian length, then that many bytes).
@@ -276,6 +283,12 @@ impl SourceConfig {
                     ));
                 }
             }
+            SourceConfig::Udp {
+                recv_buffer_bytes: Some(n),
+                ..
+            } if *n == 0 || *n > i32::MAX as usize => {
+                p.push(format!("{at}.recv_buffer_bytes: {n} (1 to {})", i32::MAX));
+            }
             SourceConfig::Camera(c) => p.extend(c.validate(at)),
             _ => {}
         }
@@ -295,7 +308,15 @@ impl SourceConfig {
                 stream,
                 max_message_bytes,
             }),
-            SourceConfig::Udp { listen, framing } => Box::new(udp::UdpSource { listen, framing }),
+            SourceConfig::Udp {
+                listen,
+                framing,
+                recv_buffer_bytes,
+            } => Box::new(udp::UdpSource {
+                listen,
+                framing,
+                recv_buffer_bytes,
+            }),
             SourceConfig::Unix {
                 path,
                 framing,

@@ -95,7 +95,7 @@ fn which(exe: &str) -> Option<PathBuf> {
 }
 
 /// chromedriver with one headless Chromium session; both ended on drop.
-struct Browser {
+pub(crate) struct Browser {
     driver: Child,
     addr: String,
     session: String,
@@ -103,7 +103,12 @@ struct Browser {
 }
 
 impl Browser {
-    fn start() -> Browser {
+    pub(crate) fn start() -> Browser {
+        Self::start_with(&[])
+    }
+
+    /// With further Chromium switches (e.g. `--host-resolver-rules=...`).
+    pub(crate) fn start_with(extra_args: &[&str]) -> Browser {
         let (Some(chromium), Some(chromedriver)) = (which("chromium"), which("chromedriver"))
         else {
             panic!(
@@ -146,19 +151,27 @@ impl Browser {
             std::thread::sleep(Duration::from_millis(100));
         }
         let user_data = b._profile.path().join("chromium");
+        let mut args = vec![
+            json!("--headless"),
+            json!("--no-sandbox"),
+            json!("--disable-gpu"),
+            json!("--disable-quic"),
+            json!("--no-first-run"),
+            json!("--disable-background-networking"),
+            json!("--disable-component-update"),
+            json!("--disable-sync"),
+            json!("--disable-dev-shm-usage"),
+            json!("--hide-scrollbars"),
+            json!(format!("--user-data-dir={}", user_data.display())),
+            json!("--window-size=1280,2200"),
+        ];
+        args.extend(extra_args.iter().map(|a| json!(a)));
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:loggingPrefs": {"browser": "ALL"},
             "goog:chromeOptions": {
                 "binary": chromium.display().to_string(),
-                "args": [
-                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                    "--no-first-run", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync",
-                    "--disable-dev-shm-usage", "--hide-scrollbars",
-                    format!("--user-data-dir={}", user_data.display()),
-                    "--window-size=1280,2200",
-                ],
+                "args": args,
             },
         }}});
         let v = wd(&b.addr, "POST", "/session", Some(&caps));
@@ -175,11 +188,11 @@ impl Browser {
         )
     }
 
-    fn go(&self, url: &str) {
+    pub(crate) fn go(&self, url: &str) {
         self.cmd("POST", "/url", Some(&json!({"url": url})));
     }
 
-    fn js(&self, script: &str) -> Value {
+    pub(crate) fn js(&self, script: &str) -> Value {
         self.cmd(
             "POST",
             "/execute/sync",
@@ -188,7 +201,7 @@ impl Browser {
     }
 
     /// Runs `script` until it returns something truthy; returns that.
-    fn wait_for(&self, what: &str, timeout: Duration, script: &str) -> Value {
+    pub(crate) fn wait_for(&self, what: &str, timeout: Duration, script: &str) -> Value {
         let t0 = Instant::now();
         loop {
             let v = self.js(script);
@@ -619,7 +632,7 @@ fn event_stream_refuses_past_its_bound_and_ends_on_stop() {
     for _ in 1..outpost::api::live::MAX_CLIENTS {
         let mut c = std::net::TcpStream::connect(&d.api).unwrap();
         c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        write!(c, "GET /v1/events HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        write!(c, "GET /v1/events HTTP/1.1\r\nHost: {}\r\n\r\n", d.api).unwrap();
         let n = c.read(&mut buf).unwrap();
         assert!(
             String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"),

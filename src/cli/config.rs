@@ -5,7 +5,7 @@
 /// The example, with the MQTT uplink active and the HTTP one commented out
 /// (a daemon has one uplink); `--uplink http` swaps them.
 pub const EXAMPLE: &str = r#"# outpost.toml: every key is optional unless marked required.
-# ${VAR} is replaced from the environment (EnvironmentFile=/etc/default/outpost); $$ is a dollar.
+# ${VAR} in a string value is replaced from the environment (EnvironmentFile=/etc/default/outpost); $$ is a dollar.
 
 # This device: its name in result ids and topics (default: host name) and the
 # rollout groups it belongs to (manifest entries may list groups). The name

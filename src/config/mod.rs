@@ -1,5 +1,6 @@
-//! The daemon's TOML config: load -> interpolate `${VAR}` -> parse (unknown
-//! keys refused) -> validate (every problem at once).
+//! The daemon's TOML config: load -> parse -> interpolate `${VAR}` in
+//! string values -> read (unknown keys refused) -> validate (every problem
+//! at once).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -268,23 +269,6 @@ pub enum ConfigError {
     Invalid { path: String, problems: Vec<String> },
 }
 
-/// Replaces `${NAME}` with the environment variable NAME (`$$` escapes a
-/// dollar). Unset variables are reported with their line.
-pub fn interpolate(
-    text: &str,
-    get: impl Fn(&str) -> Option<String>,
-) -> Result<String, Vec<String>> {
-    let (out, problems) = read::interpolate_lines(text, get);
-    if problems.is_empty() {
-        Ok(out)
-    } else {
-        Err(problems
-            .into_iter()
-            .map(|(line, p)| format!("line {line}: {p}"))
-            .collect())
-    }
-}
-
 impl Config {
     /// The MQTT uplink's command topic for this device, if there is one.
     pub fn command_topic(&self) -> Option<String> {
@@ -465,13 +449,25 @@ mod tests {
     #[test]
     fn interpolation_replaces_and_reports_each_unset_variable() {
         let env = |k: &str| (k == "SITE").then(|| "farm-7".to_string());
-        assert_eq!(
-            interpolate("device = \"${SITE}\" # $$5", env).unwrap(),
-            "device = \"farm-7\" # $5"
-        );
-        let err = interpolate("a = \"${NOPE}\"\nb = \"${ALSO}\"\n", env).unwrap_err();
-        assert_eq!(err.len(), 2);
-        assert!(err[1].starts_with("line 2"));
+        let c =
+            Config::from_toml("device = \"${SITE}-$$5\" # ${NOT_A_REFERENCE}\n", "t", env).unwrap();
+        assert_eq!(c.device_name(), "farm-7-$5");
+        let err = Config::from_toml("device = \"${NOPE}\"\ndata_dir = \"${ALSO}\"\n", "t", env)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 1: environment variable `NOPE`"), "{err}");
+        assert!(err.contains("line 2: environment variable `ALSO`"), "{err}");
+    }
+
+    #[test]
+    fn a_variable_holding_quotes_or_backslashes_arrives_byte_for_byte() {
+        // Edited into the text before parsing, such a value broke the file
+        // or changed its structure (a camera password, say).
+        let secret = "p\"a\\ss\nword # \" ]\n[api]\nlisten = \"0.0.0.0:1\"";
+        let env = |k: &str| (k == "SECRET").then(|| secret.to_string());
+        let c = Config::from_toml("data_dir = \"/srv/${SECRET}\"\n", "t", env).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from(format!("/srv/{secret}")));
+        assert_eq!(c.api, ApiConfig::default());
     }
 
     #[test]

@@ -36,58 +36,86 @@ impl std::fmt::Display for Problem {
 /// mistakes than this is reported as far as this.
 const MAX_TRIES_PER_PART: usize = 32;
 
-/// `${NAME}` replaced from `get` (`$$` is a dollar; comment lines are
-/// left alone). An unset variable is a problem of its line; its reference
-/// stays as written so that the rest of the file still reads.
-pub fn interpolate_lines(
+/// `${NAME}` in one string value replaced from `get` (`$$` is a dollar).
+/// The value is replaced after the file is parsed, so whatever the variable
+/// holds (quotes, backslashes, newlines, `#`) arrives byte for byte and can
+/// never change the file's structure. An unset variable is a problem; its
+/// reference stays as written.
+pub fn interpolate_value(
     text: &str,
-    get: impl Fn(&str) -> Option<String>,
-) -> (String, Vec<(usize, String)>) {
+    get: &impl Fn(&str) -> Option<String>,
+) -> (String, Vec<String>) {
     let mut out = String::with_capacity(text.len());
     let mut problems = Vec::new();
-    for (lineno, line) in text.split_inclusive('\n').enumerate() {
-        // Comment lines are documentation: `${VAR}` there is not a reference.
-        if line.trim_start().starts_with('#') {
-            out.push_str(line);
-            continue;
-        }
-        let mut rest = line;
-        while let Some(i) = rest.find('$') {
-            out.push_str(&rest[..i]);
-            let after = &rest[i + 1..];
-            if let Some(stripped) = after.strip_prefix('$') {
-                out.push('$');
-                rest = stripped;
-            } else if let Some(body) = after.strip_prefix('{') {
-                match body.find('}') {
-                    Some(end) => {
-                        let name = &body[..end];
-                        match get(name) {
-                            Some(v) => out.push_str(&v),
-                            None => {
-                                problems.push((
-                                    lineno + 1,
-                                    format!("environment variable `{name}` is not set"),
-                                ));
-                                out.push_str(&rest[i..i + 2 + end + 1]);
-                            }
+    let mut rest = text;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(stripped) = after.strip_prefix('$') {
+            out.push('$');
+            rest = stripped;
+        } else if let Some(body) = after.strip_prefix('{') {
+            match body.find('}') {
+                Some(end) => {
+                    let name = &body[..end];
+                    match get(name) {
+                        Some(v) => out.push_str(&v),
+                        None => {
+                            problems.push(format!("environment variable `{name}` is not set"));
+                            out.push_str(&rest[i..i + 2 + end + 1]);
                         }
-                        rest = &body[end + 1..];
                     }
-                    None => {
-                        problems.push((lineno + 1, "unterminated `${`".to_string()));
-                        out.push('$');
-                        rest = after;
-                    }
+                    rest = &body[end + 1..];
                 }
-            } else {
-                out.push('$');
-                rest = after;
+                None => {
+                    problems.push("unterminated `${`".to_string());
+                    out.push('$');
+                    rest = after;
+                }
+            }
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    (out, problems)
+}
+
+/// Interpolates every string value of a parsed document (keys are names,
+/// never replaced); problems come with the line of their value in `text`.
+fn interpolate_doc(
+    t: &mut DeTable<'_>,
+    text: &str,
+    get: &impl Fn(&str) -> Option<String>,
+    problems: &mut Vec<(usize, String)>,
+) {
+    for (_, v) in t.iter_mut() {
+        interpolate_in(v, text, get, problems);
+    }
+}
+
+fn interpolate_in(
+    v: &mut Spanned<DeValue<'_>>,
+    text: &str,
+    get: &impl Fn(&str) -> Option<String>,
+    problems: &mut Vec<(usize, String)>,
+) {
+    let line = line_of(text, v.span().start);
+    match v.get_mut() {
+        DeValue::String(s) if s.contains('$') => {
+            let (out, found) = interpolate_value(s, get);
+            problems.extend(found.into_iter().map(|p| (line, p)));
+            *s = std::borrow::Cow::Owned(out);
+        }
+        DeValue::Array(items) => {
+            for item in items.iter_mut() {
+                interpolate_in(item, text, get, problems);
             }
         }
-        out.push_str(rest);
+        DeValue::Table(inner) => interpolate_doc(inner, text, get, problems),
+        _ => {}
     }
-    (out, problems)
 }
 
 /// Reads `raw` as far as it goes. `more` adds the caller's own checks of
@@ -98,7 +126,18 @@ pub fn read(
     env: impl Fn(&str) -> Option<String>,
     more: impl FnOnce(&Config) -> Vec<String>,
 ) -> Result<Config, Vec<Problem>> {
-    let (text, unset) = interpolate_lines(raw, env);
+    let text = raw;
+    let mut doc = match DeTable::parse(text) {
+        Ok(d) => d.into_inner(),
+        Err(e) => {
+            return Err(vec![Problem {
+                line: e.span().map(|s| line_of(text, s.start)),
+                text: format!("not valid TOML: {}", e.message().trim_end()),
+            }]);
+        }
+    };
+    let mut unset = Vec::new();
+    interpolate_doc(&mut doc, text, &env, &mut unset);
     let mut problems: Vec<Problem> = unset
         .iter()
         .map(|(l, m)| Problem {
@@ -107,24 +146,7 @@ pub fn read(
         })
         .collect();
     let unset_lines: BTreeSet<usize> = unset.iter().map(|(l, _)| *l).collect();
-    let doc = match DeTable::parse(&text) {
-        Ok(d) => d.into_inner(),
-        Err(e) => {
-            let line = e.span().map(|s| line_of(&text, s.start));
-            // A syntax error where a variable is missing is that variable's.
-            if line.is_none_or(|l| !unset_lines.contains(&l)) {
-                problems.push(Problem {
-                    line,
-                    text: format!("not valid TOML: {}", e.message().trim_end()),
-                });
-            }
-            return Err(problems);
-        }
-    };
-    let reader = Reader {
-        text: &text,
-        orig: &doc,
-    };
+    let reader = Reader { text, orig: &doc };
     let mut found = Vec::new();
     let cleaned = reader.read_parts(&mut found);
     match try_read(&cleaned) {

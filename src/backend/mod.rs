@@ -207,7 +207,10 @@ pub fn check_inputs<'a>(
     Ok(())
 }
 
-/// What every inference engine offers the rest of the daemon.
+/// What every inference engine offers the rest of the daemon: the seam
+/// between the pipelines and ONNX Runtime. A loaded model holds one behind
+/// a lock; tests put a fake engine there (`backend::fake`), so the worker,
+/// the scheduler and the cascade are tested without ONNX Runtime.
 pub trait InferenceSession: Send {
     /// Inputs and outputs as the engine sees them.
     fn io(&self) -> &ModelIo;
@@ -215,6 +218,61 @@ pub trait InferenceSession: Send {
     fn provider(&self) -> Provider;
     /// Runs once. Inputs are checked first; outputs come back in the model's order.
     fn run(&mut self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>, RunError>;
+    /// Runs inputs the caller already checked against a spec at least as
+    /// strict as the engine's (a model's manifest, held to the model at
+    /// load), so the per-frame path checks once.
+    fn run_prechecked(
+        &mut self,
+        inputs: &[(&str, &Tensor)],
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
+        self.run(inputs)
+    }
+    /// The ONNX Runtime session behind this engine, for the benchmarks' hot
+    /// loops and I/O binding; None for other engines.
+    fn as_ort(&mut self) -> Option<&mut ort::OrtSession> {
+        None
+    }
+}
+
+/// A fake engine for tests: it answers each run with a closure of the
+/// test's, so every batching mode, state layout and failure can be made to
+/// happen without a model file or ONNX Runtime.
+#[cfg(test)]
+pub mod fake {
+    use super::{InferenceSession, ModelIo, Provider, RunError, Tensor, check_inputs};
+
+    pub type Answer =
+        Box<dyn FnMut(&[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>, RunError> + Send>;
+
+    pub struct FakeEngine {
+        pub io: ModelIo,
+        pub answer: Answer,
+        /// The batch size (axis 0 of the first input) of every run so far.
+        pub runs: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    }
+
+    impl InferenceSession for FakeEngine {
+        fn io(&self) -> &ModelIo {
+            &self.io
+        }
+
+        fn provider(&self) -> Provider {
+            Provider::Cpu
+        }
+
+        fn run(&mut self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>, RunError> {
+            check_inputs(&self.io, inputs.iter().map(|(n, t)| (*n, *t)))?;
+            let batch = inputs
+                .first()
+                .and_then(|(_, t)| t.shape().first().copied())
+                .unwrap_or(1);
+            self.runs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(batch);
+            (self.answer)(inputs)
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

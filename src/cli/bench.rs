@@ -214,88 +214,90 @@ pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     let threads = ctx.session.intra_threads;
-    let (mut samples, total, binding) = model.with_session(
-        |s| -> anyhow::Result<(Vec<Duration>, Duration, serde_json::Value)> {
-            if a.io_binding && s.binding_mode().is_none() {
-                s.bind_buffers(Placement::Cpu);
-            }
-            if let Some(image) = &a.image {
-                let mut hot =
-                    super::bench_image::ImageLoop::new(s, &model, image, a.batch, &inputs)?;
-                for _ in 0..a.warmup {
-                    hot.step(s)?;
+    let (mut samples, total, binding) = model
+        .with_session(
+            |s| -> anyhow::Result<(Vec<Duration>, Duration, serde_json::Value)> {
+                if a.io_binding && s.binding_mode().is_none() {
+                    s.bind_buffers(Placement::Cpu);
                 }
-                let mut samples = Vec::with_capacity(a.iterations);
-                let start = Instant::now();
-                for _ in 0..a.iterations {
-                    pause(a.interval, a.pause);
-                    let t0 = Instant::now();
-                    hot.step(s)?;
-                    samples.push(t0.elapsed());
+                if let Some(image) = &a.image {
+                    let mut hot =
+                        super::bench_image::ImageLoop::new(s, &model, image, a.batch, &inputs)?;
+                    for _ in 0..a.warmup {
+                        hot.step(s)?;
+                    }
+                    let mut samples = Vec::with_capacity(a.iterations);
+                    let start = Instant::now();
+                    for _ in 0..a.iterations {
+                        pause(a.interval, a.pause);
+                        let t0 = Instant::now();
+                        hot.step(s)?;
+                        samples.push(t0.elapsed());
+                    }
+                    let mode = s.binding_mode();
+                    let info = serde_json::json!({
+                        "placement": mode.map(|(p, _)| format!("{p:?}").to_lowercase()),
+                        "cuda_graph": mode.map(|(_, g)| g),
+                        "preprocess": hot.path,
+                        "preprocess_cpu_reason": hot.reason,
+                    });
+                    return Ok((samples, start.elapsed(), info));
                 }
-                let mode = s.binding_mode();
-                let info = serde_json::json!({
-                    "placement": mode.map(|(p, _)| format!("{p:?}").to_lowercase()),
-                    "cuda_graph": mode.map(|(_, g)| g),
-                    "preprocess": hot.path,
-                    "preprocess_cpu_reason": hot.reason,
-                });
-                return Ok((samples, start.elapsed(), info));
-            }
-            if let Some((placement, graph)) = s.binding_mode() {
-                // The bound path: upload, run, download per iteration, as a pipeline does.
-                let mut hot = BoundLoop::new(s, &inputs, &model.manifest.state)
+                if let Some((placement, graph)) = s.binding_mode() {
+                    // The bound path: upload, run, download per iteration, as a pipeline does.
+                    let mut hot = BoundLoop::new(s, &inputs, &model.manifest.state)
+                        .map_err(|e| super::infer::BadInput(e.to_string()))?;
+                    for _ in 0..a.warmup {
+                        hot.step(s)?;
+                    }
+                    let mut samples = Vec::with_capacity(a.iterations);
+                    let start = Instant::now();
+                    for _ in 0..a.iterations {
+                        pause(a.interval, a.pause);
+                        let t0 = Instant::now();
+                        hot.step(s)?;
+                        samples.push(t0.elapsed());
+                    }
+                    let allocations = s.binding()?.map(|b| b.allocations).unwrap_or(0);
+                    let info = serde_json::json!({
+                        "placement": format!("{placement:?}").to_lowercase(),
+                        "cuda_graph": graph,
+                        "allocations": allocations,
+                    });
+                    return Ok((samples, start.elapsed(), info));
+                }
+                let state: Vec<(&str, &str)> = model
+                    .manifest
+                    .state
+                    .iter()
+                    .map(|p| (p.input.as_str(), p.output.as_str()))
+                    .collect();
+                let mut hot = HotLoop::new(s, &inputs, &state)
                     .map_err(|e| super::infer::BadInput(e.to_string()))?;
                 for _ in 0..a.warmup {
                     hot.step(s)?;
                 }
+                let bar = indicatif::ProgressBar::new(a.iterations as u64);
+                if a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+                    bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+                }
                 let mut samples = Vec::with_capacity(a.iterations);
                 let start = Instant::now();
-                for _ in 0..a.iterations {
+                for i in 0..a.iterations {
                     pause(a.interval, a.pause);
                     let t0 = Instant::now();
                     hot.step(s)?;
                     samples.push(t0.elapsed());
+                    if i % 64 == 0 {
+                        bar.set_position(i as u64);
+                    }
                 }
-                let allocations = s.binding()?.map(|b| b.allocations).unwrap_or(0);
-                let info = serde_json::json!({
-                    "placement": format!("{placement:?}").to_lowercase(),
-                    "cuda_graph": graph,
-                    "allocations": allocations,
-                });
-                return Ok((samples, start.elapsed(), info));
-            }
-            let state: Vec<(&str, &str)> = model
-                .manifest
-                .state
-                .iter()
-                .map(|p| (p.input.as_str(), p.output.as_str()))
-                .collect();
-            let mut hot = HotLoop::new(s, &inputs, &state)
-                .map_err(|e| super::infer::BadInput(e.to_string()))?;
-            for _ in 0..a.warmup {
-                hot.step(s)?;
-            }
-            let bar = indicatif::ProgressBar::new(a.iterations as u64);
-            if a.json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-                bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-            }
-            let mut samples = Vec::with_capacity(a.iterations);
-            let start = Instant::now();
-            for i in 0..a.iterations {
-                pause(a.interval, a.pause);
-                let t0 = Instant::now();
-                hot.step(s)?;
-                samples.push(t0.elapsed());
-                if i % 64 == 0 {
-                    bar.set_position(i as u64);
-                }
-            }
-            let total = start.elapsed();
-            bar.finish_and_clear();
-            Ok((samples, total, serde_json::Value::Null))
-        },
-    )?;
+                let total = start.elapsed();
+                bar.finish_and_clear();
+                Ok((samples, total, serde_json::Value::Null))
+            },
+        )
+        .ok_or_else(|| anyhow::anyhow!("{}: not served by ONNX Runtime", model.id()))??;
     let s = summarize(&mut samples, total, a.batch);
     let rss = peak_rss_bytes();
     if a.json {

@@ -10,7 +10,7 @@ use crate::backend::DType;
 use crate::onnx_proto::{GraphProto, ModelProto, TensorProto};
 
 /// Facts about an ONNX file that the runtime's session API does not give.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct OnnxInfo {
     pub ir_version: i64,
     pub producer: String,

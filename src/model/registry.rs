@@ -62,7 +62,7 @@ pub struct LoadedModel {
     /// As the manifest declares them: may fix free dimensions (silero's 576
     /// samples), so frames are checked against what the pipeline promises.
     pub declared: ModelIo,
-    session: Mutex<OrtSession>,
+    session: Mutex<Box<dyn InferenceSession>>,
 }
 
 impl LoadedModel {
@@ -80,10 +80,44 @@ impl LoadedModel {
         s.run_prechecked(inputs)
     }
 
-    /// Exclusive access to the underlying session, for benchmarks' hot loops.
-    pub fn with_session<R>(&self, f: impl FnOnce(&mut OrtSession) -> R) -> R {
+    /// Exclusive access to the underlying ONNX Runtime session, for the
+    /// benchmarks' hot loops; None when another engine serves the model.
+    pub fn with_session<R>(&self, f: impl FnOnce(&mut OrtSession) -> R) -> Option<R> {
         let mut s = self.session.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut s)
+        s.as_ort().map(f)
+    }
+
+    /// A model served by `engine` (an engine other than ONNX Runtime, or a
+    /// test's fake): the manifest declares its inputs and outputs, and the
+    /// engine's own must agree, as at a normal load.
+    pub fn with_engine(
+        manifest: Manifest,
+        engine: Box<dyn InferenceSession>,
+    ) -> Result<LoadedModel, ModelError> {
+        let io = engine.io().clone();
+        let mut problems = compare_io("input", &manifest.inputs, &io.inputs);
+        problems.extend(compare_io("output", &manifest.outputs, &io.outputs));
+        if !problems.is_empty() {
+            return Err(ModelError::Mismatch {
+                path: manifest.name.clone(),
+                problems,
+            });
+        }
+        let declared = ModelIo {
+            inputs: manifest.inputs.iter().map(|i| i.spec()).collect(),
+            outputs: manifest.outputs.iter().map(|o| o.spec()).collect(),
+        };
+        Ok(LoadedModel {
+            path: PathBuf::from(&manifest.file),
+            info: OnnxInfo::default(),
+            provider: engine.provider(),
+            fallbacks: Vec::new(),
+            warmup: Duration::ZERO,
+            io,
+            declared,
+            manifest,
+            session: Mutex::new(engine),
+        })
     }
 
     /// Inputs for one call built from the manifest: `fill` values where
@@ -246,7 +280,7 @@ pub fn load_file(
         warmup: Duration::ZERO,
         io,
         declared,
-        session: Mutex::new(session),
+        session: Mutex::new(Box::new(session)),
     };
     // Warm-up: the first run allocates arenas and (on TensorRT) builds the
     // engine; do it at load so the first real frame does not pay for it.

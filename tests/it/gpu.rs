@@ -133,7 +133,11 @@ fn bound_runs_match_plain_runs_and_allocate_once_per_shape() {
     let two = Tensor::pseudo_random(DType::F32, &[2, 3, 224, 224], 9);
     let plain: Vec<_> = [&one, &one_b, &two]
         .iter()
-        .map(|t| model.with_session(|s| s.run_prechecked(&[("input", t)]).unwrap()))
+        .map(|t| {
+            model
+                .with_session(|s| s.run_prechecked(&[("input", t)]).unwrap())
+                .unwrap()
+        })
         .collect();
     model.with_session(|s| {
         s.bind_buffers(Placement::Cpu);

@@ -390,6 +390,17 @@ impl InferenceSession for OrtSession {
 
     fn run(&mut self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>, RunError> {
         check_inputs(&self.io, inputs.iter().map(|(n, t)| (*n, *t)))?;
-        self.run_prechecked(inputs)
+        OrtSession::run_prechecked(self, inputs)
+    }
+
+    fn run_prechecked(
+        &mut self,
+        inputs: &[(&str, &Tensor)],
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
+        OrtSession::run_prechecked(self, inputs)
+    }
+
+    fn as_ort(&mut self) -> Option<&mut OrtSession> {
+        Some(self)
     }
 }

@@ -20,6 +20,7 @@ mod reference;
 mod registry;
 mod runtime;
 mod service;
+mod sparkplug;
 mod state;
 mod streams;
 mod uplink;

@@ -228,7 +228,10 @@ command_topic = "outpost/{device}/cmd"     # signed update commands (with [ota])
 batch = 1
 payload = "json"                    # or "cbor", or "sparkplug_b" (needs batch = 1)
 # sparkplug_group = "outpost"       # Sparkplug B group id: spBv1.0/{group}/NBIRTH/{device}...
-max_bytes_per_s = 0                 # cap for metered links; 0 = none
+# sparkplug_max_metrics_per_device = 4096  # beyond, least recently seen streams leave the birth
+# sparkplug_rebirth_interval = "2s" # a device is born again (new streams) at most this often
+max_bytes_per_s = 0                 # cap for metered links (Sparkplug births count); 0 = none
+max_packet_bytes = "1 MiB"          # largest message (and Sparkplug DBIRTH); larger records are dead-lettered
 backoff_min = "200ms"
 backoff_max = "30s""#;
 

@@ -96,7 +96,23 @@ pub struct MqttConfig {
     /// Sparkplug B group id (with `payload = "sparkplug_b"`).
     #[serde(default = "default_sparkplug_group")]
     pub sparkplug_group: String,
-    /// Bytes per second at most (metered links); 0 = no cap.
+    /// Sparkplug B: metrics one device (pipeline) declares at most. A birth
+    /// that would go past it (or past `max_packet_bytes`) drops the least
+    /// recently seen streams from the set (DDEATH, then the new DBIRTH);
+    /// their next record declares them again.
+    #[serde(default = "default_sparkplug_max_metrics")]
+    pub sparkplug_max_metrics_per_device: usize,
+    /// Sparkplug B: a device is born again (new streams, changed types, an
+    /// NCMD rebirth) at most this often; a record that needs the new birth
+    /// waits for it, and one birth then declares the new streams of every
+    /// record queued behind it.
+    #[serde(
+        default = "default_sparkplug_rebirth_interval",
+        with = "humantime_serde"
+    )]
+    pub sparkplug_rebirth_interval: Duration,
+    /// Payload bytes per second at most (metered links); Sparkplug B births
+    /// and deaths count too; 0 = no cap.
     #[serde(default, with = "crate::bytesize")]
     pub max_bytes_per_s: u64,
     /// Messages published and not yet acknowledged, at most.
@@ -150,6 +166,12 @@ fn default_topic() -> String {
 }
 fn default_sparkplug_group() -> String {
     "outpost".into()
+}
+fn default_sparkplug_max_metrics() -> usize {
+    4096
+}
+fn default_sparkplug_rebirth_interval() -> Duration {
+    Duration::from_secs(2)
 }
 
 fn default_status_topic() -> String {
@@ -256,6 +278,18 @@ impl UplinkConfig {
                         p.push(format!(
                             "uplink.sparkplug_group: `{}` must be non-empty without '/', '+' or '#'",
                             c.sparkplug_group
+                        ));
+                    }
+                    if !(1..=1_000_000).contains(&c.sparkplug_max_metrics_per_device) {
+                        p.push(format!(
+                            "uplink.sparkplug_max_metrics_per_device must be 1..=1000000, not {}",
+                            c.sparkplug_max_metrics_per_device
+                        ));
+                    }
+                    if c.sparkplug_rebirth_interval > Duration::from_secs(3600) {
+                        p.push(format!(
+                            "uplink.sparkplug_rebirth_interval must be at most 1h, not {:?}",
+                            c.sparkplug_rebirth_interval
                         ));
                     }
                 }
@@ -413,6 +447,8 @@ mod tests {
         assert_eq!(m.backoff_min, Duration::from_millis(200));
         assert_eq!(m.backoff_max, Duration::from_secs(30));
         assert_eq!(m.payload, PayloadFormat::Json);
+        assert_eq!(m.sparkplug_max_metrics_per_device, 4096);
+        assert_eq!(m.sparkplug_rebirth_interval, Duration::from_secs(2));
         assert!(!m.tls);
         assert!(c.validate().is_empty(), "{:?}", c.validate());
     }

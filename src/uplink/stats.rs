@@ -32,8 +32,21 @@ pub struct UplinkStats {
     /// Command-topic messages dropped because the OTA agent had not taken
     /// the previous ones (a flood): counted, logged at a limited rate.
     pub commands_dropped_total: AtomicU64,
-    /// Sparkplug B rebirths asked for by NCMD (and done).
+    /// Sparkplug B rebirths asked for by NCMD and done (requests that
+    /// came while one was pending were folded into it).
     pub sparkplug_rebirths_total: AtomicU64,
+    /// Sparkplug B node commands (NCMD) received, whatever they asked.
+    pub sparkplug_commands_total: AtomicU64,
+    /// Sparkplug B DBIRTHs published (first births, new metric sets, rebirths).
+    pub sparkplug_dbirths_total: AtomicU64,
+    /// Payload bytes of Sparkplug B births and deaths (NBIRTH, DBIRTH,
+    /// DDEATH), also counted in `bytes_total`.
+    pub sparkplug_birth_bytes_total: AtomicU64,
+    /// Metrics dropped from a device's set to keep it within its bounds
+    /// (least recently seen streams first).
+    pub sparkplug_metrics_evicted_total: AtomicU64,
+    /// Metrics declared now, over all devices of the connection.
+    pub sparkplug_metrics: AtomicU64,
     /// Sparkplug B node commands (or metrics in them) not acted on:
     /// malformed, or not a command this node takes.
     pub sparkplug_commands_ignored_total: AtomicU64,
@@ -93,6 +106,12 @@ impl MetricSource for UplinkStats {
             "Records sent and not yet acknowledged",
             &[(l(), g(&self.inflight) as f64)],
         )?;
+        gauge(
+            enc,
+            "outpost_uplink_sparkplug_metrics",
+            "Sparkplug B metrics declared now, over all devices (pipelines)",
+            &[(l(), g(&self.sparkplug_metrics) as f64)],
+        )?;
         for (name, help, c) in [
             (
                 "outpost_uplink_sent",
@@ -141,8 +160,28 @@ impl MetricSource for UplinkStats {
             ),
             (
                 "outpost_uplink_sparkplug_rebirths",
-                "Sparkplug B rebirths asked for by a node command (NCMD)",
+                "Sparkplug B rebirths asked for by a node command (NCMD) and done",
                 &self.sparkplug_rebirths_total,
+            ),
+            (
+                "outpost_uplink_sparkplug_commands",
+                "Sparkplug B node commands (NCMD) received",
+                &self.sparkplug_commands_total,
+            ),
+            (
+                "outpost_uplink_sparkplug_dbirths",
+                "Sparkplug B DBIRTHs published",
+                &self.sparkplug_dbirths_total,
+            ),
+            (
+                "outpost_uplink_sparkplug_birth_bytes",
+                "Payload bytes of Sparkplug B births and deaths (NBIRTH, DBIRTH, DDEATH)",
+                &self.sparkplug_birth_bytes_total,
+            ),
+            (
+                "outpost_uplink_sparkplug_metrics_evicted",
+                "Sparkplug B metrics dropped from a device's set to keep it within its bounds",
+                &self.sparkplug_metrics_evicted_total,
             ),
             (
                 "outpost_uplink_sparkplug_commands_ignored",

@@ -23,6 +23,7 @@ mod reference;
 mod registry;
 mod runtime;
 mod service;
+mod sparkplug;
 mod state;
 mod stream_bounds;
 mod streams;

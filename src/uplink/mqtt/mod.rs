@@ -21,16 +21,19 @@ use rumqttc::{
 };
 use tokio::sync::{mpsc, watch};
 
+mod sparkplug_conn;
+
 use super::inflight::InFlight;
 use super::message::{Batcher, Message, Template};
 use super::pace::TokenBucket;
-use super::sparkplug::{self, Session, Topics};
+use super::sparkplug::{self, Bounds, Session, Topics};
 use super::stats::UplinkStats;
 use super::{
     MqttConfig, PayloadFormat, STATUS_VARS, TOPIC_VARS, UplinkError, sleep_or_stop, stopped, tls,
 };
 use crate::backoff::Backoff;
 use crate::outbox::{Key, Outbox};
+use crate::telemetry::logging::RateLimitedLog;
 
 /// How long a stop waits for the PUBACKs of what is in flight and of the
 /// "offline" status before it disconnects.
@@ -50,7 +53,16 @@ struct Ctx {
     page: usize,
     /// With `payload = "sparkplug_b"`: this edge node's topics.
     sparkplug: Option<Topics>,
+    /// How big Sparkplug births may grow and how often they may come.
+    bounds: Bounds,
+    /// Lines a flood could repeat (node commands, evictions, a refused
+    /// topic on every reconnect): one per reason and interval.
+    log: RateLimitedLog,
 }
+
+/// How often a line that a flood repeats is logged at most (with the
+/// number left out since).
+const LOG_EVERY: Duration = Duration::from_secs(10);
 
 pub(super) fn spawn(
     cfg: MqttConfig,
@@ -93,8 +105,15 @@ pub(super) fn spawn(
         group: cfg.sparkplug_group.clone(),
         node: device.to_string(),
     });
+    let bounds = Bounds {
+        max_metrics: cfg.sparkplug_max_metrics_per_device,
+        max_payload: cfg.max_packet_bytes,
+        rebirth_interval: cfg.sparkplug_rebirth_interval,
+    };
     let ctx = Ctx {
         sparkplug,
+        bounds,
+        log: RateLimitedLog::new(LOG_EVERY),
         client_id: cfg
             .client_id
             .clone()
@@ -171,6 +190,14 @@ impl Ctx {
         v
     }
 
+    /// The topic of the will set at CONNECT.
+    fn will_topic(&self) -> String {
+        match &self.sparkplug {
+            Some(t) => t.node("NDEATH"),
+            None => self.status_topic.clone(),
+        }
+    }
+
     fn port(&self) -> u16 {
         self.cfg
             .port
@@ -226,9 +253,10 @@ async fn connection(
     shutdown: &mut watch::Receiver<bool>,
     bd_seq: u64,
 ) -> End {
-    // Room for every message in flight plus what goes out at CONNECT and
-    // at a stop outside the window (status, NBIRTH, two subscriptions;
-    // offline, NDEATH), so `try_publish` never finds the channel full.
+    // Room for every message in flight plus what can go past the window:
+    // a Sparkplug record's DDEATH, DBIRTH and DDATA go together (two over),
+    // the subscriptions at CONNECT, offline and NDEATH at a stop; so
+    // `try_publish` never finds the channel full.
     let (client, mut el) = AsyncClient::new(ctx.options(bd_seq), ctx.cfg.max_inflight as usize + 6);
     let mut net = NetworkOptions::new();
     net.set_tcp_nodelay(true);
@@ -245,7 +273,10 @@ async fn connection(
         }
     }));
     let mut c = Conn {
-        sparkplug: ctx.sparkplug.clone().map(|t| Session::new(t, bd_seq)),
+        sparkplug: ctx
+            .sparkplug
+            .clone()
+            .map(|t| Session::new(t, bd_seq, ctx.bounds)),
         bd_seq,
         ..Conn::default()
     };
@@ -304,9 +335,12 @@ struct Conn {
     /// Sparkplug B births and sequence numbers of this connection.
     sparkplug: Option<Session>,
     bd_seq: u64,
-    /// Births a Sparkplug rebirth command asked for, published before
-    /// anything else (within the in-flight window).
+    /// Sparkplug births to publish before anything else (the NBIRTH of the
+    /// connection, those of a rebirth), within the in-flight window and
+    /// the byte cap.
     births: VecDeque<sparkplug::Out>,
+    /// NCMD rebirths asked for and not yet done (folded into one).
+    rebirths_asked: u64,
 }
 
 impl Conn {
@@ -327,7 +361,8 @@ impl Conn {
     }
 
     /// Publishes until the in-flight window is full, the outbox is drained
-    /// or the rate cap says wait (returns how long).
+    /// or the rate cap (or a Sparkplug rebirth's pacing) says wait
+    /// (returns how long).
     fn fill(
         &mut self,
         ctx: &Ctx,
@@ -336,11 +371,20 @@ impl Conn {
     ) -> Result<Option<Duration>, String> {
         let max = ctx.cfg.max_inflight as usize;
         while self.flight.messages() < max {
-            if let Some(b) = self.births.pop_front() {
-                client
-                    .try_publish(b.topic, QoS::AtLeastOnce, false, b.payload)
-                    .map_err(|e| format!("publish request refused: {e}"))?;
-                self.flight.requested(Vec::new());
+            let now = Instant::now();
+            if let Some(wait) = self.due_rebirth(ctx, now) {
+                return Ok(Some(wait));
+            }
+            if !self.births.is_empty() {
+                let wait = bucket.ready_in(now);
+                if !wait.is_zero() {
+                    return Ok(Some(wait));
+                }
+                let Some(b) = self.births.pop_front() else {
+                    break;
+                };
+                bucket.take(b.payload.len(), now);
+                self.publish_out(ctx, client, b, &mut None)?;
                 continue;
             }
             let Some(m) = self.buf.front() else {
@@ -349,52 +393,42 @@ impl Conn {
                 }
                 continue;
             };
-            let now = Instant::now();
             let wait = bucket.ready_in(now);
             if !wait.is_zero() {
                 return Ok(Some(wait));
             }
+            if self.sparkplug.is_some() {
+                if let Some(wait) = self.send_sparkplug(ctx, client, bucket, now)? {
+                    return Ok(Some(wait));
+                }
+                continue;
+            }
+            let n = m.keys.len() as u64;
             bucket.take(m.payload.len(), now);
             let Some(m) = self.buf.pop_front() else {
                 break;
             };
-            let (n, bytes) = (m.keys.len() as u64, m.payload.len() as u64);
-            if let Some(sp) = self.sparkplug.as_mut() {
-                let outs = match sp.record(&m.payload, unix_ms()) {
-                    Ok(o) => o,
-                    Err(reason) => {
-                        for key in m.keys {
-                            tracing::warn!(%key, %reason, "uplink: record cannot go out as Sparkplug B; moved to the dead letters");
-                            ctx.outbox
-                                .dead_letter(key, &reason)
-                                .map_err(|e| format!("outbox dead letter: {e}"))?;
-                            UplinkStats::add(&ctx.stats.dead_letters_total, 1);
-                        }
-                        continue;
-                    }
-                };
-                let mut keys = Some(m.keys);
-                for o in outs {
-                    client
-                        .try_publish(o.topic, QoS::AtLeastOnce, false, o.payload)
-                        .map_err(|e| format!("publish request refused: {e}"))?;
-                    // A birth carries no record: its PUBACK acks nothing.
-                    let k = if o.data { keys.take() } else { None };
-                    self.flight.requested(k.unwrap_or_default());
-                }
-                UplinkStats::add(&ctx.stats.sent_total, n);
-                UplinkStats::add(&ctx.stats.bytes_total, bytes);
-                continue;
-            }
-            client
-                .try_publish(m.topic, QoS::AtLeastOnce, false, m.payload)
-                .map_err(|e| format!("publish request refused: {e}"))?;
-            self.flight.requested(m.keys);
+            let bytes = m.payload.len() as u64;
+            self.publish(client, m.topic, m.payload, m.keys)?;
             UplinkStats::add(&ctx.stats.sent_total, n);
             UplinkStats::add(&ctx.stats.bytes_total, bytes);
         }
         self.set_inflight_gauge(ctx);
         Ok(None)
+    }
+
+    /// One QoS 1 publish, booked in flight with the records it carries.
+    fn publish(
+        &mut self,
+        client: &AsyncClient,
+        topic: String,
+        payload: Vec<u8>,
+        keys: Vec<Key>,
+    ) -> Result<(), String> {
+        self.flight.requested(&topic, keys);
+        client
+            .try_publish(topic, QoS::AtLeastOnce, false, payload)
+            .map_err(|e| format!("publish request refused: {e}"))
     }
 
     /// Reads the next page of the outbox into `buf`; false when there is none.
@@ -429,9 +463,43 @@ impl Conn {
     ) -> Result<(), String> {
         match ev {
             None => Err("the MQTT event loop ended".to_string()),
-            Some(Err(e)) => Err(e.to_string()),
+            Some(Err(e)) => Err(self.lost_reason(ctx, &e)),
             Some(Ok(ev)) => self.on_event(ctx, client, ev),
         }
+    }
+
+    /// Why the connection ended. When the broker closed it while
+    /// something waited for its answer (the CONNECT and its will, or a
+    /// publish), that topic is named: a broker that refuses a topic closes
+    /// the connection on it (NATS's MQTT gateway refuses a `.`).
+    fn lost_reason(&self, ctx: &Ctx, e: &ConnectionError) -> String {
+        let reason = e.to_string();
+        if !closed_by_peer(e) {
+            return reason;
+        }
+        let (topic, what) = if !self.connected {
+            (
+                ctx.will_topic(),
+                "the will of the CONNECT (no CONNACK came)",
+            )
+        } else if let Some(t) = self.flight.oldest_unacked() {
+            (t.to_string(), "a publish not yet acknowledged")
+        } else {
+            return reason;
+        };
+        let hint = if topic.contains('.') {
+            "; NATS's MQTT gateway, for one, refuses topics with a '.' (Sparkplug B's spBv1.0/... cannot pass it)"
+        } else {
+            ""
+        };
+        if let Some(suppressed) = ctx.log.allow("refused_topic") {
+            tracing::warn!(
+                refused_topic = %topic,
+                suppressed,
+                "uplink: the broker closed the connection on {what}: it may refuse that topic{hint}"
+            );
+        }
+        format!("{reason}: the broker may refuse the topic `{topic}` ({what})")
     }
 
     /// Removes the acknowledged records from the outbox. One that fails
@@ -461,16 +529,14 @@ impl Conn {
                     pending = ctx.outbox.stats().records,
                     "uplink: connected to the fleet broker"
                 );
+                self.flight.requested(&ctx.status_topic, Vec::new());
                 client
                     .try_publish(ctx.status_topic.clone(), QoS::AtLeastOnce, true, "online")
                     .map_err(|e| format!("publish request refused: {e}"))?;
-                self.flight.requested(Vec::new());
+                // The NBIRTH goes first of all births, under the byte cap,
+                // once the subscription to NCMD below is on its way.
                 if let Some(sp) = self.sparkplug.as_mut() {
-                    let b = sp.nbirth(unix_ms());
-                    client
-                        .try_publish(b.topic, QoS::AtLeastOnce, false, b.payload)
-                        .map_err(|e| format!("publish request refused: {e}"))?;
-                    self.flight.requested(Vec::new());
+                    self.births = VecDeque::from([sp.nbirth(Instant::now(), unix_ms())]);
                 }
                 let subs = ctx.subscriptions();
                 if !subs.is_empty() {
@@ -541,37 +607,6 @@ impl Conn {
         Ok(())
     }
 
-    /// A Sparkplug NCMD: a rebirth queues the births; anything else is
-    /// logged and counted.
-    fn node_command(&mut self, ctx: &Ctx, topic: &str, payload: &[u8]) {
-        let ignored = |why: &str| {
-            UplinkStats::add(&ctx.stats.sparkplug_commands_ignored_total, 1);
-            tracing::warn!(%topic, %why, "uplink: Sparkplug node command ignored");
-        };
-        let cmd = match sparkplug::node_command(payload) {
-            Ok(c) => c,
-            Err(why) => return ignored(&why),
-        };
-        for why in &cmd.ignored {
-            ignored(why);
-        }
-        if !cmd.rebirth {
-            return;
-        }
-        let Some(sp) = self.sparkplug.as_mut() else {
-            return;
-        };
-        // A rebirth queued and not yet out is replaced, not repeated.
-        self.births = sp.rebirth(unix_ms()).into();
-        UplinkStats::add(&ctx.stats.sparkplug_rebirths_total, 1);
-        tracing::info!(
-            %topic,
-            bd_seq = self.bd_seq,
-            dbirths = self.births.len() - 1,
-            "uplink: Sparkplug rebirth: NBIRTH and DBIRTHs again"
-        );
-    }
-
     /// A stop: wait (bounded) for the PUBACKs in flight, say "offline"
     /// (retained), disconnect cleanly so the broker does not fire the will.
     async fn close(mut self, ctx: &Ctx, client: &AsyncClient, rx: &mut Events) -> End {
@@ -582,7 +617,7 @@ impl Conn {
             .try_publish(ctx.status_topic.clone(), QoS::AtLeastOnce, true, "offline")
             .is_ok()
         {
-            self.flight.requested(Vec::new());
+            self.flight.requested(&ctx.status_topic, Vec::new());
         }
         // Sparkplug: a clean disconnect fires no will, so say NDEATH.
         if let Some(t) = &ctx.sparkplug
@@ -595,7 +630,7 @@ impl Conn {
                 )
                 .is_ok()
         {
-            self.flight.requested(Vec::new());
+            self.flight.requested(&t.node("NDEATH"), Vec::new());
         }
         let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
         while self.flight.messages() > 0 {
@@ -627,6 +662,22 @@ impl Conn {
             "uplink: disconnected from the fleet broker (stop)"
         );
         End::Stopped
+    }
+}
+
+/// The broker closed the connection (rather than a timeout or a refusal
+/// with a return code).
+fn closed_by_peer(e: &ConnectionError) -> bool {
+    use std::io::ErrorKind as K;
+    match e {
+        ConnectionError::MqttState(rumqttc::StateError::ConnectionAborted) => true,
+        ConnectionError::MqttState(rumqttc::StateError::Io(io)) | ConnectionError::Io(io) => {
+            matches!(
+                io.kind(),
+                K::ConnectionReset | K::ConnectionAborted | K::UnexpectedEof | K::BrokenPipe
+            )
+        }
+        _ => false,
     }
 }
 

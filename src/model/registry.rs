@@ -13,7 +13,9 @@ use sha2::{Digest, Sha256};
 use super::manifest::{Manifest, ManifestError, compare_io};
 use super::onnx::{OnnxInfo, inspect_bytes};
 use crate::backend::ort::{Fallback, ModelKey, OrtSession, Runtime, SessionError, SessionOptions};
-use crate::backend::{InferenceSession, ModelIo, Provider, RunError, Tensor, check_inputs};
+use crate::backend::{
+    Dim, InferenceSession, ModelIo, Provider, RunError, Tensor, check_inputs, is_batch_name,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -118,6 +120,43 @@ impl LoadedModel {
             manifest,
             session: Mutex::new(engine),
         })
+    }
+
+    /// One run's outputs handed to its `n` items: the one rule for every
+    /// batched path. An output the manifest declares with a batch axis first
+    /// is split along it (each item its row); one declared without (a
+    /// table, a constant) is the same for every item, whatever its first
+    /// dimension happens to be. A declared batch axis that did not come back
+    /// as `n` long is also given whole to every item.
+    pub fn split_outputs(
+        &self,
+        outputs: Vec<(String, Tensor)>,
+        n: usize,
+    ) -> Vec<Vec<(String, Tensor)>> {
+        let mut per_item: Vec<Vec<(String, Tensor)>> = vec![Vec::with_capacity(outputs.len()); n];
+        for (name, t) in outputs {
+            let batched = self
+                .manifest
+                .outputs
+                .iter()
+                .find(|o| o.name == name)
+                .and_then(|o| o.shape.first())
+                // Not declared: judged by what came back, as before.
+                .is_none_or(|d| matches!(d, Dim::Symbolic(s) if is_batch_name(s)));
+            match t.split0(n) {
+                Some(pieces) if batched && t.shape().first() == Some(&n) => {
+                    for (item, piece) in per_item.iter_mut().zip(pieces) {
+                        item.push((name.clone(), piece));
+                    }
+                }
+                _ => {
+                    for item in per_item.iter_mut() {
+                        item.push((name.clone(), t.clone()));
+                    }
+                }
+            }
+        }
+        per_item
     }
 
     /// Inputs for one call built from the manifest: `fill` values where

@@ -105,7 +105,7 @@ impl StreamStates {
             all.push((p.input.as_str(), t));
         }
         let outputs = model.run(&all)?;
-        let mut per_item: Vec<Vec<(String, Tensor)>> = vec![Vec::new(); n];
+        let mut rest: Vec<(String, Tensor)> = Vec::with_capacity(outputs.len());
         let mut new_state: Vec<Option<Vec<Tensor>>> = vec![None; pairs.len()];
         for (name, t) in outputs {
             if let Some(k) = pairs.iter().position(|p| p.output == name) {
@@ -121,20 +121,9 @@ impl StreamStates {
                 }
                 continue;
             }
-            match t.split0(n) {
-                Some(pieces) if t.shape().first() == Some(&n) => {
-                    for (item, piece) in per_item.iter_mut().zip(pieces) {
-                        item.push((name.clone(), piece));
-                    }
-                }
-                // An output without the batch axis is the same for every item.
-                _ => {
-                    for item in per_item.iter_mut() {
-                        item.push((name.clone(), t.clone()));
-                    }
-                }
-            }
+            rest.push((name, t));
         }
+        let per_item = model.split_outputs(rest, n);
         if new_state.iter().any(Option::is_none) {
             return Err(RunError::Engine(
                 "the model did not return every declared state output".into(),

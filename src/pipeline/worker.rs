@@ -796,24 +796,12 @@ impl Pipeline {
             Err(e) => return fail(answers, "inference_error", e.to_string()),
         };
         let n = chunk.len();
-        let mut per_item: Vec<Vec<(String, Tensor)>> = vec![Vec::new(); n];
-        for (name, t) in outputs {
-            match t.split0(n) {
-                Some(pieces) if t.shape().first() == Some(&n) => {
-                    for (k, piece) in pieces.into_iter().enumerate() {
-                        per_item[k].push((name.clone(), piece));
-                    }
-                }
-                // An output without the batch axis is the same for every item.
-                _ => {
-                    for item in per_item.iter_mut() {
-                        item.push((name.clone(), t.clone()));
-                    }
-                }
-            }
-        }
+        let per_item = model.split_outputs(outputs, n);
         for ((i, item), outs) in chunk.iter().zip(per_item) {
             results.push((*i, item.meta.clone(), outs, us));
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

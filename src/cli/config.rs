@@ -94,7 +94,10 @@ queue = 16
 when_full = "drop_oldest"
 max_batch = 8
 max_delay = "5ms"
-source = { type = "unix", path = "/run/outpost/camera.sock", max_connections = 64, max_buffered_bytes = 134217728 }
+# At most 64 writers; frames being read hold 128 MiB at most (half of it a
+# share per writer, read at once; larger frames wait for room in the other
+# half); a writer silent for 5 s inside a frame is closed (frame_read_timeout).
+source = { type = "unix", path = "/run/outpost/camera.sock", max_connections = 64, max_buffered_bytes = 134217728, frame_read_timeout = "5s" }
 [pipelines.preprocess]
 type = "image"
 format = "raw_rgb"

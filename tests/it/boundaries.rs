@@ -4,11 +4,34 @@
 //! credentials never reach status, events or the log. Each with the real
 //! daemon and real peers.
 
-use std::io::Read;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
+
+/// A JSON frame the sensor_mlp pipelines take (16 values).
+const FRAME: &[u8] = b"[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.3,1.4,1.5,1.6]";
+
+/// Polls `cond` until it holds, panicking with `what` and the log after `limit`.
+fn wait_for(d: &Daemon, limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(
+            t0.elapsed() < limit,
+            "{what}: not within {limit:?}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn drops(d: &Daemon, reason: &str) -> u64 {
+    d.status()["pipelines"][0]["drops"][reason]
+        .as_u64()
+        .unwrap_or(0)
+}
 
 // ---- camera URLs -------------------------------------------------------------
 
@@ -81,4 +104,110 @@ source = {{ type = "camera", url = "v4l2:///dev/null ! fakesink videotestsrc num
     assert!(!status.success(), "{err}");
     assert!(err.contains("source.url"), "{err}");
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+}
+
+// ---- unix socket source -------------------------------------------------------
+
+/// Two connections each announced a 64 MiB frame, sent 63 MiB and went
+/// silent: their reservations took the whole 128 MiB budget, and a
+/// well-behaved writer on the same socket got 0 of 10 frames recorded in
+/// 60 s. Now a frame that fits its connection's share is read at once
+/// whatever the others hold, and a writer silent inside a frame is closed
+/// and counted after `frame_read_timeout` (5 s by default; the defaults are
+/// what this test runs with).
+#[test]
+fn stalled_unix_writers_never_starve_a_good_one_and_are_timed_out() {
+    let mut d = Daemon::start(
+        r#"
+data_dir = "{DATA}"
+[api]
+listen = "{API}"
+[[pipelines]]
+name = "sock"
+model = "sensor_mlp"
+source = { type = "unix", path = "{DIR}/in.sock" }
+[pipelines.preprocess]
+type = "sensor"
+format = "json"
+length = 16
+"#,
+    );
+    let sock = d.dir.path().join("in.sock");
+    let (tx, rx) = std::sync::mpsc::channel::<&'static str>();
+    let stalled: Vec<_> = (0..2)
+        .map(|_| {
+            let (sock, tx) = (sock.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let mut s = UnixStream::connect(&sock).unwrap();
+                s.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+                s.write_all(&(64u32 << 20).to_le_bytes()).unwrap();
+                tx.send("announced").unwrap();
+                let chunk = vec![b' '; 1 << 20];
+                for _ in 0..63 {
+                    if s.write_all(&chunk).is_err() {
+                        return false;
+                    }
+                }
+                tx.send("sent").unwrap();
+                // Silent from here on: the daemon must close it.
+                s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                let mut b = [0u8; 1];
+                match s.read(&mut b) {
+                    Ok(0) => true,
+                    Ok(_) => false,
+                    Err(e) => !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ),
+                }
+            })
+        })
+        .collect();
+    // Both frames announced and one of them 63 MiB in before the good writer comes.
+    let (mut announced, mut sent) = (0, 0);
+    while announced < 2 || sent < 1 {
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok("announced") => announced += 1,
+            Ok(_) => sent += 1,
+            Err(_) => panic!("the stalled writers did not start:\n{}", d.log()),
+        }
+    }
+
+    let t0 = Instant::now();
+    let mut good = UnixStream::connect(&sock).unwrap();
+    for _ in 0..10 {
+        good.write_all(&(FRAME.len() as u32).to_le_bytes()).unwrap();
+        good.write_all(FRAME).unwrap();
+    }
+    d.records_until(Duration::from_secs(30), |r| r.len() >= 10);
+    let took = t0.elapsed();
+    assert_eq!(
+        d.seen.len(),
+        10,
+        "good frames recorded in {took:?}\n{}",
+        d.log()
+    );
+    // Promptly: not freed by the stalled writers' timeouts.
+    assert_eq!(drops(&d, "frame_read_timeout"), 0, "{took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+
+    // Each stalled writer is closed after 5 s of silence (the second one
+    // gets its room once the first is gone), and counted.
+    wait_for(&d, Duration::from_secs(40), "two timed-out frames", || {
+        drops(&d, "frame_read_timeout") >= 2
+    });
+    for t in stalled {
+        assert!(t.join().unwrap(), "a stalled writer was not closed");
+    }
+    assert_eq!(drops(&d, "frame_read_timeout"), 2);
+    assert!(
+        d.log().contains("frame_read_timeout"),
+        "no log line:\n{}",
+        d.log()
+    );
+    // The good writer's connection still works.
+    good.write_all(&(FRAME.len() as u32).to_le_bytes()).unwrap();
+    good.write_all(FRAME).unwrap();
+    d.records_until(Duration::from_secs(30), |r| r.len() >= 11);
+    assert_eq!(d.seen.len(), 11);
 }

@@ -73,7 +73,9 @@ source = { type = "mqtt", topics = ["site/+/audio"], qos = 1, stream = { topic_s
 outputs = [
   { type = "mqtt", topic = "site/{pipeline}/{stream}" },  # the site broker (or the embedded one), QoS 0
   { type = "udp", to = "127.0.0.1:9500" },                # one datagram per record
-  { type = "unix", path = "/run/outpost/vad.sock" },      # u32 LE length + record, to every connected reader
+  # u32 LE length + record, to every connected reader; at most max_readers
+  # (one more is closed, counted in outpost_output_readers_refused_total)
+  { type = "unix", path = "/run/outpost/vad.sock", max_readers = 64 },
 ]
 
 # Sensor vectors as datagrams: `[len][stream name][16 little-endian f32]`.

@@ -211,3 +211,190 @@ length = 16
     d.records_until(Duration::from_secs(30), |r| r.len() >= 11);
     assert_eq!(d.seen.len(), 11);
 }
+
+// ---- unix output readers --------------------------------------------------------
+
+/// Sum of a metric's samples whose line holds every one of `parts`.
+fn metric_sum(d: &Daemon, name: &str, parts: &[&str]) -> f64 {
+    let (code, body) = http("GET", &d.api, "/metrics", b"").expect("/metrics");
+    assert_eq!(code, 200);
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))
+                && parts.iter().all(|p| l.contains(p))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// 1,500 idle readers of a unix output with the daemon at 1,024
+/// descriptors took every descriptor: `/healthz` failed, the outbox failed
+/// its commits with EMFILE and frames were dropped as `store_error`. Here the
+/// same at 300 readers and 256 descriptors: now a unix output serves at most
+/// `max_readers` (64 by default), the rest are closed and counted, and the
+/// API, storage and the readers it kept go on.
+#[test]
+fn idle_unix_output_readers_are_capped_and_never_take_storage_descriptors() {
+    crate::common::wrap_next_daemon(&["prlimit", "--nofile=256:256", "--"]);
+    let mut d = Daemon::start(
+        r#"
+data_dir = "{DATA}"
+[api]
+listen = "{API}"
+[[pipelines]]
+name = "sensors"
+model = "sensor_mlp"
+source = { type = "http" }
+outputs = [{ type = "unix", path = "{DIR}/out.sock" }]
+[pipelines.preprocess]
+type = "sensor"
+format = "json"
+length = 16
+"#,
+    );
+    let sock = d.dir.path().join("out.sock");
+    let mut readers: Vec<UnixStream> = (0..300)
+        .map(|i| {
+            UnixStream::connect(&sock).unwrap_or_else(|e| panic!("reader {i}: {e}\n{}", d.log()))
+        })
+        .collect();
+    let refused = |d: &Daemon| {
+        metric_sum(
+            d,
+            "outpost_output_readers_refused_total",
+            &["pipeline=\"sensors\""],
+        )
+    };
+    wait_for(&d, Duration::from_secs(30), "236 readers refused", || {
+        refused(&d) >= 236.0
+    });
+    assert_eq!(refused(&d), 236.0);
+    assert_eq!(
+        metric_sum(&d, "outpost_output_readers", &["pipeline=\"sensors\""]),
+        64.0
+    );
+    let out = &d.status()["pipelines"][0]["outputs"][0];
+    assert_eq!(out["readers"], 64, "{out}");
+    assert_eq!(
+        out["readers_refused"]["max_readers"].as_u64().unwrap_or(0)
+            + out["readers_refused"]["descriptors"].as_u64().unwrap_or(0),
+        236,
+        "{out}"
+    );
+
+    // The API answers and every record is stored.
+    for _ in 0..20 {
+        let (code, _) = http("GET", &d.api, "/healthz", b"").expect("/healthz");
+        assert_eq!(code, 200);
+    }
+    for i in 0..20 {
+        let (code, body) = http(
+            "POST",
+            &d.api,
+            &format!("/v1/pipelines/sensors/infer?stream=s{i}"),
+            FRAME,
+        )
+        .expect("infer");
+        assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    }
+    d.records_until(Duration::from_secs(30), |r| r.len() >= 20);
+    assert_eq!(d.seen.len(), 20);
+    let st = d.status();
+    assert_eq!(
+        st["pipelines"][0]["drops"]["store_error"],
+        serde_json::Value::Null,
+        "{st}"
+    );
+    assert_eq!(
+        metric_sum(&d, "outpost_outbox_flush_errors_total", &[]),
+        0.0
+    );
+    // A reader that was kept gets the records, whole.
+    let first = &mut readers[0];
+    first
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut len = [0u8; 4];
+    first.read_exact(&mut len).unwrap();
+    let mut rec = vec![0u8; u32::from_le_bytes(len) as usize];
+    first.read_exact(&mut rec).unwrap();
+    let rec: serde_json::Value = serde_json::from_slice(&rec).unwrap();
+    assert_eq!(rec["pipeline"], "sensors");
+    // A refused reader was closed: it reads the end of the stream.
+    let last = readers.last_mut().unwrap();
+    last.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut b = [0u8; 1];
+    assert!(matches!(last.read(&mut b), Ok(0) | Err(_)));
+    assert!(
+        d.log().matches("reader refused and closed").count() <= 2,
+        "refusals are logged at a limited rate"
+    );
+}
+
+/// With `max_readers` set above what the descriptor limit allows, readers
+/// stop at the descriptors storage keeps (`api.reserved_fds`), counted
+/// `descriptors`, and storage and the API keep working.
+#[test]
+fn unix_output_readers_stop_at_the_reserved_descriptors() {
+    crate::common::wrap_next_daemon(&["prlimit", "--nofile=256:256", "--"]);
+    let mut d = Daemon::start(
+        r#"
+data_dir = "{DATA}"
+[api]
+listen = "{API}"
+[[pipelines]]
+name = "sensors"
+model = "sensor_mlp"
+source = { type = "http" }
+outputs = [{ type = "unix", path = "{DIR}/out.sock", max_readers = 1000 }]
+[pipelines.preprocess]
+type = "sensor"
+format = "json"
+length = 16
+"#,
+    );
+    let sock = d.dir.path().join("out.sock");
+    let _readers: Vec<UnixStream> = (0..300)
+        .map(|i| {
+            UnixStream::connect(&sock).unwrap_or_else(|e| panic!("reader {i}: {e}\n{}", d.log()))
+        })
+        .collect();
+    let counted = |d: &Daemon| {
+        metric_sum(d, "outpost_output_readers", &[])
+            + metric_sum(d, "outpost_output_readers_refused_total", &[])
+    };
+    wait_for(&d, Duration::from_secs(30), "300 readers seen", || {
+        counted(&d) >= 300.0
+    });
+    let kept = metric_sum(&d, "outpost_output_readers", &[]);
+    let refused = metric_sum(
+        &d,
+        "outpost_output_readers_refused_total",
+        &["reason=\"descriptors\""],
+    );
+    assert!(kept > 0.0 && kept < 192.0, "{kept} readers kept");
+    assert_eq!(kept + refused, 300.0);
+    let open = std::fs::read_dir(format!("/proc/{}/fd", d.child.id()))
+        .unwrap()
+        .count();
+    assert!(open <= 256 - 64, "{open} descriptors open");
+    for i in 0..10 {
+        let (code, body) = http(
+            "POST",
+            &d.api,
+            &format!("/v1/pipelines/sensors/infer?stream=s{i}"),
+            FRAME,
+        )
+        .expect("infer");
+        assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    }
+    d.records_until(Duration::from_secs(30), |r| r.len() >= 10);
+    assert_eq!(d.seen.len(), 10);
+    assert_eq!(
+        metric_sum(&d, "outpost_outbox_flush_errors_total", &[]),
+        0.0
+    );
+}

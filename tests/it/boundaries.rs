@@ -398,3 +398,172 @@ length = 16
         0.0
     );
 }
+
+// ---- camera credentials -----------------------------------------------------------
+
+/// An RTSP server on loopback that asks for Basic credentials, then refuses
+/// them with a reason phrase that echoes the `Authorization` header (as some
+/// cameras do in their errors). Serves until the test process ends.
+#[cfg(feature = "camera")]
+fn echoing_rtsp_server() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming().map_while(Result::ok) {
+            std::thread::spawn(move || {
+                let mut c = c;
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while let Ok(n) = c.read(&mut chunk) {
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let req = String::from_utf8_lossy(&buf[..end]).into_owned();
+                        buf.drain(..end + 4);
+                        let header = |name: &str| {
+                            req.lines()
+                                .find(|l| l.to_ascii_lowercase().starts_with(name))
+                                .map(str::to_string)
+                        };
+                        let seq = header("cseq").unwrap_or_default();
+                        let answer = match header("authorization") {
+                            Some(auth) => format!(
+                                "RTSP/1.0 403 Forbidden ({auth})\r\n{seq}\r\nContent-Length: 0\r\n\r\n"
+                            ),
+                            None => format!(
+                                "RTSP/1.0 401 Unauthorized\r\n{seq}\r\nWWW-Authenticate: Basic realm=\"cam\"\r\nContent-Length: 0\r\n\r\n"
+                            ),
+                        };
+                        if c.write_all(answer.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// The first `tick` of `/v1/events` (the status and records a console sees).
+#[cfg(feature = "camera")]
+fn first_tick(api: &str) -> String {
+    let mut s = std::net::TcpStream::connect(api).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(s, "GET /v1/events HTTP/1.1\r\nHost: {api}\r\n\r\n").unwrap();
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let text = String::from_utf8_lossy(&got);
+        if let Some(at) = text.find("event: tick")
+            && text[at..].contains("\n\n")
+        {
+            return text[at..].to_string();
+        }
+        let n = s.read(&mut chunk).expect("reading /v1/events");
+        assert!(n > 0, "events ended: {text}");
+        got.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// A server that echoed the `Authorization` header in its error put the
+/// base64 of `user:pass` into `last_error`, `/v1/events`, the log and the
+/// `camera_down` record; a hand-written `pipeline` with
+/// `rtspsrc location=rtsp://user:pass@...` was shown as written. Now every
+/// camera text is scrubbed: neither the credentials nor their base64 appear
+/// anywhere.
+#[cfg(feature = "camera")]
+#[test]
+fn camera_credentials_never_reach_status_events_log_or_records() {
+    use base64::Engine;
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
+    let echo = echoing_rtsp_server();
+    let closed = free_port();
+    let cfg = format!(
+        r#"
+device = "gw-cam"
+data_dir = "{{DATA}}"
+[api]
+listen = "{{API}}"
+[[pipelines]]
+name = "echoed"
+model = "classifier"
+source = {{ type = "camera", url = "rtsp://viewer:right-horse@127.0.0.1:{echo}/cam", stall_timeout = "3s" }}
+[[pipelines]]
+name = "custom"
+model = "classifier"
+source = {{ type = "camera", stall_timeout = "3s", pipeline = "rtspsrc location=rtsp://viewer:battery-staple@127.0.0.1:{closed}/cam protocols=tcp ! rtph264depay ! avdec_h264 ! videoconvert ! appsink name=outpost" }}
+"#
+    );
+    let mut d = Daemon::start(&cfg);
+    let camera = |d: &Daemon, name: &str| {
+        d.status()["pipelines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()["camera"]
+            .clone()
+    };
+    wait_for(
+        &d,
+        Duration::from_secs(60),
+        "both cameras failed twice",
+        || {
+            let e = camera(&d, "echoed");
+            let c = camera(&d, "custom");
+            e["reconnects"].as_u64().unwrap_or(0) >= 2
+                && e["last_error"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("Forbidden"))
+                && c["reconnects"].as_u64().unwrap_or(0) >= 2
+        },
+    );
+    let secrets = [
+        "right-horse".to_string(),
+        "battery-staple".to_string(),
+        STANDARD.encode("viewer:right-horse"),
+        STANDARD_NO_PAD.encode("right-horse"),
+        STANDARD.encode("viewer:battery-staple"),
+    ];
+    let echoed = camera(&d, "echoed");
+    assert!(
+        echoed["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("Authorization: Basic ***"),
+        "{echoed}"
+    );
+    let custom = camera(&d, "custom");
+    assert!(
+        custom["camera"]
+            .as_str()
+            .unwrap()
+            .contains("rtsp://***@127.0.0.1"),
+        "{custom}"
+    );
+    let texts = [
+        ("status", d.status().to_string()),
+        ("events", first_tick(&d.api)),
+        ("log", d.log()),
+    ];
+    assert!(d.terminate().success());
+    let out = run(outpost().args([
+        "outbox",
+        "export",
+        "--data-dir",
+        d.dir.path().join("data").to_str().unwrap(),
+    ]));
+    let records = stdout(&out);
+    assert!(
+        records.contains("camera_down"),
+        "no camera_down record: {records}"
+    );
+    for (what, text) in texts.iter().chain([&("records", records.clone())]) {
+        for s in &secrets {
+            assert!(!text.contains(s.as_str()), "{s} in the {what}:\n{text}");
+        }
+    }
+}

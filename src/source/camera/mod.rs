@@ -13,7 +13,8 @@
 //!   outbox as a `camera_down` / `camera_up` status record.
 //! - Credentials never leave this module: they go to `rtspsrc` as
 //!   properties, never in the location, and every string shown (log, status,
-//!   records, errors) is scrubbed of them.
+//!   records, errors; a hand-written pipeline too) is scrubbed of them,
+//!   in every form a message may quote them (`scrub.rs`).
 //! - A URL is only ever data: each part must be plain (a device path, a
 //!   host, a port, a path; `url.rs`) or the config is refused, and the
 //!   built-in pipelines are made from elements and typed properties
@@ -26,6 +27,7 @@
 pub mod plan;
 #[cfg(feature = "camera")]
 mod run;
+mod scrub;
 mod url;
 
 #[cfg(feature = "camera")]
@@ -40,7 +42,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{Source, SourceCtx, SourceError};
 
-pub use url::{CameraUrl, scrub};
+pub use scrub::Scrubber;
+pub use url::CameraUrl;
 
 /// `source = { type = "camera", ... }`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -161,7 +164,7 @@ impl CameraConfig {
                 Ok(c) => c.shown(),
                 Err(_) => "(invalid url)".into(),
             },
-            (None, Some(p)) => format!("pipeline: {p}"),
+            (None, Some(p)) => format!("pipeline: {}", Scrubber::for_camera(self).scrub(p)),
             (None, None) => "(none)".into(),
         }
     }

@@ -16,8 +16,8 @@ use gstreamer_video as gst_video;
 
 use super::plan::{CapsPlan, ElementPlan, Prop, chain, rgb_tail, source_plan};
 use super::{
-    CameraConfig, CameraState, CameraUrl, FpsGate, Transport, pick_decoder, reconnect_backoff,
-    scrub, store_event,
+    CameraConfig, CameraState, CameraUrl, FpsGate, Scrubber, Transport, pick_decoder,
+    reconnect_backoff, store_event,
 };
 use crate::preprocess::raw::{RawFormat, RawImage};
 use crate::source::{Frame, SourceCtx, SourceError};
@@ -76,7 +76,8 @@ struct Shared {
     ctx: SourceCtx,
     stream: Arc<str>,
     state: Arc<CameraState>,
-    secrets: Vec<String>,
+    /// Takes the camera's credentials out of every text it shows.
+    scrubber: Scrubber,
     /// Milliseconds since `epoch` of the last frame (0: none yet in this run).
     last_frame_ms: AtomicU64,
     epoch: Instant,
@@ -110,7 +111,7 @@ pub(super) fn spawn(
     let shared = Arc::new(Shared {
         stream: Arc::from(ctx.pipeline.as_str()),
         state,
-        secrets: url.as_ref().map(|u| u.secrets()).unwrap_or_default(),
+        scrubber: Scrubber::for_camera(&cfg),
         last_frame_ms: AtomicU64::new(0),
         epoch: Instant::now(),
         gate: Mutex::new(FpsGate::new(cfg.fps)),
@@ -149,7 +150,9 @@ fn supervise(cfg: &CameraConfig, url: Option<&CameraUrl>, sh: &Arc<Shared>) {
         let end = run_once(cfg, url, sh, &mut reported);
         let (error, streamed) = match end {
             End::Stop => return,
-            End::Failed { error, streamed } => (error, streamed),
+            // Once more here, where it is stored, logged and shown: the
+            // network diagnosis was added after the first pass.
+            End::Failed { error, streamed } => (sh.scrubber.scrub(&error), streamed),
         };
         if streamed {
             backoff.reset();
@@ -189,7 +192,7 @@ fn run_once(
     reported: &mut Option<bool>,
 ) -> End {
     let failed = |error: String, streamed: bool| End::Failed {
-        error: scrub(&error, &sh.secrets),
+        error: sh.scrubber.scrub(&error),
         streamed,
     };
     let pipeline = match build(cfg, url, sh) {
@@ -248,7 +251,7 @@ fn watch(
 ) -> End {
     let mut streaming = false;
     let failed = |error: String, streaming: bool| End::Failed {
-        error: scrub(&error, &sh.secrets),
+        error: sh.scrubber.scrub(&error),
         streamed: streaming,
     };
     loop {
@@ -262,7 +265,7 @@ fn watch(
                     return failed("end of stream (the camera closed it)".into(), streaming);
                 }
                 gst::MessageView::Warning(w) => {
-                    tracing::debug!(pipeline = %sh.ctx.pipeline, warning = %scrub(&w.error().to_string(), &sh.secrets), "camera warning");
+                    tracing::debug!(pipeline = %sh.ctx.pipeline, warning = %sh.scrubber.scrub(&w.error().to_string()), "camera warning");
                 }
                 _ => {}
             }

@@ -1,5 +1,6 @@
 //! Camera URLs: parsed into plain parts (a device path, a host, a port, a
-//! path) or refused, and shown without their credentials.
+//! path) or refused, and shown without their credentials (`scrub.rs` takes
+//! them out of every other text).
 //!
 //! Every part is checked against the characters it may hold, so nothing a
 //! URL says can reach GStreamer as anything but the value of one property
@@ -228,40 +229,9 @@ impl CameraUrl {
             CameraUrl::Csi { sensor } => format!("csi://{sensor}"),
         }
     }
-
-    /// The strings that must never be shown.
-    pub fn secrets(&self) -> Vec<String> {
-        let mut s = Vec::new();
-        if let CameraUrl::Rtsp {
-            location,
-            user,
-            password,
-        } = self
-        {
-            s.extend(
-                user.iter()
-                    .chain(password)
-                    .filter(|x| !x.is_empty())
-                    .cloned(),
-            );
-            if let Some((_, q)) = location.split_once('?') {
-                for kv in q.split('&') {
-                    if let Some((k, v)) = kv.split_once('=')
-                        && secret_key(k)
-                        && !v.is_empty()
-                    {
-                        s.push(v.to_string());
-                    }
-                }
-            }
-        }
-        // Longest first, so a secret containing another is replaced whole.
-        s.sort_by_key(|x| std::cmp::Reverse(x.len()));
-        s
-    }
 }
 
-fn secret_key(k: &str) -> bool {
+pub(super) fn secret_key(k: &str) -> bool {
     let k = k.to_ascii_lowercase();
     [
         "user", "pass", "pwd", "token", "key", "auth", "secret", "sig",
@@ -284,7 +254,7 @@ fn redact_query(rest: &str) -> String {
     format!("{head}?{}", q.join("&"))
 }
 
-fn percent_decode(s: &str) -> String {
+pub(super) fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -303,16 +273,6 @@ fn percent_decode(s: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Replaces every secret in `text` by `***` (GStreamer's messages may quote
-/// what they were given).
-pub fn scrub(text: &str, secrets: &[String]) -> String {
-    let mut t = text.to_string();
-    for s in secrets {
-        t = t.replace(s.as_str(), "***");
-    }
-    t
 }
 
 #[cfg(test)]
@@ -337,7 +297,17 @@ mod tests {
         let shown = u.shown();
         assert_eq!(shown, "rtsp://***@10.0.0.7:554/stream1?token=***&ch=1");
         let msg = "Could not connect to rtsp://10.0.0.7:554/stream1?token=abc as admin with s@cret";
-        let s = scrub(msg, &u.secrets());
+        let cfg = super::super::CameraConfig {
+            url: Some("rtsp://admin:s%40cret@10.0.0.7:554/stream1?token=abc&ch=1".into()),
+            pipeline: None,
+            fps: None,
+            width: None,
+            height: None,
+            transport: Default::default(),
+            stall_timeout: std::time::Duration::from_secs(5),
+            queue: 1,
+        };
+        let s = super::super::Scrubber::for_camera(&cfg).scrub(msg);
         for secret in ["abc", "admin", "s@cret"] {
             assert!(!s.contains(secret), "{s}");
         }

@@ -389,8 +389,9 @@ fn pipeline_metrics(enc: &mut DescriptorEncoder, sched: &Scheduler) -> Result<()
         &evicted,
     )?;
     let (mut sent, mut dropped, mut connected) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut readers, mut readers_refused) = (Vec::new(), Vec::new());
     for p in pipes {
-        for (output, _, up, st) in p.outputs().stats() {
+        for (output, kind, up, st) in p.outputs().stats() {
             let mut l = pipeline_labels(p);
             l.push(("output", output.to_string()));
             sent.push((l.clone(), get(&st.sent)));
@@ -400,8 +401,29 @@ fn pipeline_metrics(enc: &mut DescriptorEncoder, sched: &Scheduler) -> Result<()
                 l.push(("reason", reason.to_string()));
                 dropped.push((l, n));
             }
+            if kind == "unix" {
+                readers.push((l.clone(), get(&st.readers) as f64));
+                for reason in ["max_readers", "descriptors"] {
+                    let n = st.readers_refused().get(reason).copied().unwrap_or(0);
+                    let mut l = l.clone();
+                    l.push(("reason", reason.to_string()));
+                    readers_refused.push((l, n));
+                }
+            }
         }
     }
+    gauge(
+        enc,
+        "outpost_output_readers",
+        "Readers connected to a unix output",
+        &readers,
+    )?;
+    counter(
+        enc,
+        "outpost_output_readers_refused",
+        "Readers a unix output closed at once, by reason (max_readers, descriptors)",
+        &readers_refused,
+    )?;
     counter(
         enc,
         "outpost_output_sent",

@@ -82,7 +82,9 @@ stream_idle = "10m"
 outputs = [
   { type = "mqtt", topic = "site/{pipeline}/{stream}" },  # the site broker (or the embedded one), QoS 0
   { type = "udp", to = "127.0.0.1:9500" },                # one datagram per record
-  { type = "unix", path = "/run/outpost/vad.sock" },      # u32 LE length + record, to every connected reader
+  # u32 LE length + record, to every connected reader; at most max_readers
+  # (one more is closed, counted in outpost_output_readers_refused_total)
+  { type = "unix", path = "/run/outpost/vad.sock", max_readers = 64 },
 ]
 
 # Sensor vectors as datagrams: `[len][stream name][16 little-endian f32]`.
@@ -106,7 +108,10 @@ queue = 16
 when_full = "drop_oldest"
 max_batch = 8
 max_delay = "5ms"
-source = { type = "unix", path = "/run/outpost/camera.sock", max_connections = 64, max_buffered_bytes = 134217728 }
+# At most 64 writers; frames being read hold 128 MiB at most (half of it a
+# share per writer, read at once; larger frames wait for room in the other
+# half); a writer silent for 5 s inside a frame is closed (frame_read_timeout).
+source = { type = "unix", path = "/run/outpost/camera.sock", max_connections = 64, max_buffered_bytes = 134217728, frame_read_timeout = "5s" }
 [pipelines.preprocess]
 type = "image"
 format = "raw_rgb"

@@ -96,6 +96,8 @@ pub(super) struct Core {
     pub(super) realtime: Arc<RealtimeStats>,
     /// The daemon's stop: each generation's tokens are its children.
     pub(super) shutdown: CancellationToken,
+    /// The descriptors unix output readers share, across generations.
+    pub(super) reader_fds: Arc<tokio::sync::Semaphore>,
 }
 
 /// One config's pipelines, workers and sources.
@@ -268,6 +270,7 @@ impl Core {
                 mqtt,
                 sched: cfg.scheduler.clone(),
                 data_dir: cfg.data_dir.clone(),
+                reserved_fds: cfg.api.reserved_fds,
             },
             refused,
         ))
@@ -281,6 +284,7 @@ impl Core {
             mqtt,
             sched,
             data_dir,
+            reserved_fds,
         } = p;
         let worker_handles = scheduler
             .start_workers(&sched, &self.realtime)
@@ -302,6 +306,8 @@ impl Core {
                 pipeline: p.name().to_string(),
                 mqtt: mqtt.clone(),
                 shutdown: g.outputs_stop.clone(),
+                reserved_fds,
+                reader_fds: self.reader_fds.clone(),
             };
             match p.outputs().start(&ctx) {
                 Ok(t) => g.outputs.extend(t),
@@ -347,6 +353,8 @@ pub(super) struct Prepared {
     mqtt: Option<BrokerAddr>,
     sched: crate::config::SchedulerConfig,
     data_dir: PathBuf,
+    /// `api.reserved_fds`: descriptors unix output readers never take either.
+    reserved_fds: u64,
 }
 
 async fn join_workers(workers: Vec<std::thread::JoinHandle<()>>) {

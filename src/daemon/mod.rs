@@ -144,6 +144,24 @@ async fn run_async(
         print: opts.print_records,
         recent: recent.clone(),
     });
+    // Unix output readers draw on the process's descriptors like the API's
+    // connections: they get a budget of their own, and the API's cap
+    // (below) leaves room for it.
+    let readers_asked: u64 = cfg
+        .pipelines
+        .iter()
+        .flat_map(|p| &p.outputs)
+        .map(|o| o.max_readers() as u64)
+        .sum();
+    let reader_fds = crate::output::reader_fd_budget(readers_asked, cfg.api.reserved_fds);
+    if reader_fds < readers_asked {
+        tracing::warn!(
+            max_readers = readers_asked,
+            descriptors = reader_fds,
+            reserved_fds = cfg.api.reserved_fds,
+            "unix outputs: fewer readers than their max_readers, to keep descriptors for storage and the API (raise LimitNOFILE)"
+        );
+    }
     let mut core = Core {
         device: device.clone(),
         runtime,
@@ -154,6 +172,7 @@ async fn run_async(
         broker_started: None,
         realtime: realtime.clone(),
         shutdown: shutdown.clone(),
+        reader_fds: Arc::new(tokio::sync::Semaphore::new(reader_fds as usize)),
     };
 
     notify(&[NotifyState::Status("loading and warming models")]);
@@ -268,14 +287,19 @@ async fn run_async(
             guard_stats,
         )),
     );
-    let (cap, nofile) = api::serve::connection_cap(&cfg.api);
+    // The readers' budget comes out of the API's room, so together they
+    // never reach the descriptors kept for storage.
+    let mut fds = cfg.api.clone();
+    fds.reserved_fds = fds.reserved_fds.saturating_add(reader_fds);
+    let (cap, nofile) = api::serve::connection_cap(&fds);
     if cap < cfg.api.max_connections {
         tracing::warn!(
             max_connections = cfg.api.max_connections,
             cap,
             nofile = nofile.unwrap_or(0),
             reserved_fds = cfg.api.reserved_fds,
-            "API: fewer connections than api.max_connections, to keep descriptors for storage (raise LimitNOFILE)"
+            unix_output_readers = reader_fds,
+            "API: fewer connections than api.max_connections, to keep descriptors for storage and unix output readers (raise LimitNOFILE)"
         );
     }
     let api_cfg = cfg.api.clone();

@@ -26,6 +26,11 @@
 //!   JSON bytes, or its CBOR encoding with `payload = "cbor"`.
 //! - A unix reader always sees whole frames: a frame written in part is
 //!   finished before any later one, and later records drop (`slow`) meanwhile.
+//! - A unix output serves at most `max_readers` readers, and never takes a
+//!   descriptor when fewer than `api.reserved_fds` would be left: one more
+//!   reader is closed and counted (`outpost_output_readers_refused_total`).
+//!   The API's connection cap leaves room for every output's `max_readers`,
+//!   so readers and API connections together never take what storage needs.
 
 mod mqtt;
 mod udp;
@@ -35,7 +40,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -69,7 +74,19 @@ pub enum OutputConfig {
         path: PathBuf,
         #[serde(default)]
         payload: PayloadFormat,
+        /// Readers served at once; one more is closed and counted
+        /// (`max_readers`), as is one that would leave fewer than
+        /// `api.reserved_fds` descriptors free (`descriptors`).
+        #[serde(default = "default_max_readers")]
+        max_readers: usize,
     },
+}
+
+/// Default `max_readers` of a unix output.
+pub const DEFAULT_MAX_READERS: usize = 64;
+
+fn default_max_readers() -> usize {
+    DEFAULT_MAX_READERS
 }
 
 /// The largest record a UDP output sends (bigger ones drop as `too_large`).
@@ -81,6 +98,14 @@ impl OutputConfig {
             OutputConfig::Mqtt { .. } => "mqtt",
             OutputConfig::Udp { .. } => "udp",
             OutputConfig::Unix { .. } => "unix",
+        }
+    }
+
+    /// Descriptors the output's readers may hold at most (0 but for unix outputs).
+    pub fn max_readers(&self) -> usize {
+        match self {
+            OutputConfig::Unix { max_readers, .. } => *max_readers,
+            _ => 0,
         }
     }
 
@@ -139,9 +164,14 @@ impl OutputConfig {
                     p.push(format!("{at}.to: port 0"));
                 }
             }
-            OutputConfig::Unix { path, .. } => {
+            OutputConfig::Unix {
+                path, max_readers, ..
+            } => {
                 if path.as_os_str().is_empty() {
                     p.push(format!("{at}.path: empty"));
+                }
+                if *max_readers == 0 {
+                    p.push(format!("{at}.max_readers: must be at least 1"));
                 }
                 // sun_path holds 108 bytes with the terminating NUL.
                 if path.as_os_str().len() > 107 {
@@ -171,11 +201,31 @@ pub enum OutputError {
 pub struct OutputStats {
     pub sent: AtomicU64,
     drops: Mutex<BTreeMap<&'static str, u64>>,
+    /// Unix readers connected now.
+    pub readers: AtomicU64,
+    /// Unix readers closed at once, by reason (`max_readers`, `descriptors`).
+    readers_refused: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl OutputStats {
     pub fn drops(&self) -> BTreeMap<&'static str, u64> {
         self.drops.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn readers_refused(&self) -> BTreeMap<&'static str, u64> {
+        self.readers_refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn refuse_reader(&self, reason: &'static str) {
+        *self
+            .readers_refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(reason)
+            .or_default() += 1;
     }
 
     fn add_drop(&self, reason: &'static str) {
@@ -198,6 +248,12 @@ pub struct OutputStatus {
     pub connected: bool,
     pub sent: u64,
     pub drops: BTreeMap<&'static str, u64>,
+    /// Unix outputs: readers connected now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub readers: Option<u64>,
+    /// Unix outputs: readers closed at once, by reason.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub readers_refused: BTreeMap<&'static str, u64>,
 }
 
 /// The result of handing one payload to one output.
@@ -216,7 +272,8 @@ enum Sink {
 struct Output {
     cfg: OutputConfig,
     label: String,
-    stats: OutputStats,
+    /// Shared with a unix output's accept loop (its readers).
+    stats: Arc<OutputStats>,
     sink: OnceLock<Sink>,
 }
 
@@ -228,6 +285,31 @@ pub struct OutputCtx {
     pub mqtt: Option<BrokerAddr>,
     /// Cancelled when the outputs must stop.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// `api.reserved_fds`: a unix reader is refused when taking it would
+    /// leave fewer descriptors free.
+    pub reserved_fds: u64,
+    /// The descriptors every unix output's readers share
+    /// ([`reader_fd_budget`] permits, for the daemon's life).
+    pub reader_fds: Arc<tokio::sync::Semaphore>,
+}
+
+/// Descriptors all unix output readers may hold together: what their
+/// `max_readers` ask (`asked`), at most half of what the descriptor limit
+/// leaves once `reserved` (storage) and the descriptors held now are set
+/// aside. The API's connection cap is lowered by as many, so readers and
+/// connections together never take what storage needs, and neither can
+/// squeeze the other out.
+pub fn reader_fd_budget(asked: u64, reserved: u64) -> u64 {
+    use rustix::process::{Resource, getrlimit};
+    let Some(soft) = getrlimit(Resource::Nofile).current else {
+        return asked;
+    };
+    let held = std::fs::read_dir("/proc/self/fd").map_or(32, |d| d.count() as u64);
+    split_fds(asked, soft, reserved, held)
+}
+
+fn split_fds(asked: u64, soft: u64, reserved: u64, held: u64) -> u64 {
+    asked.min(soft.saturating_sub(reserved.saturating_add(held)) / 2)
 }
 
 /// A pipeline's local outputs.
@@ -246,7 +328,7 @@ impl LocalOutputs {
                 .map(|c| Output {
                     cfg: c.clone(),
                     label: c.label(),
-                    stats: OutputStats::default(),
+                    stats: Arc::default(),
                     sink: OnceLock::new(),
                 })
                 .collect(),
@@ -269,7 +351,7 @@ impl LocalOutputs {
                 Some(Sink::Udp(_)) => true,
                 Some(Sink::Unix(s)) => s.readers() > 0,
             };
-            (o.label.as_str(), o.cfg.kind(), up, &o.stats)
+            (o.label.as_str(), o.cfg.kind(), up, &*o.stats)
         })
     }
 
@@ -282,6 +364,8 @@ impl LocalOutputs {
                 connected: up,
                 sent: st.sent.load(Ordering::Relaxed),
                 drops: st.drops(),
+                readers: (kind == "unix").then(|| st.readers.load(Ordering::Relaxed)),
+                readers_refused: st.readers_refused(),
             })
             .collect()
     }
@@ -317,9 +401,17 @@ impl LocalOutputs {
                 OutputConfig::Udp { to, .. } => {
                     Sink::Udp(udp::UdpSink::open(*to).map_err(|e| err(e.to_string()))?)
                 }
-                OutputConfig::Unix { path, .. } => {
-                    let (sink, task) = unix::UnixSink::listen(path, ctx.shutdown.clone())
-                        .map_err(|e| err(format!("{}: {e}", path.display())))?;
+                OutputConfig::Unix {
+                    path, max_readers, ..
+                } => {
+                    let limits = unix::ReaderLimits {
+                        max_readers: *max_readers,
+                        reserved_fds: ctx.reserved_fds,
+                        budget: ctx.reader_fds.clone(),
+                    };
+                    let (sink, task) =
+                        unix::UnixSink::listen(path, limits, o.stats.clone(), ctx.shutdown.clone())
+                            .map_err(|e| err(format!("{}: {e}", path.display())))?;
                     tasks.push(task);
                     Sink::Unix(sink)
                 }
@@ -429,6 +521,15 @@ outputs = [
         let p = o.validate("o");
         assert_eq!(p.len(), 2, "{p:?}");
         assert!(p.iter().all(|x| x.starts_with("o.topic")));
+    }
+
+    #[test]
+    fn readers_get_what_they_ask_up_to_half_the_free_descriptors() {
+        assert_eq!(split_fds(64, 65536, 64, 40), 64);
+        // 256 descriptors, 64 reserved, 40 held: 152 free, half for readers.
+        assert_eq!(split_fds(1000, 256, 64, 40), 76);
+        assert_eq!(split_fds(0, 256, 64, 40), 0);
+        assert_eq!(split_fds(64, 64, 64, 40), 0);
     }
 
     #[test]

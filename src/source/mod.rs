@@ -131,11 +131,18 @@ pub enum SourceConfig {
         /// (`too_many_connections`).
         #[serde(default = "default_unix_max_connections")]
         max_connections: usize,
-        /// Bytes of frames being read, all connections together: a frame
-        /// waits for room before it is read (its bytes are never allocated
-        /// ahead). A frame larger than this is refused (`frame_too_large`).
+        /// Bytes of frames being read, all connections together. Half of it
+        /// is one share per connection (a frame that fits is read at once,
+        /// whatever the others do); larger frames wait for room in the other
+        /// half before they are read (their bytes are never allocated
+        /// ahead). A frame larger than that half is refused (`frame_too_large`).
         #[serde(default = "default_unix_max_buffered")]
         max_buffered_bytes: usize,
+        /// Once a frame's first byte is in, the rest of it must arrive within
+        /// this; a writer that stalls inside a frame is closed and counted
+        /// (`frame_read_timeout`), and the room its frame held goes back.
+        #[serde(default = "default_unix_frame_read_timeout", with = "humantime_serde")]
+        frame_read_timeout: Duration,
     },
     /// `POST /v1/pipelines/{name}/infer` on the local API; answers with the result.
     Http {},
@@ -174,6 +181,11 @@ fn default_unix_max_connections() -> usize {
 }
 fn default_unix_max_buffered() -> usize {
     128 << 20
+}
+/// A local writer sends a whole frame in milliseconds; seconds of silence
+/// inside one mean it stalled.
+fn default_unix_frame_read_timeout() -> Duration {
+    Duration::from_secs(5)
 }
 
 /// Default `max_message_bytes` of an mqtt source: 16 MiB.
@@ -268,8 +280,12 @@ impl SourceConfig {
                 path,
                 max_connections,
                 max_buffered_bytes,
+                frame_read_timeout,
                 ..
             } => {
+                if frame_read_timeout.is_zero() {
+                    p.push(format!("{at}.frame_read_timeout: must be above 0"));
+                }
                 if path.as_os_str().is_empty() {
                     p.push(format!("{at}.path: empty"));
                 }
@@ -322,11 +338,13 @@ impl SourceConfig {
                 framing,
                 max_connections,
                 max_buffered_bytes,
+                frame_read_timeout,
             } => Box::new(unix::UnixSource {
                 path,
                 framing,
                 max_connections,
                 max_buffered_bytes,
+                frame_read_timeout,
             }),
             SourceConfig::Http {} => Box::new(http::HttpSource),
             SourceConfig::Watch {

@@ -637,7 +637,7 @@ listen = "{API}"
 [[pipelines]]
 name = "sock"
 model = "sensor_mlp"
-source = { type = "unix", path = "{DIR}/in.sock", max_connections = 4, max_buffered_bytes = 67108864 }
+source = { type = "unix", path = "{DIR}/in.sock", max_connections = 4, max_buffered_bytes = 67108864, frame_read_timeout = "120s" }
 [pipelines.preprocess]
 type = "sensor"
 format = "json"

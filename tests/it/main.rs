@@ -2,6 +2,7 @@
 //! models fetched by `models/fetch` and built by `models/build`.
 
 mod batching;
+mod boundaries;
 mod camera;
 mod check_report;
 mod common;

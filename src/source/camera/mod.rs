@@ -13,13 +13,22 @@
 //!   outbox as a `camera_down` / `camera_up` status record.
 //! - Credentials never leave this module: they go to `rtspsrc` as
 //!   properties, never in the location, and every string shown (log, status,
-//!   records, errors) is scrubbed of them.
+//!   records, errors; a hand-written pipeline too) is scrubbed of them,
+//!   in every form a message may quote them (`scrub.rs`).
+//! - A URL is only ever data: each part must be plain (a device path, a
+//!   host, a port, a path; `url.rs`) or the config is refused, and the
+//!   built-in pipelines are made from elements and typed properties
+//!   (`plan.rs`), never from a launch string with URL text in it. A
+//!   hand-written `pipeline` is the one launch description parsed.
 //!
-//! This file is the part every build has (config, URLs, state, the pure
+//! This file is the part every build has (config, state, the pure
 //! helpers); `run.rs` drives GStreamer and exists with the `camera` feature.
 
+pub mod plan;
 #[cfg(feature = "camera")]
 mod run;
+mod scrub;
+mod url;
 
 #[cfg(feature = "camera")]
 pub use run::bounded_malloc;
@@ -33,12 +42,18 @@ use serde::{Deserialize, Serialize};
 
 use super::{Source, SourceCtx, SourceError};
 
+pub use scrub::Scrubber;
+pub use url::CameraUrl;
+
 /// `source = { type = "camera", ... }`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CameraConfig {
     /// `rtsp://[user:pass@]host[:port]/path`, `v4l2:///dev/videoN` or
-    /// `csi://N` (Jetson, nvarguscamerasrc). Exactly one of `url` and `pipeline`.
+    /// `csi://N` (Jetson, nvarguscamerasrc). Exactly one of `url` and
+    /// `pipeline`. Each part must be plain: a device path of letters,
+    /// digits and `/._-:+`; a host name or address; a port number; a path
+    /// and query without spaces, quotes or `!` (percent-encode the rest).
     #[serde(default)]
     pub url: Option<String>,
     /// A GStreamer pipeline whose frames reach an `appsink name=outpost`
@@ -86,6 +101,9 @@ pub enum Transport {
 
 /// Largest `queue`: a camera that queues more is not "latest frame" any more.
 const MAX_QUEUE: usize = 64;
+/// Largest `width` or `height` (GStreamer caps hold them as 32-bit ints;
+/// no camera comes near).
+const MAX_SIDE: u32 = 16384;
 
 /// Why a camera source at `at` cannot run, when this build (`has_camera`:
 /// built with the `camera` feature) has no camera support.
@@ -125,6 +143,9 @@ impl CameraConfig {
         }
         match (self.width, self.height) {
             (Some(0), _) | (_, Some(0)) => p.push(format!("{at}.width/height: must be positive")),
+            (Some(w), Some(h)) if w > MAX_SIDE || h > MAX_SIDE => p.push(format!(
+                "{at}.width/height: at most {MAX_SIDE} pixels a side"
+            )),
             (Some(_), None) | (None, Some(_)) => {
                 p.push(format!("{at}.width/height: set both or neither"))
             }
@@ -149,194 +170,10 @@ impl CameraConfig {
                 Ok(c) => c.shown(),
                 Err(_) => "(invalid url)".into(),
             },
-            (None, Some(p)) => format!("pipeline: {p}"),
+            (None, Some(p)) => format!("pipeline: {}", Scrubber::for_camera(self).scrub(p)),
             (None, None) => "(none)".into(),
         }
     }
-}
-
-/// A parsed camera URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CameraUrl {
-    Rtsp {
-        /// Without the credentials: `rtsp://host:port/path?query`.
-        location: String,
-        user: Option<String>,
-        password: Option<String>,
-    },
-    V4l2 {
-        device: String,
-    },
-    Csi {
-        sensor: u32,
-    },
-}
-
-impl CameraUrl {
-    pub fn parse(url: &str) -> Result<CameraUrl, String> {
-        let Some((scheme, rest)) = url.split_once("://") else {
-            return Err(
-                "expected rtsp://host/path, v4l2:///dev/videoN or csi://N (no scheme)".into(),
-            );
-        };
-        match scheme.to_ascii_lowercase().as_str() {
-            s @ ("rtsp" | "rtsps" | "rtspt") => {
-                let (authority, path) = match rest.find('/') {
-                    Some(i) => rest.split_at(i),
-                    None => (rest, ""),
-                };
-                let (userinfo, host) = match authority.rfind('@') {
-                    Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
-                    None => (None, authority),
-                };
-                if host.is_empty() {
-                    return Err("rtsp url has no host".into());
-                }
-                if host.chars().any(|c| c.is_whitespace()) || path.chars().any(char::is_whitespace)
-                {
-                    return Err("rtsp url contains spaces".into());
-                }
-                let (user, password) = match userinfo {
-                    Some(ui) => {
-                        let (u, p) = match ui.split_once(':') {
-                            Some((u, p)) => (u, Some(p)),
-                            None => (ui, None),
-                        };
-                        (Some(percent_decode(u)), p.map(percent_decode))
-                    }
-                    None => (None, None),
-                };
-                Ok(CameraUrl::Rtsp {
-                    location: format!("{s}://{host}{path}"),
-                    user,
-                    password,
-                })
-            }
-            "v4l2" => {
-                if !rest.starts_with("/dev/") {
-                    return Err("v4l2 url is v4l2:///dev/videoN".into());
-                }
-                Ok(CameraUrl::V4l2 {
-                    device: rest.to_string(),
-                })
-            }
-            "csi" => rest
-                .trim_end_matches('/')
-                .parse::<u32>()
-                .map(|sensor| CameraUrl::Csi { sensor })
-                .map_err(|_| "csi url is csi://N (the sensor id)".to_string()),
-            other => Err(format!(
-                "scheme `{other}` is not a camera (rtsp, v4l2 or csi)"
-            )),
-        }
-    }
-
-    /// The URL as logs and status show it: credentials replaced by `***`,
-    /// and the values of query parameters that look like secrets too.
-    pub fn shown(&self) -> String {
-        match self {
-            CameraUrl::Rtsp {
-                location,
-                user,
-                password,
-            } => {
-                let (scheme, rest) = location.split_once("://").unwrap_or(("rtsp", location));
-                let creds = if user.is_some() || password.is_some() {
-                    "***@"
-                } else {
-                    ""
-                };
-                format!("{scheme}://{creds}{}", redact_query(rest))
-            }
-            CameraUrl::V4l2 { device } => format!("v4l2://{device}"),
-            CameraUrl::Csi { sensor } => format!("csi://{sensor}"),
-        }
-    }
-
-    /// The strings that must never be shown.
-    pub fn secrets(&self) -> Vec<String> {
-        let mut s = Vec::new();
-        if let CameraUrl::Rtsp {
-            location,
-            user,
-            password,
-        } = self
-        {
-            s.extend(
-                user.iter()
-                    .chain(password)
-                    .filter(|x| !x.is_empty())
-                    .cloned(),
-            );
-            if let Some((_, q)) = location.split_once('?') {
-                for kv in q.split('&') {
-                    if let Some((k, v)) = kv.split_once('=')
-                        && secret_key(k)
-                        && !v.is_empty()
-                    {
-                        s.push(v.to_string());
-                    }
-                }
-            }
-        }
-        // Longest first, so a secret containing another is replaced whole.
-        s.sort_by_key(|x| std::cmp::Reverse(x.len()));
-        s
-    }
-}
-
-fn secret_key(k: &str) -> bool {
-    let k = k.to_ascii_lowercase();
-    [
-        "user", "pass", "pwd", "token", "key", "auth", "secret", "sig",
-    ]
-    .iter()
-    .any(|s| k.contains(s))
-}
-
-fn redact_query(rest: &str) -> String {
-    let Some((head, q)) = rest.split_once('?') else {
-        return rest.to_string();
-    };
-    let q: Vec<String> = q
-        .split('&')
-        .map(|kv| match kv.split_once('=') {
-            Some((k, _)) if secret_key(k) => format!("{k}=***"),
-            _ => kv.to_string(),
-        })
-        .collect();
-    format!("{head}?{}", q.join("&"))
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%'
-            && let Some(v) = b
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        {
-            out.push(v);
-            i += 3;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Replaces every secret in `text` by `***` (GStreamer's messages may quote
-/// what they were given).
-pub fn scrub(text: &str, secrets: &[String]) -> String {
-    let mut t = text.to_string();
-    for s in secrets {
-        t = t.replace(s.as_str(), "***");
-    }
-    t
 }
 
 /// Which decoder elements serve an RTP video encoding, hardware first.
@@ -382,47 +219,6 @@ pub fn is_hardware(elements: &[&str]) -> bool {
     elements
         .iter()
         .any(|e| e.starts_with("nv") || e.starts_with("v4l2h"))
-}
-
-/// The tail every built-in pipeline ends with: colour conversion (and
-/// scaling) to packed RGB at the appsink.
-pub fn rgb_tail(size: Option<(u32, u32)>) -> String {
-    let size = size
-        .map(|(w, h)| format!(",width={w},height={h}"))
-        .unwrap_or_default();
-    format!(
-        "videoconvert name=outpost_convert ! videoscale ! video/x-raw,format={{ I420, RGB }}{size} ! appsink name=outpost"
-    )
-}
-
-/// Launch descriptions of the cameras that need no dynamic linking.
-pub fn launch_description(c: &CameraConfig, url: &CameraUrl) -> Option<String> {
-    let size = c.width.zip(c.height);
-    match url {
-        CameraUrl::Rtsp { .. } => None,
-        CameraUrl::V4l2 { device } => {
-            let caps = size
-                .map(|(w, h)| {
-                    format!(
-                        "capsfilter caps=\"video/x-raw,width={w},height={h};image/jpeg,width={w},height={h}\" ! "
-                    )
-                })
-                .unwrap_or_default();
-            Some(format!(
-                "v4l2src device={device} ! {caps}decodebin ! {}",
-                rgb_tail(None)
-            ))
-        }
-        CameraUrl::Csi { sensor } => {
-            let (w, h) = size.unwrap_or((1920, 1080));
-            let fps = c.fps.map(|f| f.ceil() as u32).unwrap_or(30).max(1);
-            Some(format!(
-                "nvarguscamerasrc sensor-id={sensor} ! video/x-raw(memory:NVMM),width={w},height={h},framerate={fps}/1 \
-                 ! nvvidconv ! video/x-raw,format=BGRx ! {}",
-                rgb_tail(None)
-            ))
-        }
-    }
 }
 
 /// Subsampling to `fps`: admits a frame when its time has come, keeping the
@@ -709,43 +505,6 @@ mod tests {
     }
 
     #[test]
-    fn credentials_are_split_off_and_never_shown() {
-        let u =
-            CameraUrl::parse("rtsp://admin:s%40cret@10.0.0.7:554/stream1?token=abc&ch=1").unwrap();
-        let CameraUrl::Rtsp {
-            location,
-            user,
-            password,
-        } = &u
-        else {
-            panic!()
-        };
-        assert_eq!(location, "rtsp://10.0.0.7:554/stream1?token=abc&ch=1");
-        assert_eq!(user.as_deref(), Some("admin"));
-        assert_eq!(password.as_deref(), Some("s@cret"));
-        let shown = u.shown();
-        assert_eq!(shown, "rtsp://***@10.0.0.7:554/stream1?token=***&ch=1");
-        let msg = "Could not connect to rtsp://10.0.0.7:554/stream1?token=abc as admin with s@cret";
-        let s = scrub(msg, &u.secrets());
-        for secret in ["abc", "admin", "s@cret"] {
-            assert!(!s.contains(secret), "{s}");
-        }
-        assert_eq!(
-            CameraUrl::parse("rtsp://cam/x").unwrap().shown(),
-            "rtsp://cam/x"
-        );
-        assert!(CameraUrl::parse("rtsp:///x").is_err());
-        assert!(CameraUrl::parse("v4l2://video0").is_err());
-        assert!(CameraUrl::parse("csi://a").is_err());
-        assert_eq!(
-            CameraUrl::parse("v4l2:///dev/video2").unwrap(),
-            CameraUrl::V4l2 {
-                device: "/dev/video2".into()
-            }
-        );
-    }
-
-    #[test]
     fn decoder_choice_prefers_hardware() {
         let all = |_: &str| true;
         assert_eq!(
@@ -805,26 +564,5 @@ mod tests {
             b.next_delay();
         }
         assert_eq!(b.clone().next_with(1.0), Duration::from_secs(8));
-    }
-
-    #[test]
-    fn descriptions_name_the_elements() {
-        let c =
-            cfg(r#"{ type = "camera", url = "v4l2:///dev/video0", width = 1280, height = 720 }"#);
-        let d = launch_description(&c, &CameraUrl::parse("v4l2:///dev/video0").unwrap()).unwrap();
-        assert!(
-            d.starts_with("v4l2src device=/dev/video0 ! capsfilter"),
-            "{d}"
-        );
-        assert!(d.ends_with("appsink name=outpost"));
-        let c = cfg(r#"{ type = "camera", url = "csi://1", fps = 15 }"#);
-        let d = launch_description(&c, &CameraUrl::Csi { sensor: 1 }).unwrap();
-        assert!(
-            d.contains("sensor-id=1") && d.contains("framerate=15/1") && d.contains("nvvidconv")
-        );
-        assert_eq!(
-            rgb_tail(Some((640, 480))),
-            "videoconvert name=outpost_convert ! videoscale ! video/x-raw,format={ I420, RGB },width=640,height=480 ! appsink name=outpost"
-        );
     }
 }

@@ -1,6 +1,7 @@
 //! Pipelines: one source + preprocessing + one model + postprocessing, and
 //! the scheduler that runs them. A daemon runs many; they share loaded models.
 
+pub mod context;
 pub mod queue;
 pub mod recent;
 /// The result record is a leaf room of its own; `pipeline::record` stays as

@@ -23,8 +23,8 @@ use ndarray::{ArrayD, IxDyn};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::context::{FrameContext, lock};
 use super::snapshot;
-use super::worker::Pipeline;
 use super::{LatencyHistogram, PipelineConfig};
 use crate::backend::{Dim, Tensor};
 use crate::model::registry::LoadedModel;
@@ -237,7 +237,7 @@ impl Cascade {
     /// table let it go).
     pub fn reset(&self, stream: &str) {
         for s in &self.stages {
-            super::worker::lock(&s.post).reset(stream);
+            lock(&s.post).reset(stream);
         }
     }
 
@@ -251,15 +251,15 @@ impl Cascade {
 
     /// Runs frames one by one: decode, model (every item of the frame, e.g.
     /// pyramid levels), merge, stages, record.
-    pub fn process(&self, pl: &Pipeline, frames: Vec<Frame>, worker: usize) {
+    pub fn process(&self, cx: &FrameContext<'_>, frames: Vec<Frame>) {
         for f in frames {
             let taken = Instant::now();
-            pl.stats
+            cx.stats
                 .queue_us
                 .record(taken.saturating_duration_since(f.received).as_micros() as u64);
-            let answer = self.frame(pl, &f, worker, taken);
-            pl.stats.frames_done.fetch_add(1, Ordering::Relaxed);
-            pl.stats
+            let answer = self.frame(cx, &f, taken);
+            cx.stats.frames_done.fetch_add(1, Ordering::Relaxed);
+            cx.stats
                 .e2e_us
                 .record(f.received.elapsed().as_micros() as u64);
             if let Some(tx) = f.reply {
@@ -270,27 +270,22 @@ impl Cascade {
 
     fn frame(
         &self,
-        pl: &Pipeline,
+        cx: &FrameContext<'_>,
         f: &Frame,
-        worker: usize,
         taken: Instant,
     ) -> Result<Vec<ResultRecord>, FrameError> {
-        let model = pl.model();
+        let model = &cx.model;
         // Counts the drop; the frame's answer carries who can act on it.
         let drop = |reason: &'static str, e: String| {
-            pl.count_drop(reason, &format!("stream {}: {e}", f.stream));
+            (cx.count_drop)(reason, &format!("stream {}: {e}", f.stream));
             let kind = match reason {
                 "inference_error" | "postprocess_error" | "config" => FrameErrorKind::Engine,
                 _ => FrameErrorKind::Malformed,
             };
             FrameError::new(kind, e)
         };
-        let slot = worker % pl.pre.len().max(1);
         let items = {
-            let Some(pre) = pl.pre.get(slot) else {
-                return Err(drop("config", "no preprocessor".into()));
-            };
-            let mut pre = super::worker::lock(pre);
+            let mut pre = lock(cx.pre);
             match f.raw {
                 Some(raw) => pre.process_raw(&f.stream, &f.payload, raw),
                 None => pre.process(&f.stream, &f.payload),
@@ -308,32 +303,28 @@ impl Cascade {
                 .map_err(|e| drop(e.reason(), e.to_string()))?,
             )
         };
-        pl.stats
+        cx.stats
             .decode_us
             .record(taken.elapsed().as_micros() as u64);
-        pl.stats
+        cx.stats
             .items
             .fetch_add(items.len() as u64, Ordering::Relaxed);
         let mut results = Vec::with_capacity(items.len());
         let mut inference_us = 0u64;
-        let Some(post) = pl.post.get(slot) else {
-            return Err(drop("config", "no postprocessor".into()));
-        };
-        let mut post = super::worker::lock(post);
+        let mut post = lock(cx.post);
         for item in &items {
             let t0 = Instant::now();
-            let inputs: Vec<(&str, &Tensor)> =
-                std::iter::once((pl.main_input.as_str(), &item.tensor))
-                    .chain(pl.constants.iter().map(|(n, t)| (n.as_str(), t)))
-                    .collect();
+            let inputs: Vec<(&str, &Tensor)> = std::iter::once((cx.main_input, &item.tensor))
+                .chain(cx.constants.iter().map(|(n, t)| (n.as_str(), t)))
+                .collect();
             let out = model.run(&inputs);
             let us = t0.elapsed().as_micros() as u64;
             inference_us += us;
-            pl.stats.inference_us_total.fetch_add(us, Ordering::Relaxed);
-            pl.stats.inference_us.record(us);
-            pl.stats.batches.fetch_add(1, Ordering::Relaxed);
-            pl.stats.batch_items.fetch_add(1, Ordering::Relaxed);
-            pl.stats.batch_sizes.record(1);
+            cx.stats.inference_us_total.fetch_add(us, Ordering::Relaxed);
+            cx.stats.inference_us.record(us);
+            cx.stats.batches.fetch_add(1, Ordering::Relaxed);
+            cx.stats.batch_items.fetch_add(1, Ordering::Relaxed);
+            cx.stats.batch_sizes.record(1);
             let out = out.map_err(|e| drop("inference_error", e.to_string()))?;
             match post.process(&f.stream, &item.meta, &out) {
                 Ok(Some(v)) => results.push(v),
@@ -362,7 +353,7 @@ impl Cascade {
                 if let Err(e) = r {
                     stage.stats.errors.fetch_add(1, Ordering::Relaxed);
                     let e = format!("stage `{}`: {e}", stage.model.id());
-                    pl.count_drop("stage_error", &format!("stream {}: {e}", f.stream));
+                    (cx.count_drop)("stage_error", &format!("stream {}: {e}", f.stream));
                     value["stage_error"] = Value::String(e);
                     break;
                 }
@@ -376,12 +367,12 @@ impl Cascade {
                 }
             }
         }
-        pl.snapshot.keep(&f.payload, f.raw, &value);
+        cx.snapshot.keep(&f.payload, f.raw, &value);
         if let (Some(t), Some(frame)) = (&self.thumbnails, &frame) {
             snapshot::attach_thumbnails(frame, &mut value, t.max_bytes);
         }
-        let stored = pl.emit(f, &model, inference_us, value);
-        pl.stats
+        let stored = (cx.emit)(f, model, inference_us, value);
+        cx.stats
             .output_us
             .record(output_start.elapsed().as_micros() as u64);
         stored.map(|rec| vec![rec])
@@ -592,7 +583,7 @@ impl Stage {
             order.sort_by(|a, b| ratio(&crops[*a]).total_cmp(&ratio(&crops[*b])));
         }
         let mut results: Vec<Option<Value>> = vec![None; boxes.len()];
-        let mut post = super::worker::lock(&self.post);
+        let mut post = lock(&self.post);
         for chunk in order.chunks(self.cfg.max_batch.max(1)) {
             let batch_w = if self.free_width {
                 chunk

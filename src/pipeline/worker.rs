@@ -6,9 +6,10 @@
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use super::context::FrameContext;
 use super::snapshot::Latest;
 use super::stages::{Cascade, StageStats, needs_cascade};
 use super::{IdGen, PipelineConfig, PipelineStats, RateLimitedLog, RecordSink};
@@ -79,10 +80,7 @@ pub struct Pipeline {
     pub(super) snapshot: Latest,
 }
 
-pub(super) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // State behind these locks stays consistent if a holder panicked mid-frame.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(super) use super::context::lock;
 
 impl Pipeline {
     /// Builds a pipeline from its config and its loaded model. `workers` is
@@ -542,7 +540,26 @@ impl Pipeline {
 
     fn run_frames(&self, frames: Vec<Frame>, worker: usize) {
         if let Some(c) = &self.cascade {
-            return c.process(self, frames, worker);
+            let slot = worker % self.pre.len().max(1);
+            let (Some(pre), Some(post)) = (self.pre.get(slot), self.post.get(slot)) else {
+                // Built with one pre/postprocessor at least (Pipeline::new).
+                return;
+            };
+            let count_drop = |reason: &'static str, detail: &str| self.count_drop(reason, detail);
+            let emit =
+                |f: &Frame, m: &LoadedModel, us: u64, v: serde_json::Value| self.emit(f, m, us, v);
+            let cx = FrameContext {
+                model: self.model(),
+                stats: &self.stats,
+                pre,
+                post,
+                main_input: &self.main_input,
+                constants: &self.constants,
+                snapshot: &self.snapshot,
+                count_drop: &count_drop,
+                emit: &emit,
+            };
+            return c.process(&cx, frames);
         }
         let taken = Instant::now();
         for f in &frames {

@@ -9,6 +9,7 @@ mod errors;
 mod fleet;
 mod gpu;
 mod hardening;
+mod mqtt_acks;
 mod ota;
 mod outbox;
 mod outbox_model;

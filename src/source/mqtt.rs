@@ -139,7 +139,12 @@ impl Window {
     /// Hands the ready acknowledgements to the client, in order, and starts
     /// the durability wait that stored frames need.
     fn advance(&mut self, client: &AsyncClient) {
-        self.unsent.extend(self.acks.take_ready());
+        // An acknowledgement needs the packet id, not the payload.
+        self.unsent
+            .extend(self.acks.take_ready().into_iter().map(|mut p| {
+                p.payload = bytes::Bytes::new();
+                p
+            }));
         while let Some(p) = self.unsent.front() {
             if client.try_ack(p).is_err() {
                 break;
@@ -312,13 +317,13 @@ impl Source for MqttSource {
                 connected = finish(&ctx, &client, &mut eventloop, w).await;
             }
             if connected && client.try_disconnect().is_ok() {
-                // Bounded: a broker that stopped answering is simply left.
-                let _ = tokio::time::timeout(Duration::from_millis(500), async {
-                    while let Ok(ev) = eventloop.poll().await {
-                        if matches!(ev, Event::Outgoing(Outgoing::Disconnect)) {
-                            break;
-                        }
-                    }
+                // Read on until the broker closes the connection after our
+                // DISCONNECT: closing it ourselves with its messages unread
+                // resets it, and the broker may then lose the last
+                // acknowledgements (seen with mosquitto 2.0.11). Bounded: a
+                // broker that stopped answering is simply left.
+                let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                    while eventloop.poll().await.is_ok() {}
                 })
                 .await;
             }

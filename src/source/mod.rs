@@ -7,6 +7,7 @@ pub mod camera;
 pub mod framing;
 pub mod http;
 pub mod mqtt;
+mod qos1;
 pub mod replay;
 pub mod udp;
 pub mod unix;

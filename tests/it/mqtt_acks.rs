@@ -456,3 +456,48 @@ fn qos1_frames_acknowledged_before_their_records_were_durable() {
     assert_eq!(t.lost, 0, "confirmed frames without a record: {t:?}");
     acknowledged_on_stop(&t);
 }
+
+/// With `when_full` set in the config, dropping is the config's choice: a
+/// frame dropped from the full queue is counted under its reason and
+/// acknowledged (answered as dropped, not left unanswered), so each
+/// confirmed frame is a record or a counted drop, once, and the broker
+/// sends none of them again after a restart.
+#[test]
+fn qos1_frames_dropped_by_an_explicit_policy_are_counted_and_acknowledged() {
+    const N: usize = 600;
+    let work = tempfile::tempdir().unwrap();
+    let broker = Broker::start(&work.path().join("mosquitto"), 20);
+    let cfg = config(
+        broker.port,
+        &Setup {
+            broker_inflight: 20,
+            max_inflight: outpost::source::DEFAULT_MAX_INFLIGHT,
+            pipeline: "when_full = \"drop_oldest\"",
+            outbox: "",
+        },
+    );
+    let mut d = Daemon::start(&cfg);
+    probe(&mut d, broker.port);
+    let dir = d.stop_keep_dir();
+    // Published while the daemon is down: a burst of 600 into a queue of 4.
+    let publisher = Publisher::start(broker.port, N);
+    publisher.wait_confirmed(N);
+    publisher.join();
+
+    let mut d = Daemon::start_in(&cfg, dir);
+    publish_one(broker.port, "site/end/vec");
+    wait_record(&mut d, "site/end/vec", Duration::from_secs(60));
+    // Nothing arrives after the last frame: no drop can follow.
+    let dropped = dropped_oldest(&d) as usize;
+    d.terminate();
+    let recorded = frames_in(&d.seen);
+    assert!(dropped > 0, "the burst never filled the queue");
+    assert_eq!(recorded + dropped, N, "{recorded} records, {dropped} drops");
+    let dir = std::mem::replace(&mut d.dir, tempfile::tempdir().unwrap());
+    drop(d);
+
+    let mut d = Daemon::start_in(&cfg, dir);
+    publish_one(broker.port, "site/end2/vec");
+    wait_record(&mut d, "site/end2/vec", Duration::from_secs(60));
+    assert_eq!(frames_in(&d.seen), 0, "frames came again after the restart");
+}

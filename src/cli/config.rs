@@ -64,10 +64,13 @@ listen = "127.0.0.1:1883"
 name = "vad"
 model = "silero_vad"
 priority = "realtime"
+# when_full: unset = "block" for a QoS 1 mqtt source, "drop_oldest" for the others.
 when_full = "block"
-# qos = 1: a persistent session (the broker keeps frames while the daemon restarts);
+# qos = 1: a persistent session (the broker keeps frames while the daemon restarts),
+# and a message is acknowledged only once its record is durable in the outbox;
+# max_inflight: QoS 1 messages held unacknowledged at most (then nothing more is read);
 # max_message_bytes: larger messages are counted (too_large) and dropped.
-source = { type = "mqtt", topics = ["site/+/audio"], qos = 1, stream = { topic_segment = 1 }, max_message_bytes = 16777216 }
+source = { type = "mqtt", topics = ["site/+/audio"], qos = 1, stream = { topic_segment = 1 }, max_inflight = 100, max_message_bytes = 16777216 }
 # Stream names come from the senders (here a topic segment): state is held for
 # at most max_streams of them (the least recently seen beyond that is evicted
 # and starts over if it comes back), and a stream not seen for stream_idle is

@@ -152,6 +152,13 @@ impl Commit {
 
     /// Blocks until every op issued before the call is durable.
     pub fn sync(&self) -> Result<(), OutboxError> {
+        self.wait_durable(true)
+    }
+
+    /// Blocks until every op issued before the call is durable, without
+    /// asking for an early commit (`early` = false): the next group commit
+    /// covers it, so many waiters cost no extra fsync.
+    pub fn wait_durable(&self, early: bool) -> Result<(), OutboxError> {
         let target = self.ops.load(Ordering::SeqCst);
         let mut st = lock(&self.state);
         if st.durable >= target {
@@ -161,8 +168,10 @@ impl Commit {
             return Err(OutboxError::Unavailable(b.reason.clone()));
         }
         let entered = st.started;
-        st.wake = true;
-        self.wake_flusher.notify_one();
+        if early {
+            st.wake = true;
+            self.wake_flusher.notify_one();
+        }
         loop {
             if st.durable >= target {
                 return Ok(());

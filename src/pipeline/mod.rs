@@ -54,8 +54,12 @@ pub struct PipelineConfig {
     /// Frames waiting for a worker, at most.
     #[serde(default = "default_queue")]
     pub queue: usize,
-    #[serde(default)]
-    pub when_full: WhenFull,
+    /// What a frame arriving at a full queue does; unset: `block` for a
+    /// QoS 1 mqtt source (the broker keeps what waits, nothing it was told
+    /// is stored is lost), `drop_oldest` for every other source. See
+    /// [`PipelineConfig::when_full`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when_full: Option<WhenFull>,
     /// Items run together when the model has a batch axis (1 = no batching).
     #[serde(default = "default_max_batch")]
     pub max_batch: usize,
@@ -103,6 +107,18 @@ fn default_stream_idle() -> Duration {
 }
 
 impl PipelineConfig {
+    /// The queue's policy: the configured one, else `block` for a QoS 1
+    /// mqtt source (its broker's in-flight window is the back-pressure, so
+    /// a restart's redelivery burst waits instead of being dropped), else
+    /// `drop_oldest`.
+    pub fn when_full(&self) -> WhenFull {
+        match (self.when_full, &self.source) {
+            (Some(w), _) => w,
+            (None, SourceConfig::Mqtt { qos: 1, .. }) => WhenFull::Block,
+            (None, _) => WhenFull::DropOldest,
+        }
+    }
+
     pub fn validate(&self, at: &str) -> Vec<String> {
         let mut p = Vec::new();
         if self.name.is_empty()
@@ -377,7 +393,7 @@ source = { type = "udp", listen = "127.0.0.1:9000" }
         )
         .unwrap();
         assert_eq!(
-            (c.queue, c.max_batch, c.priority, c.when_full),
+            (c.queue, c.max_batch, c.priority, c.when_full()),
             (256, 1, Priority::Normal, WhenFull::DropOldest)
         );
         assert_eq!(
@@ -397,5 +413,25 @@ source = { type = "udp", listen = "127.0.0.1:9000" }
         assert_eq!(problems.len(), 5, "{problems:?}");
         assert!(problems.contains(&"p.max_streams: must be at least 1".to_string()));
         assert!(problems.contains(&"p.stream_idle: must be longer than 0s".to_string()));
+    }
+
+    #[test]
+    fn a_qos1_mqtt_source_blocks_unless_the_config_says_otherwise() {
+        let cfg = |qos: u8, extra: &str| -> PipelineConfig {
+            toml::from_str(&format!(
+                "name = \"p\"\nmodel = \"m\"\n{extra}\nsource = {{ type = \"mqtt\", topics = [\"a\"], qos = {qos} }}\n"
+            ))
+            .unwrap()
+        };
+        assert_eq!(cfg(1, "").when_full(), WhenFull::Block);
+        assert_eq!(cfg(0, "").when_full(), WhenFull::DropOldest);
+        assert_eq!(
+            cfg(1, "when_full = \"drop_oldest\"").when_full(),
+            WhenFull::DropOldest
+        );
+        assert_eq!(
+            cfg(1, "when_full = \"drop_newest\"").when_full(),
+            WhenFull::DropNewest
+        );
     }
 }

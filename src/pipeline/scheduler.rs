@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use super::queue::{BoundedQueue, Offer};
 use super::realtime::RealtimeStats;
 use super::worker::Pipeline;
-use crate::source::{Frame, FrameSink};
+use crate::source::{Frame, FrameError, FrameErrorKind, FrameSink};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -185,7 +185,7 @@ impl Scheduler {
     pub fn new(pipelines: Vec<Arc<Pipeline>>) -> Scheduler {
         let queues = pipelines
             .iter()
-            .map(|p| BoundedQueue::new(p.cfg.queue, p.cfg.when_full))
+            .map(|p| BoundedQueue::new(p.cfg.queue, p.cfg.when_full()))
             .collect();
         let n = pipelines.len();
         Scheduler {
@@ -231,11 +231,14 @@ impl Scheduler {
         match offer {
             Offer::Queued => {}
             Offer::QueuedDroppedOldest(old) => {
-                p.count_drop(p.drop_oldest_reason(), &format!("stream {}", old.stream));
+                let reason = p.drop_oldest_reason();
+                p.count_drop(reason, &format!("stream {}", old.stream));
+                answer_dropped(old, reason);
             }
             Offer::Dropped(new) => {
                 p.count_drop("queue_full_drop_newest", &format!("stream {}", new.stream));
                 p.stats.frames_in.fetch_add(1, Ordering::Relaxed);
+                answer_dropped(new, "queue_full_drop_newest");
                 return Ok(());
             }
             Offer::Full(f) => return Err(f),
@@ -481,6 +484,18 @@ impl Scheduler {
                 }
             }
         }
+    }
+}
+
+/// Tells whoever waits for a frame that the queue's policy dropped it, so a
+/// source can tell that from a frame left unanswered by a stopping daemon
+/// (a QoS 1 source acknowledges the first, never the second).
+fn answer_dropped(frame: Frame, reason: &'static str) {
+    if let Some(tx) = frame.reply {
+        let _ = tx.send(Err(FrameError::new(
+            FrameErrorKind::Dropped,
+            format!("dropped from the full queue ({reason})"),
+        )));
     }
 }
 

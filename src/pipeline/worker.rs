@@ -120,7 +120,7 @@ impl Pipeline {
                 // Latest frame: the camera's own bound replaces the queue, and
                 // the oldest frame always makes room (counted `stale`).
                 cfg.queue = c.queue;
-                cfg.when_full = WhenFull::DropOldest;
+                cfg.when_full = Some(WhenFull::DropOldest);
                 if !matches!(
                     pre_cfg,
                     PreprocessConfig::Image { .. } | PreprocessConfig::Pyramid { .. }

@@ -71,7 +71,9 @@ impl InferError {
             InferError::Frame(e) => match e.kind {
                 FrameErrorKind::Malformed => StatusCode::UNPROCESSABLE_ENTITY,
                 FrameErrorKind::Engine | FrameErrorKind::Store => StatusCode::INTERNAL_SERVER_ERROR,
-                FrameErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+                FrameErrorKind::Unavailable | FrameErrorKind::Dropped => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
             },
             InferError::QueueFull | InferError::Stopping => StatusCode::SERVICE_UNAVAILABLE,
             InferError::Timeout => StatusCode::GATEWAY_TIMEOUT,
@@ -174,6 +176,7 @@ mod tests {
             f(FrameErrorKind::Unavailable),
             StatusCode::SERVICE_UNAVAILABLE
         );
+        assert_eq!(f(FrameErrorKind::Dropped), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(
             InferError::UnknownPipeline("p".into()).status(),
             StatusCode::NOT_FOUND

@@ -2,10 +2,12 @@
 //! each behind the [`Source`] trait, chosen by the closed [`SourceConfig`]
 //! enum (`type = "mqtt" | "udp" | "unix" | "http" | "watch" | "replay" | "camera"`).
 
+pub mod acks;
 pub mod camera;
 pub mod framing;
 pub mod http;
 pub mod mqtt;
+mod qos1;
 pub mod replay;
 pub mod udp;
 pub mod unix;
@@ -55,6 +57,9 @@ pub enum FrameErrorKind {
     Unavailable,
     /// The record cannot be stored, and waiting will not change that.
     Store,
+    /// Dropped from the pipeline's full queue by its `when_full` policy
+    /// (counted under that reason).
+    Dropped,
 }
 
 /// A frame's failure with its kind.
@@ -96,8 +101,10 @@ pub enum SourceConfig {
         topics: Vec<String>,
         /// 0 or 1. With 1 the session is persistent (a stable client id,
         /// clean_session = false): the broker keeps what is published while
-        /// the daemon restarts, and a message is acknowledged only once it
-        /// is in the pipeline's queue.
+        /// the daemon restarts, and a message is acknowledged only once its
+        /// records are durable in the outbox (or it gave none, or a policy
+        /// the config chose dropped it, counted). The pipeline's
+        /// `when_full` then defaults to `block`.
         #[serde(default)]
         qos: u8,
         /// How a message's stream is named.
@@ -107,6 +114,12 @@ pub enum SourceConfig {
         /// connection and the messages after them are kept.
         #[serde(default = "default_max_message_bytes")]
         max_message_bytes: usize,
+        /// QoS 1: messages held unacknowledged at most. At the bound the
+        /// source reads nothing more from the broker until acknowledgements
+        /// go out (the broker's own in-flight window is not relied on:
+        /// mosquitto 2.0 sends past it).
+        #[serde(default = "default_max_inflight")]
+        max_inflight: usize,
     },
     /// One frame per datagram.
     Udp {
@@ -195,6 +208,13 @@ fn default_max_message_bytes() -> usize {
     DEFAULT_MAX_MESSAGE_BYTES
 }
 
+/// Default `max_inflight` of a QoS 1 mqtt source.
+pub const DEFAULT_MAX_INFLIGHT: usize = 100;
+
+fn default_max_inflight() -> usize {
+    DEFAULT_MAX_INFLIGHT
+}
+
 /// How an MQTT message names its stream.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -246,6 +266,7 @@ impl SourceConfig {
                 topics,
                 qos,
                 max_message_bytes,
+                max_inflight,
                 ..
             } => {
                 if topics.is_empty() {
@@ -259,6 +280,10 @@ impl SourceConfig {
                         "{at}.max_message_bytes: {max_message_bytes} (1 to {})",
                         mqtt::MQTT_MAX_PACKET
                     ));
+                }
+                // Packet ids are 16 bits: no broker has more in flight.
+                if *max_inflight == 0 || *max_inflight > usize::from(u16::MAX) {
+                    p.push(format!("{at}.max_inflight: {max_inflight} (1 to 65535)"));
                 }
             }
             SourceConfig::Watch {
@@ -318,11 +343,13 @@ impl SourceConfig {
                 qos,
                 stream,
                 max_message_bytes,
+                max_inflight,
             } => Box::new(mqtt::MqttSource {
                 topics,
                 qos,
                 stream,
                 max_message_bytes,
+                max_inflight,
             }),
             SourceConfig::Udp {
                 listen,

@@ -13,15 +13,27 @@
 //!
 //! QoS 1 sources use a persistent session under a stable client id
 //! (`outpost-<device>-<pipeline>`), so the broker queues what is published
-//! while the daemon restarts, and acknowledge a message only once it is in
-//! the pipeline's queue.
+//! while the daemon restarts, and acknowledge a message only once nothing
+//! of it can be lost: its records are durable in the outbox (the regular
+//! group commit, no extra fsync), or it gave none, or a policy the config
+//! chose dropped it, counted (see [`super::acks`]). Unacknowledged
+//! messages are the back-pressure: the broker sends no more once its
+//! in-flight window is full of them (mosquitto's `max_inflight_messages`),
+//! and the source reads nothing more once it holds `max_inflight` of them
+//! (mosquitto 2.0.11 sends past its own window: after one PUBACK it sends
+//! a whole window more), so a redelivery burst after a restart waits
+//! instead of being dropped. On a stop the source takes no new message,
+//! acknowledges what the pipeline finishes within [`STOP_GRACE`], and
+//! leaves the rest to be sent again.
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use rumqttc::{AsyncClient, Event, MqttOptions, NetworkOptions, Packet, QoS};
+use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, NetworkOptions, Outgoing, Packet, QoS};
 use serde::{Deserialize, Serialize};
 
+use super::acks::Outcome;
+use super::qos1::{Window, wake_of};
 use super::{Frame, Source, SourceCtx, SourceError, StreamName};
 use crate::backoff::Backoff;
 
@@ -38,11 +50,18 @@ pub struct MqttSource {
     pub qos: u8,
     pub stream: StreamName,
     pub max_message_bytes: usize,
+    /// QoS 1: messages held unacknowledged at most.
+    pub max_inflight: usize,
 }
 
 /// The largest packet MQTT can carry (remaining length 268,435,455 plus
 /// the fixed header): what the client reads, so nothing can disconnect it.
 pub const MQTT_MAX_PACKET: usize = 268_435_455 + 5;
+
+/// How long a stopping QoS 1 source waits for the frames it handed in to
+/// be stored and acknowledged; what is left then is sent again by the
+/// broker at the next start.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Names a message's stream from its topic.
 pub fn stream_of(topic: &str, how: &StreamName) -> String {
@@ -76,83 +95,186 @@ impl Source for MqttSource {
         } else {
             QoS::AtMostOnce
         };
-        let (client, mut eventloop) = AsyncClient::new(opts, 64);
+        // Room for the acknowledgements of every frame held, so they
+        // rarely wait outside the client.
+        let (client, mut eventloop) = AsyncClient::new(opts, self.max_inflight.max(64));
         let mut net = NetworkOptions::new();
         // Frames are small and latency matters more than packet count.
         net.set_tcp_nodelay(true);
         eventloop.set_network_options(net);
         tracing::info!(pipeline = %ctx.pipeline, broker = %format!("{}:{}", broker.host, broker.port), topics = ?self.topics, persistent, "mqtt source");
         Ok(tokio::spawn(async move {
-            let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-            // Acknowledgements not yet handed to the client: its request
-            // queue is drained only by this loop's poll, so a full queue
-            // must not lose one (the broker would stop sending once its
-            // in-flight window fills with unacknowledged messages).
-            let mut unacked: std::collections::VecDeque<rumqttc::Publish> =
-                std::collections::VecDeque::new();
-            loop {
-                while let Some(p) = unacked.front() {
-                    if client.try_ack(p).is_err() {
-                        break;
-                    }
-                    unacked.pop_front();
-                }
-                let ev = tokio::select! {
-                    ev = eventloop.poll() => ev,
-                    _ = ctx.stopped() => {
-                        let _ = client.disconnect().await;
-                        return;
-                    }
-                };
-                match ev {
-                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        backoff.reset();
-                        for t in &self.topics {
-                            // The request is queued to the event loop; it cannot fail while the loop runs.
-                            let _ = client.subscribe(t.clone(), qos).await;
-                        }
-                        ctx.set_state("connected");
-                        tracing::info!(pipeline = %ctx.pipeline, "mqtt source connected and subscribed");
-                    }
-                    Ok(Event::Incoming(Packet::Publish(p))) => {
-                        if p.payload.len() > self.max_message_bytes {
-                            ctx.count_drop(
-                                "too_large",
-                                &format!(
-                                    "topic {}: {} bytes, over max_message_bytes {}",
-                                    p.topic,
-                                    p.payload.len(),
-                                    self.max_message_bytes
-                                ),
-                            );
-                        } else {
-                            let frame =
-                                Frame::new(stream_of(&p.topic, &self.stream), p.payload.clone());
+            let mut window = persistent.then(|| Window::new(ctx.outbox.clone()));
+            let mut connected = self
+                .run(&ctx, &client, &mut eventloop, &mut window, qos)
+                .await;
+            if let (true, Some(w)) = (connected, window.as_mut()) {
+                connected = finish(&ctx, &client, &mut eventloop, w).await;
+            }
+            if connected && client.try_disconnect().is_ok() {
+                // Read on until the broker closes the connection after our
+                // DISCONNECT: closing it ourselves with its messages unread
+                // resets it, and the broker may then lose the last
+                // acknowledgements (seen with mosquitto 2.0.11). Bounded: a
+                // broker that stopped answering is simply left.
+                let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                    while eventloop.poll().await.is_ok() {}
+                })
+                .await;
+            }
+        }))
+    }
+}
+
+impl MqttSource {
+    /// Reads messages until the daemon stops. Returns whether the
+    /// connection was up when it stopped (so acknowledgements can still go
+    /// out on it).
+    async fn run(
+        &self,
+        ctx: &SourceCtx,
+        client: &AsyncClient,
+        eventloop: &mut EventLoop,
+        window: &mut Option<Window>,
+        qos: QoS,
+    ) -> bool {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let pipeline = ctx.pipeline.as_str();
+        let mut up = false;
+        loop {
+            if let Some(w) = window.as_mut() {
+                w.advance(client);
+            }
+            // At the bound nothing more is read (TCP holds the broker back)
+            // until answers and commits free the window; the poll resumes
+            // to write their acknowledgements.
+            let full = window
+                .as_ref()
+                .is_some_and(|w| w.acks.len() >= self.max_inflight);
+            let ev = tokio::select! {
+                ev = eventloop.poll(), if !full => ev,
+                wake = wake_of(window) => {
+                    if let Some(w) = window.as_mut() {
+                        for (slot, p, _attempt) in w.apply(wake, pipeline, ctx.stopping()) {
+                            let frame = w.frame(slot, &p, stream_of(&p.topic, &self.stream));
                             if !ctx.submit(frame).await {
-                                // Not acknowledged: a persistent session gets it again.
-                                return;
+                                w.acks.answered(slot, Outcome::Hold, Instant::now());
+                                return up;
                             }
                         }
-                        if persistent && (!unacked.is_empty() || client.try_ack(&p).is_err()) {
-                            unacked.push_back(p);
+                    }
+                    continue;
+                }
+                _ = ctx.stopped() => return up,
+            };
+            match ev {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                    up = true;
+                    backoff.reset();
+                    for t in &self.topics {
+                        // The request is queued to the event loop; it cannot fail while the loop runs.
+                        let _ = client.subscribe(t.clone(), qos).await;
+                    }
+                    ctx.set_state("connected");
+                    tracing::info!(pipeline = %ctx.pipeline, "mqtt source connected and subscribed");
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    // Only a QoS 1 delivery has an acknowledgement to hold back.
+                    let w = window.as_mut().filter(|_| p.qos == QoS::AtLeastOnce);
+                    if p.payload.len() > self.max_message_bytes {
+                        ctx.count_drop(
+                            "too_large",
+                            &format!(
+                                "topic {}: {} bytes, over max_message_bytes {}",
+                                p.topic,
+                                p.payload.len(),
+                                self.max_message_bytes
+                            ),
+                        );
+                        // Dropped by the configured limit, counted: acknowledged in turn.
+                        if let Some(w) = w {
+                            w.acks.received_done(p);
+                        }
+                        continue;
+                    }
+                    match w {
+                        Some(w) => {
+                            let slot = w.acks.received(p.clone());
+                            let frame = w.frame(slot, &p, stream_of(&p.topic, &self.stream));
+                            if !ctx.submit(frame).await {
+                                // Not acknowledged: the broker sends it again.
+                                w.acks.answered(slot, Outcome::Hold, Instant::now());
+                                return up;
+                            }
+                        }
+                        None => {
+                            let frame = Frame::new(stream_of(&p.topic, &self.stream), p.payload);
+                            if !ctx.submit(frame).await {
+                                return up;
+                            }
                         }
                     }
-                    Ok(_) => {}
-                    Err(e) => {
-                        // The broker sends what was not acknowledged again
-                        // on the new connection, under new packet ids.
-                        unacked.clear();
-                        ctx.set_state("reconnecting");
-                        let delay = backoff.next_delay();
-                        tracing::warn!(pipeline = %ctx.pipeline, error = %e, retry_in = ?delay, "mqtt source connection failed");
-                        tokio::select! {
-                            _ = tokio::time::sleep(delay) => {}
-                            _ = ctx.stopped() => return,
-                        }
+                }
+                Ok(Event::Outgoing(Outgoing::PubAck(_))) => {
+                    if let Some(w) = window.as_mut() {
+                        w.written += 1;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    up = false;
+                    if let Some(w) = window.as_mut() {
+                        w.connection_lost(pipeline);
+                    }
+                    ctx.set_state("reconnecting");
+                    let delay = backoff.next_delay();
+                    tracing::warn!(pipeline = %ctx.pipeline, error = %e, retry_in = ?delay, "mqtt source connection failed");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = ctx.stopped() => return false,
                     }
                 }
             }
-        }))
+        }
+    }
+}
+
+/// The stop of a QoS 1 source: no new message is taken (the broker sends
+/// them again), the frames already handed in are finished, and their
+/// acknowledgements written, for at most [`STOP_GRACE`]. Returns whether
+/// the connection is still up.
+async fn finish(
+    ctx: &SourceCtx,
+    client: &AsyncClient,
+    eventloop: &mut EventLoop,
+    w: &mut Window,
+) -> bool {
+    let pipeline = ctx.pipeline.as_str();
+    w.acks.stop();
+    let deadline = tokio::time::Instant::now() + STOP_GRACE;
+    loop {
+        w.advance(client);
+        if w.settled() {
+            return true;
+        }
+        tokio::select! {
+            ev = eventloop.poll() => match ev {
+                Ok(Event::Outgoing(Outgoing::PubAck(_))) => w.written += 1,
+                // A message that comes now is not taken: never acknowledged.
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::info!(pipeline, error = %e, "mqtt source: connection ended while stopping; the broker sends the unacknowledged frames again");
+                    return false;
+                }
+            },
+            wake = w.wake() => {
+                w.apply(wake, pipeline, true);
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                tracing::warn!(pipeline, unacknowledged = w.acks.len(), "mqtt source: stopping before every frame was stored; the broker sends the rest again");
+                return true;
+            }
+        }
     }
 }
 

@@ -207,8 +207,13 @@ impl Source for WatchSource {
                                 tracing::warn!(file = %path.display(), error = %e, "cannot move to done/");
                             }
                         }
-                        Err(reason) if reason.kind == FrameErrorKind::Unavailable => {
-                            // Outbox full or disk full: the file waits for a later scan.
+                        Err(reason)
+                            if matches!(
+                                reason.kind,
+                                FrameErrorKind::Unavailable | FrameErrorKind::Dropped
+                            ) =>
+                        {
+                            // Outbox full, disk full or a full queue: the file waits for a later scan.
                             tracing::warn!(pipeline = %ctx.pipeline, file = %name, %reason, "file not stored now; it stays for a later scan");
                             continue;
                         }

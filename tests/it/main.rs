@@ -13,6 +13,7 @@ mod fleet;
 mod gpu;
 mod hardening;
 mod local_api;
+mod mqtt_acks;
 mod ota;
 mod outbox;
 mod outbox_model;

@@ -142,6 +142,23 @@ pub enum NpyError {
     },
 }
 
+/// Why tensors could not be put into one batch.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConcatError {
+    #[error("nothing to concatenate")]
+    Empty,
+    #[error("cannot batch {first} with {other}")]
+    Types {
+        first: &'static str,
+        other: &'static str,
+    },
+    #[error("axis {axis} is beyond a tensor of {ndim} dimensions")]
+    Axis { axis: usize, ndim: usize },
+    /// Shapes that differ off the batch axis (images of other sizes).
+    #[error("{0}")]
+    Shapes(#[from] ndarray::ShapeError),
+}
+
 impl Tensor {
     pub fn dtype(&self) -> DType {
         match self {
@@ -266,25 +283,25 @@ impl Tensor {
 
     /// Concatenates tensors of one type along axis 0 (micro-batching: items
     /// with a batch axis of 1 become one batch).
-    pub fn concat0(parts: &[&Tensor]) -> Result<Tensor, String> {
+    pub fn concat0(parts: &[&Tensor]) -> Result<Tensor, ConcatError> {
         Self::concat(parts, 0)
     }
 
     /// Concatenates tensors of one type along `axis` (stateful batching:
     /// silero's state is [2, batch, 128], batched on axis 1).
-    pub fn concat(parts: &[&Tensor], axis: usize) -> Result<Tensor, String> {
-        fn cat<T: Clone>(v: Vec<&ArrayD<T>>, axis: usize) -> Result<ArrayD<T>, String> {
+    pub fn concat(parts: &[&Tensor], axis: usize) -> Result<Tensor, ConcatError> {
+        fn cat<T: Clone>(v: Vec<&ArrayD<T>>, axis: usize) -> Result<ArrayD<T>, ConcatError> {
             if let Some(a) = v.iter().find(|a| axis >= a.ndim()) {
-                return Err(format!(
-                    "axis {axis} is beyond a tensor of {} dimensions",
-                    a.ndim()
-                ));
+                return Err(ConcatError::Axis {
+                    axis,
+                    ndim: a.ndim(),
+                });
             }
             let views: Vec<_> = v.iter().map(|a| a.view()).collect();
-            ndarray::concatenate(ndarray::Axis(axis), &views).map_err(|e| e.to_string())
+            Ok(ndarray::concatenate(ndarray::Axis(axis), &views)?)
         }
         let Some(first) = parts.first() else {
-            return Err("nothing to concatenate".into());
+            return Err(ConcatError::Empty);
         };
         macro_rules! all {
             ($variant:ident) => {{
@@ -293,11 +310,10 @@ impl Tensor {
                     match p {
                         Tensor::$variant(a) => v.push(a),
                         other => {
-                            return Err(format!(
-                                "cannot batch {} with {}",
-                                first.dtype(),
-                                other.dtype()
-                            ));
+                            return Err(ConcatError::Types {
+                                first: first.dtype().as_str(),
+                                other: other.dtype().as_str(),
+                            });
                         }
                     }
                 }

@@ -244,7 +244,7 @@ pub fn run(cli: &super::Cli, cmd: &BundleCommand) -> anyhow::Result<()> {
                 },
                 bundle: offer,
             };
-            let env = command::seal(&k, &c).map_err(anyhow::Error::msg)?;
+            let env = command::seal(&k, &c)?;
             println!("{}", serde_json::to_string(&env)?);
             Ok(())
         }
@@ -269,8 +269,7 @@ pub fn sign_document(
             issued_ms: unix_ms_now(),
             bundles,
         },
-    )
-    .map_err(anyhow::Error::msg)?;
+    )?;
     Ok(serde_json::to_string(&env)?)
 }
 

@@ -50,13 +50,16 @@ pub fn parse_host(text: &str) -> Option<HostName> {
     Some(HostName::Name(host.to_ascii_lowercase()))
 }
 
-/// Checks one `api.allowed_hosts` entry; the problem in words.
-pub fn check_entry(entry: &str) -> Result<(), String> {
+/// An `api.allowed_hosts` entry that is not a host.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a host name or address (with an optional :port; no scheme, no path)")]
+pub struct NotAHost(pub String);
+
+/// Checks one `api.allowed_hosts` entry.
+pub fn check_entry(entry: &str) -> Result<(), NotAHost> {
     match parse_host(entry) {
         Some(_) => Ok(()),
-        None => Err(format!(
-            "`{entry}` is not a host name or address (with an optional :port; no scheme, no path)"
-        )),
+        None => Err(NotAHost(entry.to_string())),
     }
 }
 

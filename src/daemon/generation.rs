@@ -244,8 +244,7 @@ impl Core {
                 None => {
                     let l = cfg.embedded_broker.listen;
                     if self.broker_started.is_none() {
-                        start_embedded_broker(&cfg.embedded_broker)
-                            .map_err(|e| anyhow::anyhow!(e))?;
+                        start_embedded_broker(&cfg.embedded_broker)?;
                         self.broker_started = Some(l);
                     } else if self.broker_started != Some(l) {
                         tracing::warn!(

@@ -64,7 +64,7 @@ impl crate::ota::host::ModelHost for DaemonModelHost {
             .collect();
         let mut previous = None;
         for p in users {
-            previous = Some(p.swap_model(model.clone())?);
+            previous = Some(p.swap_model(model.clone()).map_err(|e| e.to_string())?);
         }
         Ok(previous)
     }

@@ -98,7 +98,8 @@ impl StreamStates {
                 .iter()
                 .filter_map(|s| self.streams.get(*s).and_then(|st| st.get(k)))
                 .collect();
-            batched.push(Tensor::concat(&parts, *axis).map_err(RunError::Engine)?);
+            batched
+                .push(Tensor::concat(&parts, *axis).map_err(|e| RunError::Engine(e.to_string()))?);
         }
         let mut all: Vec<(&str, &Tensor)> = inputs.to_vec();
         for (p, t) in pairs.iter().zip(batched.iter()) {

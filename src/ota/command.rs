@@ -121,8 +121,8 @@ impl CommandError {
 }
 
 /// Signs a command (fleet side; `outpost bundle command`).
-pub fn seal(key: &ed25519_dalek::SigningKey, c: &Command) -> Result<Envelope, String> {
-    let text = serde_json::to_string(c).map_err(|e| e.to_string())?;
+pub fn seal(key: &ed25519_dalek::SigningKey, c: &Command) -> Result<Envelope, serde_json::Error> {
+    let text = serde_json::to_string(c)?;
     let digest: [u8; 32] = Sha256::digest(text.as_bytes()).into();
     Ok(Envelope {
         signature: sign::sign_digest_in(sign::COMMAND_CONTEXT, key, &digest),

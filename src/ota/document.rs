@@ -141,8 +141,8 @@ impl DocumentError {
 }
 
 /// Signs a document (fleet side): `issued_ms` and the entries.
-pub fn seal(key: &SigningKey, doc: &SignedDocument) -> Result<Envelope, String> {
-    let text = serde_json::to_string(doc).map_err(|e| e.to_string())?;
+pub fn seal(key: &SigningKey, doc: &SignedDocument) -> Result<Envelope, serde_json::Error> {
+    let text = serde_json::to_string(doc)?;
     let digest: [u8; 32] = Sha256::digest(text.as_bytes()).into();
     Ok(Envelope {
         signature: sign::sign_digest_in(MANIFEST_CONTEXT, key, &digest),

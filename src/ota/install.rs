@@ -66,6 +66,27 @@ pub struct Layout {
     pub model_dir: PathBuf,
 }
 
+/// Why a version could not be staged, kept or linked.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Bundle(#[from] super::bundle::BundleError),
+    #[error("the bundle holds no `{0}` binary")]
+    NoBinary(&'static str),
+}
+
+/// An I/O error with what was being done to which path.
+pub(crate) fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> InstallError {
+    let path = path.display().to_string();
+    move |source| InstallError::Io { what, path, source }
+}
+
 impl Layout {
     pub fn new(data_dir: &Path, model_dir: &Path) -> Layout {
         Layout {
@@ -120,7 +141,7 @@ impl Layout {
     }
 
     /// Moves a complete, fsynced staging folder into `ota/models/`.
-    pub fn stage(&self, bundle: &Path, name: &str, version: &str) -> Result<PathBuf, String> {
+    pub fn stage(&self, bundle: &Path, name: &str, version: &str) -> Result<PathBuf, InstallError> {
         let staging = self.staging(name, version);
         let dest = self.version_dir(name, version);
         // Leftovers of an earlier attempt are incomplete or unverified.
@@ -128,21 +149,21 @@ impl Layout {
         if dest.exists() {
             // A previous attempt completed the folder: it is complete by
             // construction, but redo it so its files are this bundle's.
-            std::fs::remove_dir_all(&dest).map_err(|e| format!("{}: {e}", dest.display()))?;
+            std::fs::remove_dir_all(&dest).map_err(io("removing", &dest))?;
         }
-        super::bundle::unpack(bundle, &staging.join(name)).map_err(|e| e.to_string())?;
-        fsync_dir(&staging).map_err(|e| format!("{}: {e}", staging.display()))?;
+        super::bundle::unpack(bundle, &staging.join(name))?;
+        fsync_dir(&staging).map_err(io("syncing", &staging))?;
         let parent = dest.parent().unwrap_or(&self.root);
-        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
-        std::fs::rename(&staging, &dest).map_err(|e| format!("{}: {e}", dest.display()))?;
-        fsync_dir(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        std::fs::create_dir_all(parent).map_err(io("creating", parent))?;
+        std::fs::rename(&staging, &dest).map_err(io("renaming to", &dest))?;
+        fsync_dir(parent).map_err(io("syncing", parent))?;
         Ok(dest)
     }
 
     /// Copies the folder `<model_dir>/<name>` holds now to
     /// `ota/models/<name>@<version>` (once), so the previous version is kept
     /// whatever `<model_dir>/<name>` was.
-    fn keep_current(&self, name: &str) -> Result<Option<String>, String> {
+    fn keep_current(&self, name: &str) -> Result<Option<String>, InstallError> {
         let Some(version) = self.linked_version(name) else {
             return Ok(None);
         };
@@ -153,26 +174,25 @@ impl Layout {
         let src = self.link(name);
         let tmp = self.staging(name, &format!("{version}.keep"));
         let _ = std::fs::remove_dir_all(&tmp);
-        copy_dir(&src, &tmp.join(name)).map_err(|e| format!("copying {}: {e}", src.display()))?;
+        copy_dir(&src, &tmp.join(name)).map_err(io("copying", &src))?;
         let parent = dest.parent().unwrap_or(&self.root);
-        std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
-        std::fs::rename(&tmp, &dest).map_err(|e| format!("{}: {e}", dest.display()))?;
-        fsync_dir(parent).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(parent).map_err(io("creating", parent))?;
+        std::fs::rename(&tmp, &dest).map_err(io("renaming to", &dest))?;
+        fsync_dir(parent).map_err(io("syncing", parent))?;
         Ok(Some(version))
     }
 
     /// Points `<model_dir>/<name>` at `ota/models/<name>@<version>`
     /// atomically. Returns the version it held before.
-    pub fn switch(&self, name: &str, version: &str) -> Result<Option<String>, String> {
+    pub fn switch(&self, name: &str, version: &str) -> Result<Option<String>, InstallError> {
         let previous = self.keep_current(name)?;
         let target = self.model_path(name, version);
-        let target =
-            std::fs::canonicalize(&target).map_err(|e| format!("{}: {e}", target.display()))?;
+        let target = std::fs::canonicalize(&target).map_err(io("resolving", &target))?;
         let link = self.link(name);
         let tmp = self.model_dir.join(format!(".{name}.ota-link"));
         let _ = std::fs::remove_file(&tmp);
         let _ = std::fs::remove_dir_all(&tmp);
-        std::os::unix::fs::symlink(&target, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::os::unix::fs::symlink(&target, &tmp).map_err(io("linking", &tmp))?;
         let is_real_dir = std::fs::symlink_metadata(&link).is_ok_and(|m| m.is_dir());
         if is_real_dir {
             // rename(2) cannot put a symlink over a folder; trade places.
@@ -183,14 +203,14 @@ impl Layout {
                 &link,
                 rustix::fs::RenameFlags::EXCHANGE,
             )
-            .map_err(|e| format!("exchanging {} and {}: {e}", tmp.display(), link.display()))?;
-            fsync_dir(&self.model_dir).map_err(|e| e.to_string())?;
+            .map_err(|e| io("exchanging it with", &link)(e.into()))?;
+            fsync_dir(&self.model_dir).map_err(io("syncing", &self.model_dir))?;
             // `tmp` is now the old folder, already kept under ota/models.
             let _ = std::fs::remove_dir_all(&tmp);
         } else {
-            std::fs::rename(&tmp, &link).map_err(|e| format!("{}: {e}", link.display()))?;
+            std::fs::rename(&tmp, &link).map_err(io("renaming to", &link))?;
         }
-        fsync_dir(&self.model_dir).map_err(|e| e.to_string())?;
+        fsync_dir(&self.model_dir).map_err(io("syncing", &self.model_dir))?;
         Ok(previous)
     }
 

@@ -22,6 +22,7 @@
 //! code 75 (the unit restarts it). Every file changes atomically, so a crash
 //! at any point leaves either the old or the new binary to start.
 
+use super::install::{InstallError, io};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -246,25 +247,25 @@ impl Slots {
 
     /// Unpacks a verified daemon bundle into `slot`: a complete, fsynced
     /// folder replaces the old one by rename(2).
-    pub fn stage(&self, bundle: &Path, slot: &str) -> Result<PathBuf, String> {
+    pub fn stage(&self, bundle: &Path, slot: &str) -> Result<PathBuf, InstallError> {
         let staging = self.root.join(format!(".staging-{slot}"));
         let _ = std::fs::remove_dir_all(&staging);
-        std::fs::create_dir_all(&self.root).map_err(|e| format!("{}: {e}", self.root.display()))?;
-        let m = super::bundle::unpack(bundle, &staging).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(&self.root).map_err(io("creating", &self.root))?;
+        let m = super::bundle::unpack(bundle, &staging)?;
         let bin = staging.join(BIN);
         if m.kind != super::bundle::BundleKind::Daemon || !bin.is_file() {
             let _ = std::fs::remove_dir_all(&staging);
-            return Err(format!("the bundle holds no `{BIN}` binary"));
+            return Err(InstallError::NoBinary(BIN));
         }
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| format!("{}: {e}", bin.display()))?;
+            .map_err(io("making executable", &bin))?;
         let dest = self.root.join(slot);
         if dest.exists() {
-            std::fs::remove_dir_all(&dest).map_err(|e| format!("{}: {e}", dest.display()))?;
+            std::fs::remove_dir_all(&dest).map_err(io("removing", &dest))?;
         }
-        std::fs::rename(&staging, &dest).map_err(|e| format!("{}: {e}", dest.display()))?;
-        fsync_dir(&self.root).map_err(|e| format!("{}: {e}", self.root.display()))?;
+        std::fs::rename(&staging, &dest).map_err(io("renaming to", &dest))?;
+        fsync_dir(&self.root).map_err(io("syncing", &self.root))?;
         Ok(dest)
     }
 }

@@ -63,7 +63,10 @@ pub struct PipelineConfig {
     /// Items run together when the model has a batch axis (1 = no batching).
     #[serde(default = "default_max_batch")]
     pub max_batch: usize,
-    /// How long a worker waits for a batch to fill.
+    /// How long a worker waits for a batch to fill. By default it never
+    /// waits: a worker that comes free runs what is queued (up to
+    /// `max_batch`) at once, as Triton's dynamic batcher with no queue delay
+    /// does, so batching costs an idle pipeline no latency.
     #[serde(default = "default_max_delay", with = "humantime_serde")]
     pub max_delay: Duration,
     /// Local consumers that get each record straight from the inference
@@ -95,7 +98,7 @@ fn default_max_batch() -> usize {
     1
 }
 fn default_max_delay() -> Duration {
-    Duration::from_millis(2)
+    Duration::ZERO
 }
 /// A few KiB of state each (silero VAD: ~4 KiB): some MiB per pipeline at most.
 pub const DEFAULT_MAX_STREAMS: usize = 4096;

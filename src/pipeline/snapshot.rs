@@ -58,7 +58,7 @@ impl Latest {
     }
 
     /// The latest frame with its boxes drawn, as JPEG; `None` before the first frame.
-    pub fn render(&self) -> Option<Result<Vec<u8>, String>> {
+    pub fn render(&self) -> Option<Result<Vec<u8>, SnapshotError>> {
         let pre = self.pre.as_ref()?;
         let (payload, raw, outputs) = self
             .slot
@@ -69,12 +69,20 @@ impl Latest {
             let mut img = match raw {
                 Some(raw) => raw.to_rgb(&payload),
                 None => decode_frame(&payload, pre),
-            }
-            .map_err(|e| e.to_string())?;
+            }?;
             draw(&mut img, &outputs);
-            jpeg(&img, 90)
+            Ok(jpeg(&img, 90)?)
         })())
     }
+}
+
+/// Why the latest frame could not be drawn.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("decoding the frame: {0}")]
+    Decode(#[from] crate::preprocess::DecodeError),
+    #[error("encoding the JPEG: {0}")]
+    Encode(#[from] image::ImageError),
 }
 
 fn four(v: &Value) -> Option<[f64; 4]> {
@@ -198,16 +206,14 @@ fn rect(img: &mut Rgb, r: [f64; 4]) {
 }
 
 /// JPEG of packed RGB at `quality`.
-pub fn jpeg(img: &Rgb, quality: u8) -> Result<Vec<u8>, String> {
+pub fn jpeg(img: &Rgb, quality: u8) -> Result<Vec<u8>, image::ImageError> {
     let mut out = Vec::new();
-    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, quality)
-        .write_image(
-            &img.pixels,
-            img.width,
-            img.height,
-            image::ExtendedColorType::Rgb8,
-        )
-        .map_err(|e| e.to_string())?;
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, quality).write_image(
+        &img.pixels,
+        img.width,
+        img.height,
+        image::ExtendedColorType::Rgb8,
+    )?;
     Ok(out)
 }
 

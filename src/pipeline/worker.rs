@@ -44,6 +44,15 @@ pub struct StreamsHeld {
     pub evicted_idle: u64,
 }
 
+/// A model that cannot take another's place in a pipeline.
+#[derive(Debug, thiserror::Error)]
+#[error("{new} cannot replace {old} in pipeline `{pipeline}`: inputs, outputs or state differ")]
+pub struct SwapError {
+    pub new: String,
+    pub old: String,
+    pub pipeline: String,
+}
+
 /// One item's outputs: (frame index, item meta, outputs, inference µs).
 type Inferred = (usize, ItemMeta, Vec<(String, Tensor)>, u64);
 
@@ -344,7 +353,7 @@ impl Pipeline {
 
     /// The latest frame with its boxes drawn, as JPEG; `None` before the
     /// first frame or for pipelines that take no images.
-    pub fn snapshot_jpeg(&self) -> Option<Result<Vec<u8>, String>> {
+    pub fn snapshot_jpeg(&self) -> Option<Result<Vec<u8>, super::snapshot::SnapshotError>> {
         self.snapshot.render()
     }
 
@@ -356,7 +365,7 @@ impl Pipeline {
     /// Replaces the model (OTA). The new one must take the same inputs and
     /// give the same outputs; stream state is reset (a new version's state
     /// is not the old one's). Returns the previous model.
-    pub fn swap_model(&self, new: Arc<LoadedModel>) -> Result<Arc<LoadedModel>, String> {
+    pub fn swap_model(&self, new: Arc<LoadedModel>) -> Result<Arc<LoadedModel>, SwapError> {
         let old = self.model();
         let sig = |m: &LoadedModel| {
             let io = |v: &[crate::model::manifest::ManifestIo]| {
@@ -371,12 +380,11 @@ impl Pipeline {
             )
         };
         if sig(&old) != sig(&new) {
-            return Err(format!(
-                "{} cannot replace {} in pipeline `{}`: inputs, outputs or state differ",
-                new.id(),
-                old.id(),
-                self.cfg.name
-            ));
+            return Err(SwapError {
+                new: new.id(),
+                old: old.id(),
+                pipeline: self.cfg.name.clone(),
+            });
         }
         let mut slot = self.model.write().unwrap_or_else(|p| p.into_inner());
         *lock(&self.states) = StreamStates::new();
@@ -739,7 +747,7 @@ impl Pipeline {
                 let batch = match Tensor::concat0(&parts) {
                     Ok(b) => b,
                     Err(e) => {
-                        fail(answers, "batch_error", e);
+                        fail(answers, "batch_error", e.to_string());
                         continue;
                     }
                 };
@@ -794,7 +802,7 @@ impl Pipeline {
         let batch = match Tensor::concat0(&parts) {
             Ok(b) => b,
             // Items of different shapes (e.g. images of other sizes without resize) cannot share a batch.
-            Err(e) => return fail(answers, "batch_error", e),
+            Err(e) => return fail(answers, "batch_error", e.to_string()),
         };
         let t0 = Instant::now();
         let out = model.run(&[(self.main_input.as_str(), &batch)]);

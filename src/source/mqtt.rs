@@ -324,12 +324,26 @@ fn default_port() -> u16 {
     1883
 }
 
+/// Why the embedded broker did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EmbeddedBrokerError {
+    #[error("embedded broker cannot listen on {listen}: {source}")]
+    Listen {
+        listen: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("embedded broker: cannot start its thread: {0}")]
+    Thread(std::io::Error),
+}
+
 /// Starts rumqttd on its own threads (it runs its own runtime). Fails when
 /// the address cannot be bound.
-pub fn start_embedded_broker(cfg: &EmbeddedBrokerConfig) -> Result<(), String> {
+pub fn start_embedded_broker(cfg: &EmbeddedBrokerConfig) -> Result<(), EmbeddedBrokerError> {
     // Probe the address first: rumqttd reports a bind failure only in its own thread.
-    std::net::TcpListener::bind(cfg.listen)
-        .map_err(|e| format!("embedded broker cannot listen on {}: {e}", cfg.listen))?;
+    std::net::TcpListener::bind(cfg.listen).map_err(|source| EmbeddedBrokerError::Listen {
+        listen: cfg.listen,
+        source,
+    })?;
     let server = rumqttd::ServerSettings {
         name: "v4-site".into(),
         listen: cfg.listen,
@@ -372,7 +386,7 @@ pub fn start_embedded_broker(cfg: &EmbeddedBrokerConfig) -> Result<(), String> {
                 tracing::error!(error = %e, "embedded MQTT broker stopped");
             }
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(EmbeddedBrokerError::Thread)?;
     tracing::info!(listen = %cfg.listen, "embedded MQTT broker started");
     Ok(())
 }

@@ -122,7 +122,9 @@ impl Agent {
         let layout = self.layout.clone();
         let bundle = layout.download(&o.sha256.to_ascii_lowercase());
         let r = Self::blocking(move || {
-            layout.stage(&bundle, &o.name, &o.version)?;
+            layout
+                .stage(&bundle, &o.name, &o.version)
+                .map_err(|e| e.to_string())?;
             let m = crate::model::manifest::Manifest::load(
                 &layout.model_path(&o.name, &o.version).join("manifest.toml"),
             )
@@ -219,7 +221,7 @@ impl Agent {
         let (name, version) = (o.name.clone(), o.version.clone());
         let fp = self.failpoint.clone();
         let r = Self::blocking(move || {
-            let prev = layout.switch(&name, &version)?;
+            let prev = layout.switch(&name, &version).map_err(|e| e.to_string())?;
             if fp.as_deref() == Some("switched") {
                 let _ = rustix::process::kill_process(
                     rustix::process::getpid(),

@@ -129,6 +129,7 @@ impl Agent {
             slots
                 .stage(&bundle, boot.inactive(running.as_deref()))
                 .map(|_| ())
+                .map_err(|e| e.to_string())
         })
         .await;
         match r {

@@ -13,7 +13,7 @@
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
 
-use super::url::{percent_decode, secret_key};
+use super::url::{percent_decode, redact_query, secret_key};
 use super::{CameraConfig, CameraUrl};
 
 const MASK: &str = "***";
@@ -238,21 +238,7 @@ fn scrub_urls(text: &str) -> String {
             out.push('@');
         }
         out.push_str(hostport);
-        match tail.split_once('?') {
-            Some((path, q)) => {
-                out.push_str(path);
-                out.push('?');
-                let q: Vec<String> = q
-                    .split('&')
-                    .map(|kv| match kv.split_once('=') {
-                        Some((k, _)) if secret_key(k) => format!("{k}={MASK}"),
-                        _ => kv.to_string(),
-                    })
-                    .collect();
-                out.push_str(&q.join("&"));
-            }
-            None => out.push_str(tail),
-        }
+        out.push_str(&redact_query(tail));
         last = end;
     }
     out.push_str(&text[last..]);

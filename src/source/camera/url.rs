@@ -240,7 +240,8 @@ pub(super) fn secret_key(k: &str) -> bool {
     .any(|s| k.contains(s))
 }
 
-fn redact_query(rest: &str) -> String {
+/// `rest` with the values of secret-named query parameters masked.
+pub(super) fn redact_query(rest: &str) -> String {
     let Some((head, q)) = rest.split_once('?') else {
         return rest.to_string();
     };

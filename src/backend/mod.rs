@@ -32,7 +32,7 @@ impl Provider {
     }
 
     /// Parses a comma-separated preference list such as `tensorrt,cuda,cpu`.
-    pub fn parse_list(s: &str) -> Result<Vec<Provider>, String> {
+    pub fn parse_list(s: &str) -> Result<Vec<Provider>, ProviderError> {
         let list: Vec<Provider> = s
             .split(',')
             .map(str::trim)
@@ -40,22 +40,29 @@ impl Provider {
             .map(str::parse)
             .collect::<Result<_, _>>()?;
         if list.is_empty() {
-            return Err("empty provider list (expected e.g. tensorrt,cuda,cpu)".into());
+            return Err(ProviderError::Empty);
         }
         Ok(list)
     }
 }
 
+/// A provider name or list that names no provider outpost has.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProviderError {
+    #[error("unknown execution provider `{0}` (expected tensorrt, cuda or cpu)")]
+    Unknown(String),
+    #[error("empty provider list (expected e.g. tensorrt,cuda,cpu)")]
+    Empty,
+}
+
 impl FromStr for Provider {
-    type Err = String;
+    type Err = ProviderError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.to_ascii_lowercase().as_str() {
             "tensorrt" | "trt" => Ok(Provider::Tensorrt),
             "cuda" => Ok(Provider::Cuda),
             "cpu" => Ok(Provider::Cpu),
-            other => Err(format!(
-                "unknown execution provider `{other}` (expected tensorrt, cuda or cpu)"
-            )),
+            other => Err(ProviderError::Unknown(other.to_string())),
         }
     }
 }

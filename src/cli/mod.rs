@@ -100,7 +100,7 @@ pub struct RunOpts {
 #[derive(Debug, Clone)]
 pub struct ProviderList(pub Vec<Provider>);
 
-fn parse_providers(s: &str) -> Result<ProviderList, String> {
+fn parse_providers(s: &str) -> Result<ProviderList, crate::backend::ProviderError> {
     Provider::parse_list(s).map(ProviderList)
 }
 

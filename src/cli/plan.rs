@@ -42,7 +42,7 @@ fn parse_precision(s: &str) -> Result<Precision, String> {
     s.parse()
 }
 
-fn parse_provider(s: &str) -> Result<Provider, String> {
+fn parse_provider(s: &str) -> Result<Provider, crate::backend::ProviderError> {
     s.parse()
 }
 

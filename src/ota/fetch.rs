@@ -20,6 +20,37 @@ pub struct Fetcher {
     policy: document::Policy,
 }
 
+/// Why the fetcher could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum FetcherError {
+    #[error("manifest_url: {0}")]
+    Url(<reqwest::Url as std::str::FromStr>::Err),
+    #[error("{path}: {source}")]
+    Ca {
+        path: String,
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("TLS: no CA certificate")]
+    NoCa,
+    #[error("TLS: {0}")]
+    Tls(rustls::Error),
+    /// The client's error with its causes, as reqwest words them.
+    #[error("HTTP client: {0}")]
+    Client(String),
+}
+
+/// An offer's URL that cannot be fetched.
+#[derive(Debug, thiserror::Error)]
+pub enum BadUrl {
+    #[error("bundle URL `{url}`: {source}")]
+    Parse {
+        url: String,
+        source: <reqwest::Url as std::str::FromStr>::Err,
+    },
+    #[error("bundle URL `{0}` is not http or https")]
+    Scheme(String),
+}
+
 /// Why a poll gave no offers.
 #[derive(Debug, thiserror::Error)]
 pub enum PollError {
@@ -42,16 +73,20 @@ fn chain(e: &dyn std::error::Error) -> String {
 
 /// The client's TLS settings. Built for plain http too: reqwest is built
 /// without a default crypto provider and wants one for every client.
-fn tls(ca: Option<&Path>, https: bool) -> Result<rustls::ClientConfig, String> {
+fn tls(ca: Option<&Path>, https: bool) -> Result<rustls::ClientConfig, FetcherError> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     match ca {
         Some(p) => {
+            let pem = |source| FetcherError::Ca {
+                path: p.display().to_string(),
+                source,
+            };
             let certs = CertificateDer::pem_file_iter(p)
-                .map_err(|e| format!("{}: {e}", p.display()))?
+                .map_err(pem)?
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("{}: {e}", p.display()))?;
+                .map_err(pem)?;
             roots.add_parsable_certificates(certs);
         }
         None => {
@@ -59,20 +94,24 @@ fn tls(ca: Option<&Path>, https: bool) -> Result<rustls::ClientConfig, String> {
         }
     }
     if roots.is_empty() && https {
-        return Err("TLS: no CA certificate".into());
+        return Err(FetcherError::NoCa);
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     Ok(rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
+        .map_err(FetcherError::Tls)?
         .with_root_certificates(roots)
         .with_no_client_auth())
 }
 
 impl Fetcher {
-    pub fn new(url: Option<&str>, ca: Option<&Path>, timeout: Duration) -> Result<Fetcher, String> {
+    pub fn new(
+        url: Option<&str>,
+        ca: Option<&Path>,
+        timeout: Duration,
+    ) -> Result<Fetcher, FetcherError> {
         let url = url
-            .map(|u| reqwest::Url::parse(u).map_err(|e| format!("manifest_url: {e}")))
+            .map(|u| reqwest::Url::parse(u).map_err(FetcherError::Url))
             .transpose()?;
         let https = url.as_ref().is_some_and(|u| u.scheme() == "https");
         // The timeout applies per read, not to a whole (possibly capped, long) download.
@@ -81,9 +120,7 @@ impl Fetcher {
             .read_timeout(timeout)
             .no_proxy()
             .tls_backend_preconfigured(tls(ca, https)?);
-        let client = b
-            .build()
-            .map_err(|e| format!("HTTP client: {}", chain(&e)))?;
+        let client = b.build().map_err(|e| FetcherError::Client(chain(&e)))?;
         Ok(Fetcher {
             client,
             url,
@@ -172,14 +209,17 @@ impl Fetcher {
 
     /// An offer's URL made absolute: against the manifest document's URL
     /// when there is one, else it must be absolute (http or https).
-    pub fn resolve(&self, mut o: Offer) -> Result<Offer, String> {
+    pub fn resolve(&self, mut o: Offer) -> Result<Offer, BadUrl> {
         let u = match &self.url {
             Some(base) => base.join(&o.url),
             None => reqwest::Url::parse(&o.url),
         }
-        .map_err(|e| format!("bundle URL `{}`: {e}", o.url))?;
+        .map_err(|e| BadUrl::Parse {
+            url: o.url.clone(),
+            source: e,
+        })?;
         if !matches!(u.scheme(), "http" | "https") {
-            return Err(format!("bundle URL `{u}` is not http or https"));
+            return Err(BadUrl::Scheme(u.to_string()));
         }
         o.url = u.to_string();
         Ok(o)

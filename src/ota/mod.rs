@@ -251,7 +251,7 @@ pub fn start(
         .map_err(|e| OtaError::Setup(e.to_string()))?;
     let mut fetcher =
         fetch::Fetcher::new(cfg.manifest_url.as_deref(), cfg.ca.as_deref(), cfg.timeout)
-            .map_err(OtaError::Setup)?;
+            .map_err(|e| OtaError::Setup(e.to_string()))?;
     fetcher.set_document_policy(
         trusted.clone(),
         cfg.require_signed_manifest,

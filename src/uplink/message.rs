@@ -46,16 +46,41 @@ pub struct Template {
     parts: Vec<Part>,
 }
 
+/// A topic template that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", match .what {
+    TemplateProblem::Empty => "the topic is empty".to_string(),
+    TemplateProblem::Wildcard => format!("`{}`: a publish topic cannot hold the wildcards + or #", .topic),
+    TemplateProblem::Unclosed => format!("`{}`: unclosed `{{`", .topic),
+    TemplateProblem::Stray => format!("`{}`: stray `}}`", .topic),
+    TemplateProblem::Unknown { name, known } => format!("`{}`: unknown placeholder `{{{name}}}` (known: {known})", .topic),
+})]
+pub struct TemplateError {
+    pub topic: String,
+    pub what: TemplateProblem,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplateProblem {
+    Empty,
+    Wildcard,
+    Unclosed,
+    Stray,
+    Unknown { name: String, known: String },
+}
+
 impl Template {
     /// Parses a template; `allowed` lists the placeholders it may use.
-    pub fn parse(s: &str, allowed: &[&str]) -> Result<Template, String> {
+    pub fn parse(s: &str, allowed: &[&str]) -> Result<Template, TemplateError> {
+        let bad = |what: TemplateProblem| TemplateError {
+            topic: s.to_string(),
+            what,
+        };
         if s.is_empty() {
-            return Err("the topic is empty".into());
+            return Err(bad(TemplateProblem::Empty));
         }
         if s.contains(['+', '#']) {
-            return Err(format!(
-                "`{s}`: a publish topic cannot hold the wildcards + or #"
-            ));
+            return Err(bad(TemplateProblem::Wildcard));
         }
         let mut parts = Vec::new();
         let mut rest = s;
@@ -64,18 +89,18 @@ impl Template {
                 parts.push(Part::Lit(rest[..open].to_string()));
             }
             let Some(close) = rest[open..].find('}') else {
-                return Err(format!("`{s}`: unclosed `{{`"));
+                return Err(bad(TemplateProblem::Unclosed));
             };
             let name = &rest[open + 1..open + close];
             if !allowed.contains(&name) {
-                return Err(format!(
-                    "`{s}`: unknown placeholder `{{{name}}}` (known: {})",
-                    allowed
+                return Err(bad(TemplateProblem::Unknown {
+                    name: name.to_string(),
+                    known: allowed
                         .iter()
                         .map(|a| format!("{{{a}}}"))
                         .collect::<Vec<_>>()
-                        .join(" ")
-                ));
+                        .join(" "),
+                }));
             }
             parts.push(match name {
                 "device" => Part::Device,
@@ -85,7 +110,7 @@ impl Template {
             rest = &rest[open + close + 1..];
         }
         if rest.contains('}') {
-            return Err(format!("`{s}`: stray `}}`"));
+            return Err(bad(TemplateProblem::Stray));
         }
         if !rest.is_empty() {
             parts.push(Part::Lit(rest.to_string()));
@@ -131,10 +156,15 @@ struct Head<'a> {
     pipeline: Option<Cow<'a, str>>,
 }
 
+/// Stored bytes that are not one JSON record.
+#[derive(Debug, thiserror::Error)]
+#[error("not a JSON record: {0}")]
+pub struct NotARecord(#[from] serde_json::Error);
+
 /// The record's pipeline name. Parsing also checks the bytes are one JSON
 /// value: a record that is not cannot go into a JSON array or CBOR.
-pub fn record_pipeline(record: &[u8]) -> Result<String, String> {
-    let h: Head = serde_json::from_slice(record).map_err(|e| format!("not a JSON record: {e}"))?;
+pub fn record_pipeline(record: &[u8]) -> Result<String, NotARecord> {
+    let h: Head = serde_json::from_slice(record).map_err(NotARecord)?;
     Ok(h.pipeline.map(|p| p.into_owned()).unwrap_or_default())
 }
 
@@ -262,7 +292,7 @@ impl Batcher {
             let pipeline = match record_pipeline(&e.record) {
                 Ok(p) => p,
                 Err(reason) => {
-                    built.rejected.push((e.key, reason));
+                    built.rejected.push((e.key, reason.to_string()));
                     continue;
                 }
             };

@@ -166,7 +166,11 @@ impl Agent {
         let folder = self.layout.model_path(&o.name, &o.version);
         let tol = self.cfg.check_tolerance;
         Some(
-            match Self::blocking(move || check::run(&model, &folder, tol)).await {
+            match Self::blocking(move || {
+                check::run(&model, &folder, tol).map_err(|e| e.to_string())
+            })
+            .await
+            {
                 Ok(n) => {
                     if n.is_none() {
                         tracing::warn!(bundle = %o.id(), "OTA: bundle has no check data; only the warm-up ran");

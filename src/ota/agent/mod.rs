@@ -395,7 +395,7 @@ impl Agent {
                                 .map(|b| b.version.clone())
                                 .unwrap_or_default(),
                             from: None,
-                            detail: Some(e),
+                            detail: Some(e.to_string()),
                         });
                         return false;
                     }

@@ -81,14 +81,15 @@ pub(super) fn spawn(
     } else {
         None
     };
-    let topic = Template::parse(&cfg.topic, TOPIC_VARS).map_err(UplinkError::Setup)?;
+    let topic =
+        Template::parse(&cfg.topic, TOPIC_VARS).map_err(|e| UplinkError::Setup(e.to_string()))?;
     let status_topic = Template::parse(&cfg.status_topic, STATUS_VARS)
-        .map_err(UplinkError::Setup)?
+        .map_err(|e| UplinkError::Setup(e.to_string()))?
         .render(device, "", "");
     let commands = match commands {
         Some(tx) if !cfg.command_topic.is_empty() => Some((
             Template::parse(&cfg.command_topic, STATUS_VARS)
-                .map_err(UplinkError::Setup)?
+                .map_err(|e| UplinkError::Setup(e.to_string()))?
                 .render(device, "", ""),
             tx,
         )),

@@ -132,7 +132,7 @@ impl Conn {
         };
         let cmd = match sparkplug::node_command(payload) {
             Ok(c) => c,
-            Err(why) => return ignored(&why),
+            Err(why) => return ignored(&why.to_string()),
         };
         for why in &cmd.ignored {
             ignored(why);

@@ -16,9 +16,14 @@ pub struct NodeCommand {
     pub ignored: Vec<String>,
 }
 
+/// An NCMD payload that is no Sparkplug B payload at all.
+#[derive(Debug, thiserror::Error)]
+#[error("not a Sparkplug B payload: {0}")]
+pub struct NotSparkplug(#[from] prost::DecodeError);
+
 /// Reads an NCMD payload; Err when it is no Sparkplug B payload at all.
-pub fn node_command(payload: &[u8]) -> Result<NodeCommand, String> {
-    let p = Payload::decode(payload).map_err(|e| format!("not a Sparkplug B payload: {e}"))?;
+pub fn node_command(payload: &[u8]) -> Result<NodeCommand, NotSparkplug> {
+    let p = Payload::decode(payload)?;
     let mut c = NodeCommand::default();
     for m in &p.metrics {
         match (m.name.as_deref(), &m.value) {

@@ -468,6 +468,12 @@ impl Pipeline {
     /// Processes frames taken together from the queue. Their streams are
     /// held (and seen) while they are processed.
     pub fn process(&self, frames: Vec<Frame>, worker: usize) {
+        // Only serial pipelines keep state per stream (see `forget`): the
+        // others run without touching the stream table, which keeps the
+        // stateless fast path free of its lock and lookups.
+        if !self.serial {
+            return self.run_frames(frames, worker);
+        }
         let mut names: Vec<std::sync::Arc<str>> = Vec::with_capacity(frames.len());
         for f in &frames {
             if !names.contains(&f.stream) {

@@ -26,8 +26,7 @@ impl Backoff {
 
     /// The ceiling of the next delay: `min * 2^(attempt+1)`, at most `max`.
     pub fn ceiling(&self) -> Duration {
-        let f = 1u32 << self.attempt.min(30).saturating_add(1).min(31);
-        self.min.saturating_mul(f).min(self.max)
+        doubled(self.min, self.max, self.attempt.saturating_add(1))
     }
 
     /// The next delay for a uniform draw `u` in `[0, 1)`; counts an attempt.
@@ -51,6 +50,13 @@ impl Backoff {
     pub fn attempts(&self) -> u32 {
         self.attempt
     }
+}
+
+/// `min * 2^n`, at most `max`: the deterministic doubling under every
+/// retry delay (the jittered [`Backoff`], and retries that must be exact,
+/// such as a QoS 1 frame handed in again).
+pub fn doubled(min: Duration, max: Duration, n: u32) -> Duration {
+    min.saturating_mul(1u32 << n.min(31)).min(max)
 }
 
 /// A uniform random delay in `[0, max]`: spreads periodic work (manifest

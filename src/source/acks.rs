@@ -109,8 +109,7 @@ pub const RETRY_MAX: Duration = Duration::from_secs(5);
 /// The delay after `attempt` failed tries (1, 2, ...): doubling from
 /// [`RETRY_FIRST`] up to [`RETRY_MAX`].
 pub fn retry_delay(attempt: u32) -> Duration {
-    let factor = 1u32 << attempt.saturating_sub(1).min(16);
-    RETRY_FIRST.saturating_mul(factor).min(RETRY_MAX)
+    crate::backoff::doubled(RETRY_FIRST, RETRY_MAX, attempt.saturating_sub(1))
 }
 
 impl<P> Default for Acks<P> {

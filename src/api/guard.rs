@@ -36,8 +36,8 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
@@ -46,6 +46,7 @@ use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::DescriptorEncoder;
 
 use crate::config::host::{HostName, parse_host};
+use crate::telemetry::logging::RateLimitedLog;
 use crate::telemetry::metrics::{MetricSource, counter};
 
 /// How often a refusal of one kind is logged.
@@ -120,8 +121,8 @@ pub struct Guard {
     /// The bearer token, when one is set.
     token: Option<Arc<String>>,
     stats: Arc<GuardStats>,
-    /// When each kind of refusal was last logged, and how many since.
-    log: Mutex<[(Option<Instant>, u64); 2]>,
+    /// One line per kind of refusal per [`LOG_EVERY`].
+    log: RateLimitedLog,
 }
 
 impl Guard {
@@ -140,7 +141,7 @@ impl Guard {
             listen,
             token,
             stats,
-            log: Mutex::new([(None, 0); 2]),
+            log: RateLimitedLog::new(LOG_EVERY),
         }
     }
 
@@ -212,23 +213,12 @@ impl Guard {
     }
 
     fn refused(&self, why: &Refusal) {
-        let (i, counter) = match why {
-            Refusal::Host(_) => (0, &self.stats.host),
-            Refusal::Origin(_) => (1, &self.stats.origin),
+        let (kind, counter) = match why {
+            Refusal::Host(_) => ("host", &self.stats.host),
+            Refusal::Origin(_) => ("origin", &self.stats.origin),
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        let due = {
-            let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
-            let (last, suppressed) = &mut log[i];
-            if last.is_some_and(|t| t.elapsed() < LOG_EVERY) {
-                *suppressed += 1;
-                None
-            } else {
-                *last = Some(Instant::now());
-                Some(std::mem::take(suppressed))
-            }
-        };
-        if let Some(suppressed) = due {
+        if let Some(suppressed) = self.log.allow(kind) {
             tracing::warn!(reason = %why, suppressed, "API: request refused");
         }
     }

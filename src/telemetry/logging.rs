@@ -85,6 +85,7 @@ pub fn init_with_default(format: LogFormat, default: &str) {
 }
 
 /// Logs at most once per interval per reason, with the count suppressed since.
+#[derive(Debug)]
 pub struct RateLimitedLog {
     every: Duration,
     last: Mutex<BTreeMap<&'static str, (Instant, u64)>>,

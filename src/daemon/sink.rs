@@ -77,3 +77,44 @@ impl EventSink for OutboxSink {
             .map_err(|e| EventError::Store(Box::new(e)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{Event, Events, IdGen};
+
+    #[test]
+    fn events_are_stored_in_the_outbox_under_their_stream_beside_results() {
+        let dir = tempfile::tempdir().unwrap();
+        let outbox = Outbox::open(dir.path(), Default::default()).unwrap();
+        let recent = Arc::new(RecentRecords::default());
+        let sink = Arc::new(OutboxSink {
+            outbox: outbox.clone(),
+            print: false,
+            recent: recent.clone(),
+        });
+        let events = Events {
+            ids: Arc::new(IdGen::new("gw".into(), 1)),
+            sink: sink.clone(),
+        };
+        events
+            .emit("gate", "gate", Event::camera_down("cam", "refused"))
+            .unwrap();
+        let status = serde_json::json!({"step": "installed"});
+        events.emit("ota", "ota", Event::ota(status)).unwrap();
+        let stored = outbox.pending(None, 10).unwrap();
+        assert_eq!(stored.len(), 2);
+        assert_eq!(stored[0].stream, "gate");
+        let first: serde_json::Value = serde_json::from_slice(&stored[0].record).unwrap();
+        assert_eq!(first["event"], "camera_down");
+        assert_eq!(first["error"], "refused");
+        assert_eq!(first["id"], "gw/1/1");
+        assert_eq!(stored[1].stream, "ota");
+        let second: serde_json::Value = serde_json::from_slice(&stored[1].record).unwrap();
+        assert_eq!(second["event"]["step"], "installed");
+        assert_eq!(second["pipeline"], "ota");
+        // The console's recent list shows results only.
+        assert!(recent.latest("gate", 10).is_empty());
+        assert!(recent.latest("ota", 10).is_empty());
+    }
+}

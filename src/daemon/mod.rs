@@ -1,16 +1,18 @@
 //! The daemon: builds everything a config describes, runs it, reloads it,
 //! stops it.
 //!
-//! Start order: ONNX Runtime -> models (loaded and warmed) -> outbox ->
-//! uplink -> pipelines and workers -> broker -> sources -> API; then READY
-//! to systemd, and `/readyz` answers 200.
+//! Start order: ONNX Runtime -> outbox -> models (loaded and warmed) ->
+//! pipelines (and the embedded broker, when one needs it) -> workers ->
+//! local outputs -> sources -> uplink -> OTA agent -> API; then READY to
+//! systemd, and `/readyz` answers 200.
 //!
 //! Reload (SIGHUP or `POST /v1/reload`): the new config is loaded and
 //! checked, its models loaded (unchanged ones are reused) and its pipelines
 //! built while the old ones keep serving; only then the old sources stop,
 //! the old workers finish every frame they took in, and the new generation
 //! starts. The outbox and the uplink are not touched, so nothing stored or
-//! in flight is lost. A config that fails to load leaves the old one running.
+//! in flight is lost. A config that fails to load leaves the old one
+//! running; one that fails to start gives way to the previous one again.
 //!
 //! Stop (SIGTERM, SIGINT): sources stop taking frames, workers finish every
 //! queued frame, the uplink stops, the outbox is flushed and fsynced.

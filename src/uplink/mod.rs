@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 
 use crate::outbox::Outbox;
 
@@ -371,12 +372,12 @@ pub struct Uplink {
 }
 
 /// Starts the uplink on the current tokio runtime; it drains `outbox` until
-/// `shutdown` turns true.
+/// `shutdown` is cancelled.
 pub fn start(
     cfg: &UplinkConfig,
     outbox: Outbox,
     device: &str,
-    shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) -> Result<Uplink, UplinkError> {
     start_with_commands(cfg, outbox, device, None, shutdown)
 }
@@ -390,7 +391,7 @@ pub fn start_with_commands(
     outbox: Outbox,
     device: &str,
     commands: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
-    shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) -> Result<Uplink, UplinkError> {
     let problems = cfg.validate();
     if !problems.is_empty() {
@@ -406,21 +407,15 @@ pub fn start_with_commands(
     Ok(Uplink { stats, task })
 }
 
-/// Sleeps `d` unless `shutdown` turns true first; true when it did.
-async fn sleep_or_stop(d: Duration, shutdown: &mut tokio::sync::watch::Receiver<bool>) -> bool {
-    if *shutdown.borrow() {
+/// Sleeps `d` unless `shutdown` is cancelled first; true when it was.
+async fn sleep_or_stop(d: Duration, shutdown: &CancellationToken) -> bool {
+    if shutdown.is_cancelled() {
         return true;
     }
     tokio::select! {
         _ = tokio::time::sleep(d) => false,
-        _ = stopped(shutdown) => true,
+        _ = shutdown.cancelled() => true,
     }
-}
-
-/// Resolves once `shutdown` is true (or its sender is gone). Holds no
-/// borrow of the channel when it returns, so it can sit in a `select!`.
-async fn stopped(shutdown: &mut tokio::sync::watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|s| *s).await;
 }
 
 #[cfg(test)]

@@ -19,7 +19,8 @@ use rumqttc::{
     AsyncClient, ConnectionError, Event, LastWill, MqttOptions, NetworkOptions, Outgoing, Packet,
     QoS, TlsConfiguration, Transport,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 mod sparkplug_conn;
 
@@ -28,9 +29,7 @@ use super::message::{Batcher, Message, Template};
 use super::pace::TokenBucket;
 use super::sparkplug::{self, Bounds, Session, Topics};
 use super::stats::UplinkStats;
-use super::{
-    MqttConfig, PayloadFormat, STATUS_VARS, TOPIC_VARS, UplinkError, sleep_or_stop, stopped, tls,
-};
+use super::{MqttConfig, PayloadFormat, STATUS_VARS, TOPIC_VARS, UplinkError, sleep_or_stop, tls};
 use crate::backoff::Backoff;
 use crate::outbox::{Key, Outbox};
 use crate::telemetry::logging::RateLimitedLog;
@@ -70,7 +69,7 @@ pub(super) fn spawn(
     device: &str,
     stats: Arc<UplinkStats>,
     commands: Option<mpsc::Sender<Vec<u8>>>,
-    shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, UplinkError> {
     let tls = if cfg.tls {
         Some(Arc::new(tls::client_config(
@@ -137,19 +136,19 @@ enum End {
     Lost { connected: bool, reason: String },
 }
 
-async fn run(ctx: Ctx, mut shutdown: watch::Receiver<bool>) {
+async fn run(ctx: Ctx, shutdown: CancellationToken) {
     let mut backoff = Backoff::new(ctx.cfg.backoff_min, ctx.cfg.backoff_max);
     let mut bucket = TokenBucket::new(ctx.cfg.max_bytes_per_s, Instant::now());
     let broker = format!("{}:{}", ctx.cfg.host, ctx.port());
     // Sparkplug's bdSeq: one more with every CONNECT (mod 256).
     let mut bd_seq: u64 = 0;
     loop {
-        if *shutdown.borrow() {
+        if shutdown.is_cancelled() {
             break;
         }
         let this = bd_seq;
         bd_seq = (bd_seq + 1) % 256;
-        match connection(&ctx, &mut bucket, &mut shutdown, this).await {
+        match connection(&ctx, &mut bucket, &shutdown, this).await {
             End::Stopped => break,
             End::Lost { connected, reason } => {
                 ctx.stats.set_connected(false);
@@ -164,7 +163,7 @@ async fn run(ctx: Ctx, mut shutdown: watch::Receiver<bool>) {
                 } else {
                     tracing::warn!(%broker, %reason, attempt = backoff.attempts(), retry_in = ?delay, "uplink: cannot connect to the fleet broker");
                 }
-                if sleep_or_stop(delay, &mut shutdown).await {
+                if sleep_or_stop(delay, &shutdown).await {
                     break;
                 }
             }
@@ -251,7 +250,7 @@ type Events = mpsc::Receiver<Result<Event, ConnectionError>>;
 async fn connection(
     ctx: &Ctx,
     bucket: &mut TokenBucket,
-    shutdown: &mut watch::Receiver<bool>,
+    shutdown: &CancellationToken,
     bd_seq: u64,
 ) -> End {
     // Room for every message in flight plus what can go past the window:
@@ -310,7 +309,7 @@ async fn connection(
             }
             _ = notify.notified(), if idle => c.caught_up = false,
             _ = tokio::time::sleep(rate_wait.unwrap_or_default()), if rate_wait.is_some() => {}
-            _ = stopped(shutdown) => return c.close(ctx, &client, &mut rx).await,
+            _ = shutdown.cancelled() => return c.close(ctx, &client, &mut rx).await,
         }
     }
 }

@@ -356,6 +356,14 @@ pub(super) struct Prepared {
     reserved_fds: u64,
 }
 
+impl Prepared {
+    /// Per-stream hook state of the stopped generation's unchanged pipelines
+    /// carries over; the others' streams end.
+    pub(super) fn adopt_streams(&self, old: &Scheduler) {
+        self.scheduler.adopt_streams(old);
+    }
+}
+
 async fn join_workers(workers: Vec<std::thread::JoinHandle<()>>) {
     let _ = tokio::task::spawn_blocking(move || {
         for h in workers {

@@ -376,7 +376,9 @@ async fn run_async(
                 // sources stop, the old workers finish what they hold, and the
                 // new generation takes over the addresses.
                 let old = std::mem::replace(&mut generation, Generation::empty());
+                let previous = old.scheduler.clone();
                 old.stop().await;
+                prepared.adopt_streams(&previous);
                 match core.launch(prepared).await {
                     Ok(g) => {
                         generation = g;

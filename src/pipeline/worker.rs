@@ -525,4 +525,6 @@ impl Pipeline {
 }
 
 #[cfg(test)]
+pub(crate) mod testkit;
+#[cfg(test)]
 mod tests;

@@ -580,3 +580,6 @@ mod tests {
         assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
     }
 }
+
+#[cfg(test)]
+mod engine_tests;

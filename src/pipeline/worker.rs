@@ -525,6 +525,8 @@ impl Pipeline {
 }
 
 #[cfg(test)]
+mod cascade_tests;
+#[cfg(test)]
 pub(crate) mod testkit;
 #[cfg(test)]
 mod tests;

@@ -137,23 +137,44 @@ pub fn rig_with(
     answer: Answer,
     hook: Option<Box<dyn DynStreamHook>>,
 ) -> Rig {
-    let (model, runs) = model(manifest, answer);
     let sink = Arc::new(Sink::default());
-    let pipeline = Pipeline::build(
-        config(pipeline_extra),
-        model,
-        std::path::Path::new("."),
-        1,
-        sink.clone(),
-        Arc::new(IdGen::new("gw".into(), 1)),
+    let (pipeline, runs) = build(
+        manifest,
+        &config(pipeline_extra),
+        answer,
         hook,
-    )
-    .unwrap();
+        sink.clone(),
+        1,
+    );
     Rig {
         pipeline,
         sink,
         runs,
     }
+}
+
+/// A pipeline of `cfg` on a fake model, storing into `sink`, for a pool of
+/// `workers`; and the batch size of each run of its model.
+pub fn build(
+    manifest: &str,
+    cfg: &PipelineConfig,
+    answer: Answer,
+    hook: Option<Box<dyn DynStreamHook>>,
+    sink: Arc<dyn RecordSink>,
+    workers: usize,
+) -> (Pipeline, Arc<Mutex<Vec<usize>>>) {
+    let (model, runs) = model(manifest, answer);
+    let pipeline = Pipeline::build(
+        cfg.clone(),
+        model,
+        std::path::Path::new("."),
+        workers,
+        sink,
+        Arc::new(IdGen::new("gw".into(), 1)),
+        hook,
+    )
+    .unwrap();
+    (pipeline, runs)
 }
 
 pub fn input(inputs: &[(&str, &Tensor)], name: &str) -> ndarray::ArrayD<f32> {

@@ -332,6 +332,14 @@ pub(super) struct Prepared {
     reserved_fds: u64,
 }
 
+impl Prepared {
+    /// Per-stream hook state of the stopped generation's unchanged pipelines
+    /// carries over; the others' streams end.
+    pub(super) fn adopt_streams(&self, old: &Scheduler) {
+        self.scheduler.adopt_streams(old);
+    }
+}
+
 async fn join_workers(workers: Vec<std::thread::JoinHandle<()>>) {
     let _ = tokio::task::spawn_blocking(move || {
         for h in workers {
@@ -355,8 +363,9 @@ impl Generation {
     }
 
     /// Stops the sources, then lets the workers finish every queued frame,
-    /// then stops the local outputs.
-    pub(super) async fn stop(self) {
+    /// then stops the local outputs. Gives back the stopped scheduler, whose
+    /// per-stream hook state the next generation may take over.
+    pub(super) async fn stop(self) -> Scheduler {
         self.stop.sources.cancel();
         for t in self.tasks {
             let _ = t.await;
@@ -367,5 +376,6 @@ impl Generation {
         for t in self.outputs {
             let _ = t.await;
         }
+        self.scheduler
     }
 }

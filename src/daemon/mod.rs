@@ -246,7 +246,10 @@ impl Daemon {
         tracing::info!("stopping: sources first, then the queued frames, then the outbox");
         notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
         self.ready.store(false, Ordering::SeqCst);
-        self.generation.stop().await;
+        // Nothing takes the per-stream state over: its streams end here and
+        // their last events are stored before the outbox closes.
+        let stopped = self.generation.stop().await;
+        let _ = tokio::task::spawn_blocking(move || stopped.close_streams()).await;
         self.core.lifecycle.stop();
         let _ = self.api.await;
         if let Some(up) = self.uplink {

@@ -84,7 +84,7 @@ impl crate::ota::host::ModelHost for DaemonModelHost {
             .filter(|p| p.model().manifest.name == name)
         {
             h.runs += crate::pipeline::PipelineStats::get(&p.stats.batches);
-            h.errors += p.stats.drops().get("inference_error").copied().unwrap_or(0);
+            h.errors += p.stats.drop_count(crate::pipeline::DropReason::Inference);
             if let Some(v) = p.stats.inference_us.summary().p99_us {
                 h.p99_us = Some(h.p99_us.map_or(v, |x| x.max(v)));
             }

@@ -139,10 +139,15 @@ pub(super) trait Generations {
     /// A generation built (models loaded and warm) but not started.
     type Built;
     type Running;
+    /// What a stopped generation leaves for the next (per-stream state).
+    type Stopped;
     async fn build(&mut self, cfg: &Config) -> Result<Self::Built, GenerationError>;
     async fn start(&mut self, built: Self::Built) -> Result<Self::Running, GenerationError>;
     /// Sources first, then every queued frame, then the outputs.
-    async fn stop(&mut self, running: Self::Running);
+    async fn stop(&mut self, running: Self::Running) -> Self::Stopped;
+    /// A built generation takes over what the stopped one left (per-stream
+    /// state of the pipelines whose config did not change).
+    fn adopt(&mut self, built: &Self::Built, stopped: &Self::Stopped);
     /// Nothing running.
     fn none(&self) -> Self::Running;
 }
@@ -178,7 +183,8 @@ pub(super) async fn switch<G: Generations>(
         }
     };
     let old = std::mem::replace(running, g.none());
-    g.stop(old).await;
+    let stopped = g.stop(old).await;
+    g.adopt(&built, &stopped);
     match g.start(built).await {
         Ok(r) => {
             *running = r;
@@ -205,6 +211,7 @@ pub(super) async fn switch<G: Generations>(
 impl Generations for Core {
     type Built = Prepared;
     type Running = Generation;
+    type Stopped = crate::pipeline::Scheduler;
 
     async fn build(&mut self, cfg: &Config) -> Result<Prepared, GenerationError> {
         self.prepare(cfg).await
@@ -214,8 +221,12 @@ impl Generations for Core {
         self.launch(built).await
     }
 
-    async fn stop(&mut self, running: Generation) {
-        running.stop().await;
+    async fn stop(&mut self, running: Generation) -> crate::pipeline::Scheduler {
+        running.stop().await
+    }
+
+    fn adopt(&mut self, built: &Prepared, stopped: &crate::pipeline::Scheduler) {
+        built.adopt_streams(stopped);
     }
 
     fn none(&self) -> Generation {
@@ -248,6 +259,7 @@ mod tests {
     impl Generations for Fake {
         type Built = String;
         type Running = String;
+        type Stopped = ();
 
         async fn build(&mut self, cfg: &Config) -> Result<String, GenerationError> {
             let name = cfg.model_dir.display().to_string();
@@ -269,6 +281,8 @@ mod tests {
         async fn stop(&mut self, running: String) {
             self.steps.push(format!("stop {running}"));
         }
+
+        fn adopt(&mut self, _built: &String, _stopped: &()) {}
 
         fn none(&self) -> String {
             "none".into()

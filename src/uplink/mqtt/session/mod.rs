@@ -27,8 +27,10 @@
 //!   its DDATA).
 //! - A record is acknowledged to the outbox only after the PUBACK of the
 //!   message that carried it, and once: keys whose outbox ack has not
-//!   succeeded yet (or whose dead-letter move has not) are kept across
-//!   connections, retried, and left out when the outbox is read again.
+//!   succeeded yet (and records whose dead-letter move has not) are kept
+//!   across connections and retried. The outbox is read only when none is
+//!   left (they go first, and a failure holds every outbox operation back
+//!   until its retry), so such a record is never read again for sending.
 //! - A failed outbox operation never ends the broker connection: it is
 //!   counted, logged at a limited rate and retried after a backoff, while
 //!   what is already read keeps going and PUBACKs keep coming.
@@ -318,12 +320,6 @@ impl Session {
             return;
         };
         self.conn.cursor = Some(last.key);
-        // Acknowledged (or refused) already, their outbox operation to be
-        // retried: not sent again.
-        let page: Vec<Entry> = page
-            .into_iter()
-            .filter(|e| !self.unflushed.contains(&e.key) && !self.dead.iter().any(|d| d.0 == e.key))
-            .collect();
         let built = self.set.batcher.build(page);
         for (key, reason) in built.rejected {
             tracing::warn!(%key, %reason, "uplink: record can never be sent; moved to the dead letters");
@@ -439,6 +435,8 @@ impl Session {
                         });
                     }
                 },
+                // Queued before the wait: handed out first.
+                Fill::Wait(_) if !self.out.is_empty() => continue,
                 Fill::Wait(w) => {
                     let retry = retry_in.filter(|_| outbox_waits);
                     return Next::Wait(match (w, retry) {
@@ -571,7 +569,5 @@ impl Session {
     }
 }
 
-#[cfg(test)]
-mod model;
 #[cfg(test)]
 mod tests;

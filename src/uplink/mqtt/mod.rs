@@ -54,13 +54,13 @@ pub enum BrokerError {
     /// something waited for its answer, the topic it may have refused.
     #[error("{source}{}", refused.as_ref().map(|(topic, what)| format!(": the broker may refuse the topic `{topic}` ({what})")).unwrap_or_default())]
     Connection {
-        source: ConnectionError,
+        source: Box<ConnectionError>,
         refused: Option<(String, &'static str)>,
     },
     #[error("publish request refused: {0}")]
-    Publish(rumqttc::ClientError),
+    Publish(Box<rumqttc::ClientError>),
     #[error("subscribe request refused: {0}")]
-    Subscribe(rumqttc::ClientError),
+    Subscribe(Box<rumqttc::ClientError>),
     #[error(transparent)]
     State(#[from] StateError),
     #[error("the MQTT event loop ended")]
@@ -364,14 +364,14 @@ fn drive(
                 retain,
             })) => client
                 .try_publish(topic, QoS::AtLeastOnce, retain, payload)
-                .map_err(BrokerError::Publish)?,
+                .map_err(|e| BrokerError::Publish(Box::new(e)))?,
             Next::Do(Command::Subscribe(topics)) => client
                 .try_subscribe_many(
                     topics
                         .into_iter()
                         .map(|t| rumqttc::SubscribeFilter::new(t, QoS::AtLeastOnce)),
                 )
-                .map_err(BrokerError::Subscribe)?,
+                .map_err(|e| BrokerError::Subscribe(Box::new(e)))?,
             Next::Do(Command::Read { after, limit }) => {
                 let page = ctx.outbox.pending(after, limit);
                 session.page(Instant::now(), page);
@@ -432,7 +432,10 @@ fn lost_reason(ctx: &Ctx, session: &Session, e: ConnectionError) -> BrokerError 
             );
         }
     }
-    BrokerError::Connection { source: e, refused }
+    BrokerError::Connection {
+        source: Box::new(e),
+        refused,
+    }
 }
 
 fn on_event(ctx: &Ctx, session: &mut Session, ev: Event) -> Result<(), BrokerError> {

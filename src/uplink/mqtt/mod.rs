@@ -202,8 +202,10 @@ async fn run(ctx: Ctx, mut session: Session, mut shutdown: watch::Receiver<bool>
             }
         }
     }
-    session.disconnected();
     ctx.stats.set_connected(false);
+    ctx.stats
+        .inflight
+        .store(0, std::sync::atomic::Ordering::Relaxed);
     tracing::info!("uplink: stopped");
 }
 

@@ -40,6 +40,7 @@ pub use crate::backoff::Backoff;
 pub use http::{Verdict, classify, idempotency_key, ndjson_gzip, parse_retry_after};
 pub use inflight::{BookError, InFlight};
 pub use message::{Batcher, Built, Message, PayloadFormat, Template, cbor_array_head};
+pub use mqtt::{BrokerError, StateError};
 pub use pace::TokenBucket;
 pub use stats::UplinkStats;
 
@@ -363,6 +364,36 @@ pub enum UplinkError {
     Invalid(Vec<String>),
     #[error("uplink TLS: {}: {detail}", path.display())]
     Tls { path: PathBuf, detail: String },
+    /// The broker connection failed: it ends and is made again after a
+    /// backoff (what was in flight goes again).
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    /// A local outbox operation failed (a full disk, an I/O error): counted,
+    /// logged at a limited rate and retried after a backoff while the
+    /// broker connection stays up.
+    #[error("outbox {op}: {source}")]
+    Outbox {
+        op: OutboxOp,
+        source: crate::outbox::OutboxError,
+    },
+}
+
+/// The outbox operations of an uplink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboxOp {
+    Read,
+    Ack,
+    DeadLetter,
+}
+
+impl std::fmt::Display for OutboxOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OutboxOp::Read => "read",
+            OutboxOp::Ack => "ack",
+            OutboxOp::DeadLetter => "dead letter",
+        })
+    }
 }
 
 /// A running uplink.

@@ -50,7 +50,7 @@ impl Mosquitto {
     /// `user root`: started as root, mosquitto would otherwise switch to the
     /// `mosquitto` user, which cannot write the persistence file into the
     /// test's private tempdir nor read the test's keys (ignored when not root).
-    fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         assert!(self.child.is_none());
         let conf = self.dir.join("mosquitto.conf");
         std::fs::write(
@@ -85,7 +85,7 @@ impl Mosquitto {
 
     /// SIGTERM: mosquitto saves the sessions (the fleet's subscription and
     /// its queue) and exits.
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         let Some(mut c) = self.child.take() else {
             return;
         };

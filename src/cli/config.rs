@@ -42,6 +42,13 @@ flush_records = 1000
 max_bytes = "1 GiB"                 # records + dead letters; then when_full applies
 when_full = "drop_oldest"           # or "reject_new"
 
+# The system clock is trusted while a time service keeps it synchronised and it
+# is not behind the last known good time (<data_dir>/clock.json); records made
+# before get their time from the boot's offset when they are sent.
+[clock]
+require_sync = true                 # false: trust a clock not behind that time (battery-backed clock, no time service)
+save_interval = "10m"               # how often that time is saved (also at a sync and at stop)
+
 [api]
 listen = "127.0.0.1:8780"           # /healthz /readyz /metrics /v1/status
 # token_file = "/etc/outpost/api.token"   # bearer token for reload, pause/resume, OTA

@@ -138,6 +138,8 @@ async fn run_async(
     let shutdown = CancellationToken::new();
     let _stop_on_return = shutdown.clone().drop_guard();
     let ids = Arc::new(IdGen::new(device.clone(), outbox.boot()));
+    // Before any record is made; saves the clock's state when dropped.
+    let _clock = crate::clock::start(&cfg.clock, &cfg.data_dir, ids.clone(), outbox.clone());
     let recent = Arc::new(RecentRecords::default());
     let sink: Arc<dyn RecordSink> = Arc::new(OutboxSink {
         outbox: outbox.clone(),

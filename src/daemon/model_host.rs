@@ -96,15 +96,15 @@ impl crate::ota::host::ModelHost for DaemonModelHost {
 
     fn event(&self, stream: &str, event: &serde_json::Value) -> Result<(), String> {
         let (id, seq) = self.ids.next();
-        let rec = serde_json::json!({
+        let mut rec = serde_json::json!({
             "id": id,
             "device": self.ids.device,
             "pipeline": "ota",
             "stream": stream,
             "seq": seq,
-            "ts": crate::record::rfc3339(std::time::SystemTime::now()),
             "event": event,
         });
+        crate::clock::stamp_json(&mut rec);
         let bytes = serde_json::to_vec(&rec).map_err(|e| e.to_string())?;
         self.outbox
             .append(stream, &bytes)

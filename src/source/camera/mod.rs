@@ -419,10 +419,10 @@ pub fn store_event(ctx: &SourceCtx, camera: &str, event: &str, error: Option<&st
         "pipeline": ctx.pipeline,
         "stream": ctx.pipeline,
         "seq": seq,
-        "ts": crate::record::rfc3339(SystemTime::now()),
         "event": event,
         "camera": camera,
     });
+    crate::clock::stamp_json(&mut rec);
     if let (Some(e), Some(o)) = (error, rec.as_object_mut()) {
         o.insert("error".into(), e.into());
     }

@@ -227,7 +227,9 @@ impl Clock {
         };
         {
             let mut g = self.lock();
-            let pending_here = g.model.pending();
+            // Records this process stamped unsynced before (not merely an
+            // untrusted reading under the default settings).
+            let pending_here = self.stats.unsynced_records.load(Ordering::Relaxed) > 0;
             let build = build_us();
             let (good, anchor, pending, offset) = match &saved {
                 Some(s) if s.boot_id == self.boot_id && s.last_good_us >= build => (

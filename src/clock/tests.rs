@@ -261,3 +261,28 @@ fn config_defaults_and_checks() {
     assert!(BUILD_UNIX_S > 1_700_000_000, "{BUILD_UNIX_S}");
     assert_eq!(parse_unix("1796083200"), 1_796_083_200);
 }
+
+#[test]
+fn configuring_after_an_untrusted_default_reading_is_no_sync_without_records() {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("clock.json");
+    // The default settings require a kernel sync, which this script's
+    // kernel does not report: untrusted before the daemon configures it.
+    let script = Arc::new(Script::at(NOW, 10));
+    script.0.lock().unwrap().kernel = KernelSync::Unsynced;
+    let clock = Clock::new(Box::new(script.clone()), "b1".into(), true);
+    assert!(!clock.status().synced);
+    let cfg = ClockConfig {
+        require_sync: false,
+        ..ClockConfig::default()
+    };
+    assert_eq!(clock.configure(&cfg, &path), None);
+    assert!(clock.status().synced);
+    // With a record stamped before, the sync is reported.
+    let clock = Clock::new(Box::new(script), "b1".into(), true);
+    assert!(clock.stamp().mark.is_some());
+    assert!(matches!(
+        clock.configure(&cfg, &path),
+        Some(Change::Synced { .. })
+    ));
+}

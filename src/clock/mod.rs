@@ -265,10 +265,10 @@ impl Clock {
         let mut g = self.lock();
         let change = g.model.observe(r);
         g.last = r;
-        if let Some(o) = g.model.offset_us() {
-            if g.saved.offset_of(&self.boot_id) != Some(o) {
-                g.saved.set_offset(&self.boot_id, o);
-            }
+        if let Some(o) = g.model.offset_us()
+            && g.saved.offset_of(&self.boot_id) != Some(o)
+        {
+            g.saved.set_offset(&self.boot_id, o);
         }
         match change {
             Some(Change::Synced { step_us, .. }) => {
@@ -319,10 +319,11 @@ impl Clock {
             g.saved_at_boot_us = boot;
             (path, g.saved.clone())
         };
-        if let Err(e) = state.save(&path) {
-            if self.stats.save_errors.fetch_add(1, Ordering::Relaxed) == 0 {
-                tracing::warn!(error = %e, "clock: cannot save the last known good time");
-            }
+        // Logged once: a read-only disk would otherwise log every tick.
+        if let Err(e) = state.save(&path)
+            && self.stats.save_errors.fetch_add(1, Ordering::Relaxed) == 0
+        {
+            tracing::warn!(error = %e, "clock: cannot save the last known good time");
         }
     }
 

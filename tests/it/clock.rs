@@ -364,7 +364,7 @@ fn records_made_in_1970_are_sent_with_their_real_time_once_the_clock_is_set() {
 #[test]
 fn a_clock_behind_the_last_known_good_time_is_not_trusted_until_it_is_set() {
     let port = free_udp_port();
-    let mut d = Daemon::start(&config(port, TRUST_NOT_BEHIND));
+    let d = Daemon::start(&config(port, TRUST_NOT_BEHIND));
     let c = wait_clock(&d, "trusted at the real time", |c| c["synced"] == true);
     let good = unix_us(c["last_good"].as_str().unwrap());
     assert!((good - real_now_us()).abs() < 10_000_000, "{c:#}");
@@ -545,15 +545,18 @@ fn pki(dir: &Path) {
     );
 }
 
+/// (topic, payload) of each publish received.
+type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
 /// Every publish under `outpost/#` on `port`, collected from a real subscriber.
 struct Subscriber {
-    got: Arc<Mutex<Vec<(String, Vec<u8>)>>>,
+    got: Received,
     stop: Arc<AtomicBool>,
 }
 
 impl Subscriber {
     fn start(port: u16) -> Subscriber {
-        let got: Arc<Mutex<Vec<(String, Vec<u8>)>>> = Arc::default();
+        let got: Received = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let subscribed = Arc::new(AtomicBool::new(false));
         let (g, st, sub) = (got.clone(), stop.clone(), subscribed.clone());

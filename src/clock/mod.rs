@@ -162,6 +162,9 @@ pub struct Clock {
     /// reading).
     trusted: AtomicBool,
     floor_us: AtomicI64,
+    /// Some boot's offset is known: until then no record is parsed for a
+    /// correction (a device that never syncs pays a byte search only).
+    offsets_known: AtomicBool,
     stats: ClockStats,
 }
 
@@ -205,6 +208,7 @@ impl Clock {
             }),
             trusted: AtomicBool::new(false),
             floor_us: AtomicI64::new(build_us()),
+            offsets_known: AtomicBool::new(false),
             stats: ClockStats::default(),
         };
         c.apply(first);
@@ -286,6 +290,8 @@ impl Clock {
         self.floor_us
             .store(g.model.floor_at(r.boot_us), Ordering::Relaxed);
         self.trusted.store(g.model.trusted(), Ordering::Relaxed);
+        self.offsets_known
+            .store(!g.saved.boots.is_empty(), Ordering::Relaxed);
         change
     }
 
@@ -374,6 +380,9 @@ impl Clock {
 
     /// A stored record as it should be sent (see [`for_sending`]).
     pub fn for_sending<'a>(&self, record: &'a [u8]) -> Cow<'a, [u8]> {
+        if !self.offsets_known.load(Ordering::Relaxed) {
+            return Cow::Borrowed(record);
+        }
         let out = correct::for_sending(record, |b| self.offset_of(b));
         if matches!(out, Cow::Owned(_)) {
             self.stats.corrected_records.fetch_add(1, Ordering::Relaxed);

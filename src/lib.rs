@@ -6,6 +6,7 @@ pub mod backend;
 pub mod backoff;
 pub mod bytesize;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod fleet;

@@ -37,6 +37,30 @@ pub struct ResultRecord {
     /// When the frame was captured (cameras), RFC 3339 UTC with microseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub captured: Option<String>,
+    /// Made while the system clock was not trusted: `clock`, `boot_id`,
+    /// `since_boot_us` (absent otherwise).
+    #[serde(flatten)]
+    pub clock: Option<ClockMark>,
+}
+
+/// A record made while the system clock was not trusted: the uplink
+/// recomputes `ts` from the boot's offset once it is known.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockMark {
+    pub clock: ClockLabel,
+    /// `/proc/sys/kernel/random/boot_id` of the boot that made it.
+    pub boot_id: String,
+    /// Time since that boot (CLOCK_BOOTTIME) when it was made.
+    pub since_boot_us: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClockLabel {
+    /// `ts` is the system clock as it was, not trusted.
+    Unsynced,
+    /// `ts` was recomputed from the boot's offset when it was sent.
+    Corrected,
 }
 
 impl ResultRecord {
@@ -87,6 +111,9 @@ pub struct EventRecord {
     /// The event's own fields, beside the ones above.
     #[serde(flatten)]
     pub event: Event,
+    /// Made while the system clock was not trusted (absent otherwise).
+    #[serde(flatten)]
+    pub clock: Option<ClockMark>,
 }
 
 /// What happened. Each kind keeps the fields its records have always had
@@ -157,14 +184,16 @@ impl EventRecord {
     /// An event of `pipeline` on `stream`, with the next id and the time now.
     pub fn new(ids: &IdGen, pipeline: &str, stream: &str, event: Event) -> EventRecord {
         let (id, seq) = ids.next();
+        let stamp = crate::clock::stamp();
         EventRecord {
             id,
             device: ids.device.clone(),
             pipeline: pipeline.to_string(),
             stream: stream.to_string(),
             seq,
-            ts: rfc3339(std::time::SystemTime::now()),
+            ts: stamp.ts,
             event,
+            clock: stamp.mark,
         }
     }
 
@@ -236,6 +265,7 @@ mod tests {
             latency_us: 120,
             outputs: serde_json::json!({"event": "start"}),
             captured: None,
+            clock: None,
         };
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(v["id"], "gw/3/17");

@@ -329,6 +329,7 @@ impl Collector for DaemonCollector {
         camera_metrics(&mut enc, sched.pipelines())?;
         model_info(&mut enc, sched.pipelines())?;
         outbox_metrics(&mut enc, &self.outbox.stats())?;
+        crate::clock::ClockMetrics.encode(&mut enc)?;
         for s in &self.extra {
             s.encode(&mut enc)?;
         }

@@ -32,6 +32,8 @@ pub struct Status {
     /// None: OTA not configured.
     pub ota: Option<OtaStatus>,
     pub system: SystemStatus,
+    /// Whether the system clock is trusted, and the last known good time.
+    pub clock: crate::clock::ClockStatus,
 }
 
 /// The running daemon: version and OTA slot (`package`: not from a slot).
@@ -202,6 +204,7 @@ impl Status {
                 daemon,
             }),
             system: SystemStatus::read(),
+            clock: crate::clock::status(),
         }
     }
 }

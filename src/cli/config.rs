@@ -42,6 +42,12 @@ flush_records = 1000
 max_bytes = "1 GiB"                 # records + dead letters; then when_full applies
 when_full = "drop_oldest"           # or "reject_new"
 
+# The system clock is trusted while it is not behind the last known good time (<data_dir>/clock.json); records made
+# before get their time from the boot's offset when they are sent.
+[clock]
+require_sync = false                # true where a time service runs: also wait for the kernel to say it synchronised
+save_interval = "10m"               # how often that time is saved (also at a sync and at stop)
+
 [api]
 listen = "127.0.0.1:8780"           # /healthz /readyz /metrics /v1/status
 # token_file = "/etc/outpost/api.token"   # bearer token for reload, pause/resume, OTA

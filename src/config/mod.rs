@@ -60,6 +60,9 @@ pub struct Config {
     /// Signed over-the-air updates of models and of the daemon.
     #[serde(default)]
     pub ota: Option<crate::ota::OtaConfig>,
+    /// When the system clock is trusted, and where its last known good time is kept.
+    #[serde(default)]
+    pub clock: crate::clock::ClockConfig,
 }
 
 /// `device = "name"` or `[device] name = "..." groups = [...]`.
@@ -254,6 +257,7 @@ impl Default for Config {
             pipelines: Vec::new(),
             uplink: None,
             ota: None,
+            clock: crate::clock::ClockConfig::default(),
         }
     }
 }
@@ -388,6 +392,7 @@ impl Config {
             }
         }
         p.extend(self.api.validate());
+        p.extend(self.clock.validate());
         if let Some(t) = &self.api.token_file
             && !t.exists()
         {

@@ -60,6 +60,8 @@ pub(super) struct Daemon {
     /// The OTA agent asks for a restart into a new daemon slot.
     pub(super) restarts: mpsc::Receiver<()>,
     pub(super) signals: Signals,
+    /// The clock's watcher; saves the last known good time when dropped.
+    pub(super) _clock: crate::clock::ClockTask,
 }
 
 /// SIGTERM and SIGINT stop, SIGHUP reloads.
@@ -122,6 +124,8 @@ impl Daemon {
         // lifecycle stops what had started.
         let lifecycle = Lifecycle::new();
         let ids = Arc::new(IdGen::new(device.clone(), outbox.boot()));
+        // Before any record is made.
+        let clock = crate::clock::start(&cfg.clock, &cfg.data_dir, ids.clone(), outbox.clone());
         let recent = Arc::new(RecentRecords::default());
         // One sink for results and for the cameras' and OTA's events.
         let sink = Arc::new(OutboxSink {
@@ -294,6 +298,7 @@ impl Daemon {
             reloads,
             restarts,
             signals,
+            _clock: clock,
         })
     }
 }

@@ -226,12 +226,11 @@ pub fn open_with_skew(
     Ok((c, req))
 }
 
-/// Unix milliseconds now.
+/// Unix milliseconds now: the later of the system clock and the last known
+/// good time, so a device in 1970 takes a fresh command and a clock stepped
+/// back does not make an expired one valid again.
 pub fn unix_ms_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    crate::clock::trusted_unix_ms()
 }
 
 #[cfg(test)]

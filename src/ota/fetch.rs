@@ -97,11 +97,14 @@ fn tls(ca: Option<&Path>, https: bool) -> Result<rustls::ClientConfig, FetcherEr
         return Err(FetcherError::NoCa);
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(FetcherError::Tls)?
-        .with_root_certificates(roots)
-        .with_no_client_auth())
+    // Checked against the later of the system clock and the last known good time.
+    Ok(
+        rustls::ClientConfig::builder_with_details(provider, Arc::new(crate::clock::TrustedTime))
+            .with_safe_default_protocol_versions()
+            .map_err(FetcherError::Tls)?
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
 }
 
 impl Fetcher {

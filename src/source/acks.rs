@@ -315,6 +315,7 @@ mod tests {
             latency_us: 1,
             outputs: serde_json::json!({}),
             captured: None,
+            clock: None,
         };
         assert_eq!(Outcome::of(Some(&Ok(vec![rec])), false), Outcome::Stored);
         assert_eq!(Outcome::of(Some(&Ok(vec![])), false), Outcome::Done);

@@ -91,10 +91,12 @@ pub fn idempotency_key(device: &str, keys: &[Key]) -> String {
 }
 
 /// The request body: one record per line, gzip.
-pub fn ndjson_gzip<'a>(records: impl IntoIterator<Item = &'a [u8]>) -> std::io::Result<Vec<u8>> {
+pub fn ndjson_gzip(
+    records: impl IntoIterator<Item = impl AsRef<[u8]>>,
+) -> std::io::Result<Vec<u8>> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     for r in records {
-        gz.write_all(r)?;
+        gz.write_all(r.as_ref())?;
         gz.write_all(b"\n")?;
     }
     gz.finish()
@@ -246,7 +248,11 @@ async fn run(ctx: Ctx, shutdown: CancellationToken) {
                 break 'outer;
             }
             let keys: Vec<Key> = batch.iter().map(|e| e.key).collect();
-            let body = match ndjson_gzip(batch.iter().map(|e| e.record.as_slice())) {
+            let body = match ndjson_gzip(
+                batch
+                    .iter()
+                    .map(|e| crate::clock::for_sending(e.record.as_slice())),
+            ) {
                 Ok(b) => b,
                 Err(e) => {
                     // Writing to memory does not fail; if it ever does, retry.

@@ -296,7 +296,8 @@ impl Batcher {
                     continue;
                 }
             };
-            let item = match encode_one(self.format, &e.record) {
+            // An unsynced record goes with its time recomputed, once known.
+            let item = match encode_one(self.format, &crate::clock::for_sending(&e.record)) {
                 Ok(i) => i,
                 Err(reason) => {
                     built.rejected.push((e.key, reason));

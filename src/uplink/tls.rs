@@ -47,7 +47,9 @@ pub fn client_config(
         }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ClientConfig::builder_with_provider(provider)
+    // Certificates are checked against the later of the system clock and
+    // the last known good time: a device in 1970 still connects.
+    let builder = ClientConfig::builder_with_details(provider, Arc::new(crate::clock::TrustedTime))
         .with_safe_default_protocol_versions()
         .map_err(|e| UplinkError::Setup(format!("TLS: {e}")))?
         .with_root_certificates(roots);
@@ -73,9 +75,11 @@ pub fn client_config(
 /// not speak TLS (reqwest with a plain http URL).
 pub fn trust_nothing() -> Result<ClientConfig, UplinkError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| UplinkError::Setup(format!("TLS: {e}")))?
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth())
+    Ok(
+        ClientConfig::builder_with_details(provider, Arc::new(crate::clock::TrustedTime))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| UplinkError::Setup(format!("TLS: {e}")))?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth(),
+    )
 }

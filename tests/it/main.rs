@@ -5,6 +5,7 @@ mod batching;
 mod boundaries;
 mod camera;
 mod check_report;
+mod clock;
 mod common;
 mod console;
 mod docs;

@@ -418,6 +418,22 @@
     set(card, 'gpus', gpus.length ? gpus.join('; ') : 'none');
   }
 
+  function renderClock(c) {
+    const card = $('clock');
+    if (!c) return;
+    const why = { behind: 'behind the last known good time', kernel_unsynced: 'not synchronised' };
+    badge(field(card, 'state'), c.synced ? 'trusted' : 'not trusted: ' + (why[c.reason] || c.reason), c.synced ? 'ok' : 'bad');
+    set(card, 'system', c.system);
+    set(card, 'last_good', c.last_good);
+    const off = Math.abs(c.offset_s);
+    set(card, 'offset', (c.offset_s < 0 ? 'behind by ' : 'ahead by ') +
+      (off < 120 ? off.toFixed(1) + ' s' : off < 172800 ? (off / 3600).toFixed(1) + ' h' : (off / 86400).toFixed(0) + ' days'));
+    set(card, 'kernel', c.kernel + (c.require_sync ? '' : ' (not required)'));
+    set(card, 'last_sync', c.last_sync ? c.last_sync.at + (c.last_sync.step_s === null ? '' : ', step ' + c.last_sync.step_s.toFixed(1) + ' s') : 'none');
+    set(card, 'unsynced_records_total', num(c.unsynced_records_total));
+    set(card, 'corrected_records_total', num(c.corrected_records_total));
+  }
+
   function render(tick) {
     const s = tick.status;
     $('device').textContent = s.device;
@@ -428,6 +444,7 @@
     renderUplink(s.uplink, tick.point);
     renderOta(s);
     renderSystem(s.system, tick.point);
+    renderClock(s.clock);
     drawPlots();
     document.body.dataset.ticks = String(Number(document.body.dataset.ticks || 0) + 1);
   }

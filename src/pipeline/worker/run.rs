@@ -305,18 +305,20 @@ impl Pipeline {
         outputs: Value,
     ) -> Result<(ResultRecord, Vec<u8>), FrameError> {
         let (id, seq) = self.ids.next();
+        let stamp = crate::clock::stamp();
         let rec = ResultRecord {
             id,
             device: self.ids.device.clone(),
             pipeline: self.cfg.name.clone(),
             stream: stream.to_string(),
             seq,
-            ts: rfc3339(SystemTime::now()),
+            ts: stamp.ts,
             model: model.id(),
             ep: model.provider.as_str().to_string(),
             latency_us,
             outputs,
             captured: captured.map(rfc3339),
+            clock: stamp.mark,
         };
         let json = serde_json::to_vec(&rec)
             .map_err(|e| FrameError::new(FrameErrorKind::Store, e.to_string()))?;

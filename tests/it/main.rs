@@ -21,6 +21,7 @@ mod outputs;
 mod plan;
 mod preprocess;
 mod providers;
+mod read_only_disk;
 mod reference;
 mod registry;
 mod runtime;

@@ -50,7 +50,7 @@ impl Mosquitto {
     /// `user root`: started as root, mosquitto would otherwise switch to the
     /// `mosquitto` user, which cannot write the persistence file into the
     /// test's private tempdir nor read the test's keys (ignored when not root).
-    fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         assert!(self.child.is_none());
         let conf = self.dir.join("mosquitto.conf");
         std::fs::write(
@@ -85,7 +85,7 @@ impl Mosquitto {
 
     /// SIGTERM: mosquitto saves the sessions (the fleet's subscription and
     /// its queue) and exits.
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         let Some(mut c) = self.child.take() else {
             return;
         };
@@ -118,7 +118,7 @@ impl Drop for Mosquitto {
 type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
 
 /// Collects every publish under `outpost/#`, QoS 1, persistent session.
-struct Fleet {
+pub(crate) struct Fleet {
     got: Received,
     subscribed: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
@@ -126,7 +126,7 @@ struct Fleet {
 }
 
 impl Fleet {
-    fn start(port: u16, id: &str) -> Fleet {
+    pub(crate) fn start(port: u16, id: &str) -> Fleet {
         let got: Received = Arc::default();
         let subscribed = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
@@ -198,7 +198,7 @@ impl Fleet {
 
     /// Result records received so far, batches (JSON arrays) unpacked,
     /// status messages left out; every payload must parse.
-    fn records(&self) -> Vec<(String, Value)> {
+    pub(crate) fn records(&self) -> Vec<(String, Value)> {
         let mut out = Vec::new();
         for (t, p) in self.snapshot() {
             if t.ends_with("/status") {

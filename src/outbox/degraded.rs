@@ -127,12 +127,13 @@ fn kind(e: &OutboxError) -> Option<bool> {
         } => io,
         _ => return None,
     };
-    use rustix::io::Errno;
-    let n = io.raw_os_error()?;
-    if n == Errno::NOSPC.raw_os_error() || n == Errno::DQUOT.raw_os_error() {
-        None
-    } else {
-        Some(n == Errno::ROFS.raw_os_error())
+    // By kind: sled hands back a copy of its first write error that keeps
+    // the kind but not the errno.
+    use std::io::ErrorKind;
+    match io.kind() {
+        ErrorKind::StorageFull | ErrorKind::QuotaExceeded => None,
+        ErrorKind::ReadOnlyFilesystem => Some(true),
+        _ => Some(false),
     }
 }
 
@@ -543,6 +544,13 @@ impl Shared {
 mod tests {
     use super::*;
 
+    fn io_of(source: std::io::Error) -> OutboxError {
+        OutboxError::Db {
+            op: "flush",
+            source: sled::Error::Io(source),
+        }
+    }
+
     fn io(op: &'static str, errno: rustix::io::Errno) -> OutboxError {
         OutboxError::Io {
             op,
@@ -564,6 +572,11 @@ mod tests {
             )),
         };
         assert_eq!(kind(&sled_ro), Some(true));
+        // sled's copy of its error: the kind stays, the errno goes.
+        let copied = std::io::Error::new(std::io::ErrorKind::ReadOnlyFilesystem, "Os { code: 30 }");
+        assert_eq!(kind(&io_of(copied)), Some(true));
+        let full = std::io::Error::new(std::io::ErrorKind::StorageFull, "Os { code: 28 }");
+        assert_eq!(kind(&io_of(full)), None);
         assert_eq!(kind(&OutboxError::Flush("x".into())), None);
     }
 

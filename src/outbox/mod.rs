@@ -64,6 +64,12 @@
 //! (none since then). Keys stay unique across a reopen: the seq counter
 //! lives in memory and only grows.
 //!
+//! A file system turned read-only, or another I/O error (not a full disk),
+//! does not refuse records: the outbox *holds* them in memory up to
+//! `memory_when_read_only`, keeps sending the stored ones through the
+//! database as it was opened, and stores the held ones once a write of its
+//! own passes again ([`degraded`] has the rules).
+//!
 //! A database sled cannot open (or panics on) is moved to
 //! `<data_dir>/quarantine/outbox-<unix-ts>`, never deleted, and a fresh one
 //! is created with a boot number above the old one's (from the sidecar).
@@ -306,8 +312,10 @@ impl Outbox {
         &self.s().dir
     }
 
-    /// Why records are refused now (a full disk, an I/O error), or None
-    /// when the outbox stores. It recovers by itself (see the header).
+    /// Why the outbox cannot write now (a full disk, a read-only disk, an
+    /// I/O error), or None when it stores. Records are refused, or held in
+    /// memory while the disk is read-only (`stats().held`). It recovers by
+    /// itself (see the header).
     pub fn unavailable(&self) -> Option<String> {
         self.s().commit.broken().map(|b| b.reason)
     }

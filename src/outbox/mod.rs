@@ -602,9 +602,19 @@ impl Inner {
         let handle = lock(&self.flusher).take();
         match handle {
             None => Ok(()),
-            Some(h) => h
-                .join()
-                .unwrap_or_else(|_| Err(OutboxError::Flush("the flusher thread panicked".into()))),
+            Some(h) => {
+                let r = h.join().unwrap_or_else(|_| {
+                    Err(OutboxError::Flush("the flusher thread panicked".into()))
+                });
+                let held = s.held.stats().records;
+                if held > 0 {
+                    tracing::error!(
+                        records = held,
+                        "outbox: stopped while the disk refuses writes; the records held in memory are lost"
+                    );
+                }
+                r
+            }
         }
     }
 }

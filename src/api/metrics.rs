@@ -210,8 +210,23 @@ const OUTBOX_GAUGES: &[OutboxGauge] = &[
     ),
     (
         "outpost_outbox_unavailable",
-        "1 while the outbox refuses records (disk full, I/O error) and recovers",
+        "1 while the outbox cannot write (disk full, read-only, I/O error) and recovers",
         |o| Some(f64::from(u8::from(o.unavailable.is_some()))),
+    ),
+    (
+        "outpost_outbox_read_only",
+        "1 while the disk refuses writes (read-only, I/O errors) and new records are held in memory",
+        |o| Some(f64::from(u8::from(o.held.holding))),
+    ),
+    (
+        "outpost_outbox_held_records",
+        "Records held in memory while the disk refuses writes",
+        |o| Some(o.held.records as f64),
+    ),
+    (
+        "outpost_outbox_held_bytes",
+        "Bytes of the records held in memory while the disk refuses writes",
+        |o| Some(o.held.bytes as f64),
     ),
 ];
 
@@ -576,7 +591,7 @@ fn outbox_metrics(enc: &mut DescriptorEncoder, o: &OutboxStats) -> Result<(), st
     counter(
         enc,
         "outpost_outbox_dropped",
-        "Records dropped by the outbox's size bound, by reason",
+        "Records dropped by the outbox's bounds (max_bytes; memory_when_read_only while the disk is read-only), by reason",
         &o.dropped
             .by_reason()
             .iter()
@@ -662,10 +677,12 @@ mod tests {
             "# HELP outpost_outbox_dead_letters Records in the dead-letter tree",
             "# HELP outpost_outbox_appended Records appended since start",
             "# HELP outpost_outbox_acked Records acknowledged by the fleet and deleted since start",
-            "# HELP outpost_outbox_dropped Records dropped by the outbox's size bound, by reason",
+            "# HELP outpost_outbox_dropped Records dropped by the outbox's bounds (max_bytes; memory_when_read_only while the disk is read-only), by reason",
             "# HELP outpost_outbox_flushes Group commits (flush and fsync)",
             "# HELP outpost_outbox_flush_errors Failed group commits",
-            "# HELP outpost_outbox_unavailable 1 while the outbox refuses records (disk full, I/O error) and recovers",
+            "# HELP outpost_outbox_unavailable 1 while the outbox cannot write (disk full, read-only, I/O error) and recovers",
+            "# HELP outpost_outbox_read_only 1 while the disk refuses writes (read-only, I/O errors) and new records are held in memory",
+            "# HELP outpost_outbox_held_records Records held in memory while the disk refuses writes",
             "# HELP outpost_outbox_reopens Outbox databases reopened after a write error",
             "# HELP outpost_outbox_lost Records appended before a write error that a reopen could not put back",
             "# HELP outpost_outbox_quarantined Damaged databases moved aside at start",
@@ -682,6 +699,12 @@ mod tests {
             ("outpost_outbox_records 0.0", "gauge"),
             ("outpost_outbox_appended_total 0", "counter"),
             ("outpost_outbox_unavailable 0.0", "gauge"),
+            ("outpost_outbox_read_only 0.0", "gauge"),
+            ("outpost_outbox_held_bytes 0.0", "gauge"),
+            (
+                "outpost_outbox_dropped_total{reason=\"read_only\"} 0",
+                "counter",
+            ),
             (
                 "outpost_outbox_dropped_total{reason=\"full_reject_new\"} 0",
                 "counter",

@@ -208,8 +208,17 @@ async fn readyz(State(s): State<ApiState>) -> impl IntoResponse {
     if !s.ready.load(Ordering::SeqCst) {
         return (StatusCode::SERVICE_UNAVAILABLE, "starting\n".to_string());
     }
+    let held = s.outbox.stats().held;
     match s.outbox.unavailable() {
         None => (StatusCode::OK, "ready\n".to_string()),
+        // Records are kept in memory, not refused: say so, and how many.
+        Some(why) if held.holding => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: the outbox is read-only: {why}; {} records held in memory ({} of {} bytes), {} dropped\n",
+                held.records, held.bytes, held.max_bytes, held.dropped
+            ),
+        ),
         Some(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: the outbox cannot store: {why}\n"),

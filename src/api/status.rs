@@ -114,6 +114,18 @@ pub struct OutboxStatus {
     pub unavailable: Option<String>,
     pub reopens_total: u64,
     pub lost_total: u64,
+    /// The disk refuses writes (read-only, I/O errors): new records are
+    /// held in memory, stored ones still sent.
+    pub read_only: bool,
+    pub held_records: u64,
+    pub held_bytes: u64,
+    /// `memory_when_read_only`.
+    pub held_max_bytes: u64,
+    /// Records dropped beyond `held_max_bytes` since start.
+    pub held_dropped_total: u64,
+    /// The database is closed while read-only (every stored record was
+    /// sent): the file system can be unmounted, checked and mounted again.
+    pub store_closed: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -285,6 +297,12 @@ impl OutboxStatus {
             unavailable: o.unavailable.clone(),
             reopens_total: o.reopens_total,
             lost_total: o.lost_total,
+            read_only: o.held.holding,
+            held_records: o.held.records,
+            held_bytes: o.held.bytes,
+            held_max_bytes: o.held.max_bytes,
+            held_dropped_total: o.held.dropped,
+            store_closed: o.held.store_closed,
         }
     }
 }

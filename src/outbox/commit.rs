@@ -303,7 +303,7 @@ impl FailureLog {
                 error = %e,
                 suppressed = self.suppressed,
                 failed_commits = self.since_ok,
-                "outbox cannot store; refusing records and retrying"
+                "outbox cannot store; retrying"
             );
             self.last = Some(Instant::now());
             self.suppressed = 0;

@@ -27,6 +27,12 @@ pub struct OutboxConfig {
     /// so a big cache buys little and costs resident memory on small devices.
     #[serde(with = "crate::bytesize")]
     pub cache_capacity: u64,
+    /// While the disk refuses writes (a file system turned read-only, I/O
+    /// errors), new records are held in memory up to this many bytes (keys,
+    /// headers and record bytes), then `when_full` decides which go; those
+    /// are counted. 0 holds none.
+    #[serde(with = "crate::bytesize")]
+    pub memory_when_read_only: u64,
 }
 
 /// Default group commit period.
@@ -39,6 +45,9 @@ pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
 /// 8 MiB: keeps a 1,000,000-record backlog under 100 MB resident (sled caches
 /// pages on top of this; 16 MiB measured 107-117 MB).
 pub const DEFAULT_CACHE_CAPACITY: u64 = 8 << 20;
+/// Default memory for records while the disk is read-only: 16 MiB, about
+/// 35,000 records of 450 bytes (minutes to hours of a site's results).
+pub const DEFAULT_MEMORY_WHEN_READ_ONLY: u64 = 16 << 20;
 
 impl Default for OutboxConfig {
     fn default() -> Self {
@@ -48,6 +57,7 @@ impl Default for OutboxConfig {
             max_bytes: DEFAULT_MAX_BYTES,
             when_full: WhenFull::default(),
             cache_capacity: DEFAULT_CACHE_CAPACITY,
+            memory_when_read_only: DEFAULT_MEMORY_WHEN_READ_ONLY,
         }
     }
 }
@@ -108,6 +118,7 @@ mod tests {
         assert_eq!(c.max_bytes, 1 << 30);
         assert_eq!(c.when_full, WhenFull::DropOldest);
         assert_eq!(c.cache_capacity, 8 << 20);
+        assert_eq!(c.memory_when_read_only, 16 << 20);
     }
 
     #[test]
@@ -136,6 +147,7 @@ mod tests {
             max_bytes: 10,
             when_full: WhenFull::RejectNew,
             cache_capacity: 0,
+            memory_when_read_only: 0,
         };
         assert_eq!(c.validate().len(), 4, "{:?}", c.validate());
     }

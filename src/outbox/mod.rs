@@ -64,6 +64,12 @@
 //! (none since then). Keys stay unique across a reopen: the seq counter
 //! lives in memory and only grows.
 //!
+//! A file system turned read-only, or another I/O error (not a full disk),
+//! does not refuse records: the outbox *holds* them in memory up to
+//! `memory_when_read_only`, keeps sending the stored ones through the
+//! database as it was opened, and stores the held ones once a write of its
+//! own passes again ([`degraded`] has the rules).
+//!
 //! A database sled cannot open (or panics on) is moved to
 //! `<data_dir>/quarantine/outbox-<unix-ts>`, never deleted, and a fresh one
 //! is created with a boot number above the old one's (from the sidecar).
@@ -72,6 +78,7 @@
 
 mod commit;
 mod config;
+mod degraded;
 mod error;
 mod open;
 pub mod record;
@@ -89,6 +96,7 @@ use tokio::sync::Notify;
 
 use commit::{Commit, Disk, lock};
 pub use config::{OutboxConfig, WhenFull};
+pub use degraded::HeldStats;
 pub use error::OutboxError;
 pub use record::{DeadLetter, Entry, Key};
 use recover::{Flusher, Store};
@@ -143,6 +151,9 @@ struct Shared {
     dropped: stats::DropCounters,
     quarantined_total: u64,
     notify: Arc<Notify>,
+    /// Records and acknowledgements kept in memory while the disk refuses
+    /// writes (see degraded.rs).
+    held: degraded::Held,
 }
 
 /// What `purge` removes.
@@ -253,6 +264,7 @@ impl Outbox {
             unsaved: Mutex::new(std::collections::BTreeMap::new()),
             reopens_total: AtomicU64::new(0),
             lost_total: AtomicU64::new(0),
+            held: degraded::Held::new(&cfg),
             cfg,
             append: Mutex::new(0),
             records_n: AtomicU64::new(loaded.records_n),
@@ -300,8 +312,10 @@ impl Outbox {
         &self.s().dir
     }
 
-    /// Why records are refused now (a full disk, an I/O error), or None
-    /// when the outbox stores. It recovers by itself (see the header).
+    /// Why the outbox cannot write now (a full disk, a read-only disk, an
+    /// I/O error), or None when it stores. Records are refused, or held in
+    /// memory while the disk is read-only (`stats().held`). It recovers by
+    /// itself (see the header).
     pub fn unavailable(&self) -> Option<String> {
         self.s().commit.broken().map(|b| b.reason)
     }
@@ -349,7 +363,11 @@ impl Outbox {
         if s.closed.load(Ordering::Relaxed) {
             return Err(OutboxError::Closed);
         }
-        s.commit.check()?;
+        // While the disk refuses writes records are held (below); right
+        // after a reopen stored them the new database takes appends.
+        if !s.held.holding() && !s.held.reopened() {
+            s.commit.check()?;
+        }
         if stream.len() > MAX_NAME {
             return Err(OutboxError::StreamName {
                 len: stream.len(),
@@ -365,6 +383,9 @@ impl Outbox {
             });
         }
         let mut seq = lock(&s.append);
+        if s.held.holding() {
+            return s.hold(&mut seq, value);
+        }
         let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
         let st = guard.as_ref().ok_or_else(|| s.unavailable_now())?;
         s.make_room(st, size)?;
@@ -376,7 +397,12 @@ impl Outbox {
         if let Err(e) = st.records.insert(key.to_bytes(), value.clone()) {
             s.records_n.fetch_sub(1, Ordering::SeqCst);
             s.records_bytes.fetch_sub(size, Ordering::SeqCst);
-            return Err(s.write_failed("append", e));
+            let e = s.write_failed("append", e);
+            if s.held.holding() {
+                drop(guard);
+                return s.hold(&mut seq, value);
+            }
+            return Err(e);
         }
         lock(&s.unsaved).insert(key.1, value);
         *seq += 1;
@@ -408,6 +434,14 @@ impl Outbox {
     /// uplink behind it.
     pub fn pending(&self, after: Option<Key>, limit: usize) -> Result<Vec<Entry>, OutboxError> {
         let s = self.s();
+        {
+            let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
+            if s.held.holding() {
+                return s
+                    .held
+                    .pending(guard.as_ref().map(|st| &st.records), after, limit);
+            }
+        }
         let mut out = Vec::with_capacity(limit.min(4096));
         let mut from = after;
         while out.len() < limit {
@@ -443,6 +477,9 @@ impl Outbox {
         let s = self.s();
         let mut n = 0;
         let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
+        if s.held.holding() {
+            return s.held_ack(guard.as_ref().map(|st| &st.records), keys);
+        }
         let st = guard.as_ref().ok_or_else(|| s.unavailable_now())?;
         s.forget_unsaved(keys.iter().copied());
         for k in keys {
@@ -468,7 +505,14 @@ impl Outbox {
     /// Moves a record the fleet refused to the dead letters, with a reason
     /// (cut to 64 KiB). A key already gone is fine (idempotent).
     pub fn dead_letter(&self, key: Key, reason: &str) -> Result<(), OutboxError> {
-        self.s().move_to_dead(key, reason)
+        let s = self.s();
+        {
+            let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
+            if s.held.holding() {
+                return s.held_refused(guard.as_ref().map(|st| &st.records), key, reason);
+            }
+        }
+        s.move_to_dead(key, reason)
     }
 
     /// Up to `limit` dead letters with key > `after`, oldest first.
@@ -558,9 +602,19 @@ impl Inner {
         let handle = lock(&self.flusher).take();
         match handle {
             None => Ok(()),
-            Some(h) => h
-                .join()
-                .unwrap_or_else(|_| Err(OutboxError::Flush("the flusher thread panicked".into()))),
+            Some(h) => {
+                let r = h.join().unwrap_or_else(|_| {
+                    Err(OutboxError::Flush("the flusher thread panicked".into()))
+                });
+                let held = s.held.stats().records;
+                if held > 0 {
+                    tracing::error!(
+                        records = held,
+                        "outbox: stopped while the disk refuses writes; the records held in memory are lost"
+                    );
+                }
+                r
+            }
         }
     }
 }
@@ -588,6 +642,7 @@ impl Shared {
     /// broken until the flusher reopens it.
     fn write_failed(&self, op: &'static str, source: sled::Error) -> OutboxError {
         let e = OutboxError::Db { op, source };
+        self.held.failed(&e);
         self.commit.set_broken(e.to_string(), true);
         e
     }
@@ -762,11 +817,20 @@ impl Shared {
             }
             Err(std::sync::TryLockError::WouldBlock) => None,
         };
+        let held = self.held.stats();
+        let records = self.records_n.load(Ordering::SeqCst);
+        // While holding, the store's first record may be acknowledged already.
+        let oldest_appended_at = match (held.holding, records) {
+            (true, 0) => held.oldest_appended_at,
+            _ => oldest_appended_at.or(held.oldest_appended_at),
+        };
+        let mut dropped = self.dropped.snapshot();
+        dropped.read_only = held.dropped;
         let c = &self.commit;
         let last_ns = c.last_flush_ns.load(Ordering::Relaxed);
         OutboxStats {
             boot: self.boot,
-            records: self.records_n.load(Ordering::SeqCst),
+            records,
             bytes: self.records_bytes.load(Ordering::SeqCst),
             oldest_appended_at,
             oldest_age: oldest_appended_at
@@ -777,7 +841,8 @@ impl Shared {
             appended_total: self.appended_total.load(Ordering::Relaxed),
             acked_total: self.acked_total.load(Ordering::Relaxed),
             dead_lettered_total: self.dead_lettered_total.load(Ordering::Relaxed),
-            dropped: self.dropped.snapshot(),
+            dropped,
+            held,
             flushes_total: c.flushes_total.load(Ordering::Relaxed),
             flush_errors_total: c.flush_errors_total.load(Ordering::Relaxed),
             quarantined_total: self.quarantined_total,

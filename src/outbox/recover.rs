@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::commit::{Attempt, Broken, Disk, Target, lock};
+use super::degraded;
 use super::record::{KEY_LEN, Key};
 use super::{OutboxError, Shared, entry_size, open};
 use crate::backoff::Backoff;
@@ -29,6 +30,8 @@ pub struct Flusher {
     disk: Option<Disk>,
     next_try: Instant,
     backoff: Backoff,
+    /// Dead-letter moves the disk refused, made after the reopen that ends holding.
+    dead_later: Vec<(Key, String)>,
 }
 
 impl Flusher {
@@ -38,10 +41,12 @@ impl Flusher {
             disk: Some(disk),
             next_try: Instant::now(),
             backoff: Backoff::new(RETRY_MIN, RETRY_MAX),
+            dead_later: Vec::new(),
         }
     }
 
     fn failed(&mut self, e: OutboxError, reopen: bool) -> Attempt {
+        self.shared.held.failed(&e);
         self.shared.commit.set_broken(e.to_string(), reopen);
         self.next_try = Instant::now() + self.backoff.next_delay();
         Attempt::Failed(e)
@@ -65,17 +70,7 @@ impl Flusher {
                 )
             })
             .collect();
-        // Every sled handle must go before sled's file lock is free. The
-        // last one flushes as it drops, and on a broken disk that can block
-        // for long: they drop on a thread of their own, and the open below
-        // waits for the lock only so long (a later try goes on).
-        let old = (store.take(), self.disk.take());
-        if let Err(e) = std::thread::Builder::new()
-            .name("outbox-close".into())
-            .spawn(move || drop(old))
-        {
-            tracing::warn!(error = %e, "outbox: no thread to close the broken database on");
-        }
+        close_in_background((store.take(), self.disk.take()));
         let mut attempt = open::load(&s.dir, &s.cfg);
         for _ in 0..40 {
             if !matches!(attempt, Err(open::Failure::InUse(_))) {
@@ -102,7 +97,11 @@ impl Flusher {
                 put_back += 1;
             }
         }
+        let written = s.held.write_into(&loaded.records)?;
+        n = (n + written.added).saturating_sub(written.removed);
+        bytes = (bytes + written.added_bytes).saturating_sub(written.removed_bytes);
         disk.flush()?;
+        self.dead_later = s.held.finish(&written);
         s.records_n.store(n, Ordering::SeqCst);
         s.records_bytes.store(bytes, Ordering::SeqCst);
         s.dead_n.store(loaded.dead_n, Ordering::SeqCst);
@@ -123,6 +122,42 @@ impl Flusher {
         );
         Ok(())
     }
+
+    /// While the disk refuses writes: one write of our own says whether it
+    /// takes them again. A database with nothing left to send is closed,
+    /// so that nothing holds the file system (see degraded.rs).
+    fn still_refused(&mut self) -> Option<OutboxError> {
+        let s = &*self.shared;
+        let e = degraded::probe(&s.dir).err()?;
+        if self.disk.is_some() && s.held.may_close(s.records_n.load(Ordering::SeqCst)) {
+            let mut store = s.store.write().unwrap_or_else(|p| p.into_inner());
+            close_in_background((store.take(), self.disk.take()));
+            s.held.store_closed();
+        }
+        Some(e)
+    }
+
+    /// The dead-letter moves held back while the disk refused writes.
+    fn move_dead_later(&mut self) {
+        for (key, reason) in std::mem::take(&mut self.dead_later) {
+            if let Err(e) = self.shared.move_to_dead(key, &reason) {
+                tracing::warn!(%key, error = %e, "outbox: a dead letter held back while the disk was read-only stays a record");
+            }
+        }
+    }
+}
+
+/// Every sled handle must go before sled's file lock (and the file system)
+/// is free. The last one flushes as it drops, and on a broken disk that can
+/// block for long: they drop on a thread of their own, and an open after
+/// this waits for the lock only so long (a later try goes on).
+fn close_in_background(old: (Option<Store>, Option<Disk>)) {
+    if let Err(e) = std::thread::Builder::new()
+        .name("outbox-close".into())
+        .spawn(move || drop(old))
+    {
+        tracing::warn!(error = %e, "outbox: no thread to close the broken database on");
+    }
 }
 
 impl Target for Flusher {
@@ -131,11 +166,17 @@ impl Target for Flusher {
             if Instant::now() < self.next_try {
                 return Attempt::Waiting;
             }
-            if (b.reopen || self.disk.is_none())
+            let holding = self.shared.held.holding();
+            if holding && let Some(e) = self.still_refused() {
+                return self.failed(e, true);
+            }
+            // Only a reopen stores the held records.
+            if (b.reopen || self.disk.is_none() || holding)
                 && let Err(e) = self.reopen()
             {
                 return self.failed(e, true);
             }
+            self.move_dead_later();
         }
         // Every seq below this is in the flush that starts now.
         let seq = *lock(&self.shared.append);

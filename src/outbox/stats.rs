@@ -32,6 +32,8 @@ pub struct OutboxStats {
     /// Records appended before a write error that a reopen could not put back.
     pub lost_total: u64,
     pub last_flush_duration: Option<Duration>,
+    /// Records kept in memory while the disk refuses writes.
+    pub held: super::HeldStats,
 }
 
 /// Records lost to the `max_bytes` policy or damage, by reason.
@@ -43,15 +45,18 @@ pub struct Dropped {
     pub full_reject_new: u64,
     /// Dead letters removed to make room (either policy).
     pub full_drop_dead_letter: u64,
+    /// Records beyond `memory_when_read_only` while the disk refuses writes.
+    pub read_only: u64,
 }
 
 impl Dropped {
     /// `(reason, count)` pairs: the `reason` label of a metric.
-    pub fn by_reason(&self) -> [(&'static str, u64); 3] {
+    pub fn by_reason(&self) -> [(&'static str, u64); 4] {
         [
             ("full_drop_oldest", self.full_drop_oldest),
             ("full_reject_new", self.full_reject_new),
             ("full_drop_dead_letter", self.full_drop_dead_letter),
+            ("read_only", self.read_only),
         ]
     }
 
@@ -73,6 +78,8 @@ impl DropCounters {
             full_drop_oldest: self.full_drop_oldest.load(Ordering::Relaxed),
             full_reject_new: self.full_reject_new.load(Ordering::Relaxed),
             full_drop_dead_letter: self.full_drop_dead_letter.load(Ordering::Relaxed),
+            // Counted by the held records (degraded.rs); filled in by `stats`.
+            read_only: 0,
         }
     }
 }
@@ -87,8 +94,9 @@ mod tests {
             full_drop_oldest: 3,
             full_reject_new: 2,
             full_drop_dead_letter: 1,
+            read_only: 4,
         };
-        assert_eq!(d.total(), 6);
+        assert_eq!(d.total(), 10);
         assert_eq!(d.by_reason()[1], ("full_reject_new", 2));
     }
 }

@@ -22,6 +22,7 @@ mod outputs;
 mod plan;
 mod preprocess;
 mod providers;
+mod read_only_disk;
 mod reference;
 mod registry;
 mod runtime;

@@ -118,7 +118,7 @@ impl Drop for Mosquitto {
 type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
 
 /// Collects every publish under `outpost/#`, QoS 1, persistent session.
-struct Fleet {
+pub(crate) struct Fleet {
     got: Received,
     subscribed: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
@@ -126,7 +126,7 @@ struct Fleet {
 }
 
 impl Fleet {
-    fn start(port: u16, id: &str) -> Fleet {
+    pub(crate) fn start(port: u16, id: &str) -> Fleet {
         let got: Received = Arc::default();
         let subscribed = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
@@ -198,7 +198,7 @@ impl Fleet {
 
     /// Result records received so far, batches (JSON arrays) unpacked,
     /// status messages left out; every payload must parse.
-    fn records(&self) -> Vec<(String, Value)> {
+    pub(crate) fn records(&self) -> Vec<(String, Value)> {
         let mut out = Vec::new();
         for (t, p) in self.snapshot() {
             if t.ends_with("/status") {

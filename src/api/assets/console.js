@@ -348,6 +348,19 @@
     set(card, 'dead_letters', num(o.dead_letters));
     set(card, 'appended_total', num(o.appended_total));
     set(card, 'acked_total', num(o.acked_total));
+    if (o.read_only) {
+      // The disk refuses writes: new records wait in memory, up to a bound.
+      badge(field(card, 'disk'), 'read-only', 'bad');
+      set(card, 'disk_detail', num(o.held_records) + ' held in memory (' + bytes(o.held_bytes) +
+        ' of ' + bytes(o.held_max_bytes) + '), ' + num(o.held_dropped_total) + ' dropped' +
+        (o.store_closed ? '; disk free to unmount' : ''));
+    } else if (o.unavailable) {
+      badge(field(card, 'disk'), 'cannot store', 'bad');
+      set(card, 'disk_detail', o.unavailable);
+    } else {
+      badge(field(card, 'disk'), 'storing', 'ok');
+      set(card, 'disk_detail', '');
+    }
     const share = o.max_bytes ? Math.min(1, o.bytes / o.max_bytes) : 0;
     const fill = field(card, 'fill');
     fill.style.width = (share * 100).toFixed(1) + '%';

@@ -316,6 +316,8 @@ impl Core {
                 }
             }
         }
+        // Camera sources join their camera; each camera starts once, below.
+        let mut cameras = crate::source::camera::CameraSet::default();
         for (i, src) in sources.iter().enumerate() {
             let pipeline = &g.scheduler.pipelines()[i];
             let ctx = SourceCtx {
@@ -332,6 +334,10 @@ impl Core {
                 g.ingress.insert(ctx.pipeline.clone(), ctx.clone());
             }
             ctx.set_state("started");
+            if let SourceConfig::Camera(c) = src {
+                cameras.add(c, ctx);
+                continue;
+            }
             match src.build().spawn(ctx) {
                 Ok(t) => g.tasks.push(t),
                 Err(e) => {
@@ -339,6 +345,13 @@ impl Core {
                     g.stop().await;
                     return Err(e.into());
                 }
+            }
+        }
+        match cameras.spawn() {
+            Ok(t) => g.tasks.extend(t),
+            Err(e) => {
+                g.stop().await;
+                return Err(e.into());
             }
         }
         Ok(g)

@@ -189,7 +189,11 @@ impl Status {
             .map(|(i, p)| PipelineStatus::read(&sched, i, p))
             .collect();
         let mut cameras: Vec<CameraReport> = Vec::new();
-        for c in sched.pipelines().iter().filter_map(|p| p.stats.camera.as_ref()) {
+        for c in sched
+            .pipelines()
+            .iter()
+            .filter_map(|p| p.stats.camera.as_ref())
+        {
             let r = c.camera_status();
             if !cameras.iter().any(|k| k.same_camera(&r)) {
                 cameras.push(r);

@@ -34,7 +34,11 @@ mod with_gstreamer {
                 .map(|i| model_dir().join("images").join(i))
                 .collect();
             for i in &images {
-                assert!(i.exists(), "{} missing: run models/fetch first", i.display());
+                assert!(
+                    i.exists(),
+                    "{} missing: run models/fetch first",
+                    i.display()
+                );
             }
             let mut child = Command::new("/usr/bin/python3")
                 .arg(&script)
@@ -82,7 +86,10 @@ mod with_gstreamer {
         fn client_counts(&self) -> Vec<u64> {
             self.lines()
                 .iter()
-                .filter_map(|l| l.strip_prefix("CLIENTS ").and_then(|n| n.trim().parse().ok()))
+                .filter_map(|l| {
+                    l.strip_prefix("CLIENTS ")
+                        .and_then(|n| n.trim().parse().ok())
+                })
                 .collect()
         }
 
@@ -235,7 +242,11 @@ model = "mtcnn_onet"
         for p in [&objects, &faces] {
             let c = &p["camera"];
             assert_eq!(c["name"], "gate", "{p:#}");
-            assert_eq!(c["pipelines"], serde_json::json!(["objects", "faces"]), "{p:#}");
+            assert_eq!(
+                c["pipelines"],
+                serde_json::json!(["objects", "faces"]),
+                "{p:#}"
+            );
             assert_eq!(c["state"], "streaming", "{p:#}");
         }
         let st = d.status();
@@ -285,11 +296,22 @@ model = "mtcnn_onet"
         // One status record per transition of the camera, not per pipeline.
         let dir = d.stop_keep_dir();
         let events = camera_events(dir.path());
-        let kinds: Vec<&str> = events.iter().map(|e| e["event"].as_str().unwrap()).collect();
-        assert_eq!(kinds, ["camera_up", "camera_down", "camera_up"], "{events:#?}");
+        let kinds: Vec<&str> = events
+            .iter()
+            .map(|e| e["event"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            kinds,
+            ["camera_up", "camera_down", "camera_up"],
+            "{events:#?}"
+        );
         for e in &events {
             assert_eq!(e["camera_name"], "gate", "{e}");
-            assert_eq!(e["pipelines"], serde_json::json!(["objects", "faces"]), "{e}");
+            assert_eq!(
+                e["pipelines"],
+                serde_json::json!(["objects", "faces"]),
+                "{e}"
+            );
         }
     }
 
@@ -305,22 +327,25 @@ model = "mtcnn_onet"
             / n
     }
 
-    /// The distinct frames a pipeline made records of, while `for_` lasts:
-    /// its snapshot (the latest frame with a record) polled faster than it
-    /// takes frames.
+    /// The brightness of the frames a pipeline made records of while `for_`
+    /// lasts: its snapshot (the latest frame with a record) polled at least
+    /// twice a frame (at 1 fps), so no frame it took goes unseen. (Keyframes
+    /// of one photograph may decode to the same bytes: polls are not told apart.)
     fn snapshots(d: &Daemon, pipeline: &str, for_: Duration) -> Vec<f64> {
-        let mut seen: Vec<Vec<u8>> = Vec::new();
+        let mut seen = Vec::new();
         let t0 = Instant::now();
         while t0.elapsed() < for_ {
             let path = format!("/v1/pipelines/{pipeline}/snapshot.jpg");
-            if let Ok((200, jpeg)) = http("GET", &d.api, &path, b"")
-                && seen.last() != Some(&jpeg)
-            {
-                seen.push(jpeg);
+            if let Ok((200, jpeg)) = http("GET", &d.api, &path, b"") {
+                seen.push(brightness(&jpeg));
             }
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(50));
         }
-        seen.iter().map(|j| brightness(j)).collect()
+        assert!(
+            seen.len() as f64 >= 2.0 * for_.as_secs_f64(),
+            "snapshots too slow to see every frame: {seen:?}"
+        );
+        seen
     }
 
     /// A 30 fps stream with a keyframe every 30 frames, read at 1 fps: with
@@ -334,7 +359,14 @@ model = "mtcnn_onet"
         let server = RtspServer::start(
             &["astronaut.png"],
             &[
-                "--width", "320", "--height", "240", "--fps", "30", "--key-int", "30",
+                "--width",
+                "320",
+                "--height",
+                "240",
+                "--fps",
+                "30",
+                "--key-int",
+                "30",
                 "--mark-keyframes",
             ],
         );
@@ -365,8 +397,10 @@ source = {{ type = "camera", camera = "yard", fps = 1 }}
         // Every frame `plates` made a record of is a keyframe (a photograph,
         // not black).
         let lit = snapshots(&d, "plates", Duration::from_secs(8));
-        assert!(lit.len() >= 6, "frames seen: {lit:?}");
-        assert!(lit.iter().all(|b| *b > 60.0), "a delta frame was decoded: {lit:?}");
+        assert!(
+            lit.iter().all(|b| *b > 60.0),
+            "a delta frame was decoded: {lit:?}"
+        );
         d.records_until(Duration::from_secs(30), |r| count(r, "plates") >= 12);
         let plates: Vec<serde_json::Value> = d
             .seen
@@ -378,9 +412,7 @@ source = {{ type = "camera", camera = "yard", fps = 1 }}
         // None lost to the mode: one record for each keyframe, a second apart.
         let captured: Vec<std::time::SystemTime> = plates
             .iter()
-            .map(|r| {
-                humantime::parse_rfc3339(r["captured"].as_str().expect("captured")).unwrap()
-            })
+            .map(|r| humantime::parse_rfc3339(r["captured"].as_str().expect("captured")).unwrap())
             .collect();
         for w in captured.windows(2) {
             let gap = w[1].duration_since(w[0]).unwrap_or_default();
@@ -397,7 +429,11 @@ source = {{ type = "camera", camera = "yard", fps = 1 }}
         );
         let p = pipeline_status(&d, "plates");
         let c = &p["camera"];
-        assert_eq!((c["decode"].as_str(), c["decode_mode"].as_str()), (Some("keyframes"), Some("keyframes")), "{p:#}");
+        assert_eq!(
+            (c["decode"].as_str(), c["decode_mode"].as_str()),
+            (Some("keyframes"), Some("keyframes")),
+            "{p:#}"
+        );
         let encoded = c["encoded_frames"].as_u64().unwrap();
         let decoder = c["decoder_frames_in"].as_u64().unwrap();
         let skipped = c["delta_frames_skipped"].as_u64().unwrap();
@@ -409,19 +445,31 @@ source = {{ type = "camera", camera = "yard", fps = 1 }}
             (decoder as f64) >= keyframes - 2.0 && (decoder as f64) <= keyframes + 2.0,
             "decoder input {decoder} for {encoded} frames: {p:#}"
         );
-        let interval = c["keyframe_interval_ms"].as_f64().expect("keyframe interval");
+        let interval = c["keyframe_interval_ms"]
+            .as_f64()
+            .expect("keyframe interval");
         assert!((900.0..1100.0).contains(&interval), "{p:#}");
 
         // `auto` sees one keyframe a second, and 1 fps needs no more.
-        let p = wait_status(&d, "counts", Duration::from_secs(20), "auto keyframes", |p| {
-            p["camera"]["decode_mode"] == "keyframes"
-        });
+        let p = wait_status(
+            &d,
+            "counts",
+            Duration::from_secs(20),
+            "auto keyframes",
+            |p| p["camera"]["decode_mode"] == "keyframes",
+        );
         let c = &p["camera"];
         assert_eq!(c["decode"], "auto", "{p:#}");
         assert!(c["delta_frames_skipped"].as_u64().unwrap() > 0, "{p:#}");
+        // A frame decoded before the choice may still be on its way to a
+        // record: two records later, frames come from keyframes only.
+        let records = count(d.records_until(Duration::ZERO, |_| true), "counts");
+        d.records_until(Duration::from_secs(10), |r| {
+            count(r, "counts") >= records + 2
+        });
         let lit = snapshots(&d, "counts", Duration::from_secs(4));
         assert!(
-            lit.len() >= 2 && lit.iter().all(|b| *b > 60.0),
+            lit.iter().all(|b| *b > 60.0),
             "a delta frame was decoded after auto chose keyframes: {lit:?}"
         );
         assert!(d.terminate().success());

@@ -309,7 +309,12 @@ pub fn validate_cameras(cameras: &[CameraDef], named: &[(usize, &str)]) -> Vec<S
     }
     for (i, n) in named {
         if !cameras.iter().any(|c| c.name == *n) {
-            let known: Vec<&str> = cameras.iter().map(|c| c.name.as_str()).collect();
+            let mut known: Vec<&str> = Vec::new();
+            for c in cameras {
+                if !known.contains(&c.name.as_str()) {
+                    known.push(&c.name);
+                }
+            }
             p.push(format!(
                 "pipelines[{i}].source.camera: no camera `{n}` in [[cameras]] ({})",
                 if known.is_empty() {

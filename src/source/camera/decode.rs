@@ -129,10 +129,7 @@ impl DecodeGate {
                 // The usual interval, the latest one and the one running now.
                 iv as f64 <= limit
                     && self.watch.last_ns().is_none_or(|l| l as f64 <= limit)
-                    && self
-                        .watch
-                        .since_key(t_ns)
-                        .is_none_or(|s| s as f64 <= limit)
+                    && self.watch.since_key(t_ns).is_none_or(|s| s as f64 <= limit)
             }
         }
     }
@@ -197,10 +194,7 @@ mod tests {
         let mut g = DecodeGate::new(Decode::Auto, &[Some(1.0), Some(0.5)]);
         let v = run(&mut g, 30, 0..150);
         // Every frame until two intervals were seen (keyframes 0, 30, 60) ...
-        assert!(
-            v[..60].iter().all(|(_, d)| *d == Verdict::Decode),
-            "{v:?}"
-        );
+        assert!(v[..60].iter().all(|(_, d)| *d == Verdict::Decode), "{v:?}");
         // ... then keyframes only.
         for (n, d) in &v[60..] {
             assert_eq!(*d == Verdict::Decode, n % 30 == 0, "frame {n}");

@@ -205,7 +205,13 @@ pub(super) fn add_gate_probe(pad: &gst::Pad, sh: &Arc<Shared>) {
     let g = sh.clone();
     pad.add_probe(gst::PadProbeType::BUFFER, move |_, info| {
         g.add(|s| &s.frames_in);
-        let t = g.epoch.elapsed().as_nanos() as u64;
+        let pts = info.buffer().and_then(|b| b.pts());
+        // The stream's own clock where frames carry it: the decoder's
+        // varying delay (its first frame is slow) must not make a frame
+        // look early and lose it, least of all when only keyframes come.
+        let t = pts
+            .map(|p| p.nseconds())
+            .unwrap_or_else(|| g.epoch.elapsed().as_nanos() as u64);
         let admitted: Vec<bool> = g
             .readers
             .iter()
@@ -220,7 +226,6 @@ pub(super) fn add_gate_probe(pad: &gst::Pad, sh: &Arc<Shared>) {
         if !admitted.contains(&true) {
             return gst::PadProbeReturn::Drop;
         }
-        let pts = info.buffer().and_then(|b| b.pts());
         *lock(&g.admitted) = Some((pts, admitted));
         gst::PadProbeReturn::Ok
     });
@@ -308,7 +313,11 @@ pub(super) fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Samp
 
 /// The frame's planes back to back, rows without padding: the GStreamer
 /// buffer itself when it is laid out so (no copy), else packed.
-fn packed_payload(info: &gst_video::VideoInfo, raw: &RawImage, buffer: gst::Buffer) -> Option<Bytes> {
+fn packed_payload(
+    info: &gst_video::VideoInfo,
+    raw: &RawImage,
+    buffer: gst::Buffer,
+) -> Option<Bytes> {
     let (w, h) = (raw.width, raw.height);
     // (offset, stride, row bytes, rows) of each plane.
     let planes: Vec<(usize, usize, usize, usize)> = match raw.format {

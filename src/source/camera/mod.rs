@@ -71,9 +71,7 @@ pub enum DecoderError {
     Encoding(String),
     #[error("GStreamer element `{0}` is missing (Debian: gstreamer1.0-plugins-good / -bad)")]
     Missing(&'static str),
-    #[error(
-        "no {0} decoder: install gstreamer1.0-libav (avdec_*) or use a Jetson (nvv4l2decoder)"
-    )]
+    #[error("no {0} decoder: install gstreamer1.0-libav (avdec_*) or use a Jetson (nvv4l2decoder)")]
     NoDecoder(String),
 }
 
@@ -116,7 +114,8 @@ pub fn is_hardware(elements: &[&str]) -> bool {
 }
 
 /// Subsampling to `fps`: admits a frame when its time has come, keeping the
-/// cadence (not drifting by a late frame) and resynchronising after a gap.
+/// cadence (not drifting by a late frame) and resynchronising after a gap
+/// or when the clock starts over.
 #[derive(Debug)]
 pub struct FpsGate {
     interval_ns: u64,
@@ -140,6 +139,12 @@ impl FpsGate {
         // camera clocks jitter, and 30 -> 10 fps must keep every third frame.
         let slack = self.interval_ns / 8;
         match self.next {
+            // Far before the frame due: the clock started over (a stream's
+            // timestamps after a reconnect); take this one and go on from it.
+            Some(due) if t_ns.saturating_add(2 * self.interval_ns) < due => {
+                self.next = Some(t_ns + self.interval_ns);
+                true
+            }
             Some(due) if t_ns + slack < due => false,
             Some(due) => {
                 self.next = Some(if t_ns > due + self.interval_ns {
@@ -553,7 +558,10 @@ mod tests {
         );
         // A pipeline that names a camera says only how many frames it wants.
         let c = cfg(r#"{ type = "camera", camera = "gate", fps = 1, queue = 2 }"#);
-        assert_eq!((c.camera.as_deref(), c.fps, c.queue), (Some("gate"), Some(1.0), 2));
+        assert_eq!(
+            (c.camera.as_deref(), c.fps, c.queue),
+            (Some("gate"), Some(1.0), 2)
+        );
         assert!(c.validate("s").is_empty(), "{:?}", c.validate("s"));
         // Its camera comes from the config (resolved when it is read).
         assert!(c.def("p").is_none());
@@ -568,7 +576,9 @@ mod tests {
         assert_eq!(p.len(), 4, "{p:?}");
         for key in ["url", "transport", "decode"] {
             assert!(
-                p.iter().any(|e| e.starts_with(&format!("pipelines[1].source.{key}: set it on the camera `gate`"))),
+                p.iter().any(|e| e.starts_with(&format!(
+                    "pipelines[1].source.{key}: set it on the camera `gate`"
+                ))),
                 "{key}: {p:?}"
             );
         }
@@ -593,17 +603,29 @@ mod tests {
             .filter(|e| !e.contains("`camera` feature"))
             .collect();
         assert_eq!(p.len(), 3, "{p:?}");
-        assert!(p.iter().any(|e| e == "cameras[2].name: `gate` is the name of an earlier camera too"), "{p:?}");
-        assert!(p.iter().any(|e| e.starts_with("cameras[1].name: no pipeline reads camera `yard`")), "{p:?}");
         assert!(
-            p.iter().any(|e| e == "pipelines[2].source.camera: no camera `door` in [[cameras]] (cameras: gate, yard, gate)"),
+            p.iter()
+                .any(|e| e == "cameras[2].name: `gate` is the name of an earlier camera too"),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .any(|e| e.starts_with("cameras[1].name: no pipeline reads camera `yard`")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter().any(|e| e == "pipelines[2].source.camera: no camera `door` in [[cameras]] (cameras: gate, yard)"),
             "{p:?}"
         );
         // Keyframe-only decoding needs a stream outpost parses itself.
         let mut v = def("usb");
         v.url = Some("v4l2:///dev/video0".into());
         v.decode = Decode::Keyframes;
-        assert!(v.validate("c").iter().any(|e| e.starts_with("c.decode: `keyframes` needs")));
+        assert!(
+            v.validate("c")
+                .iter()
+                .any(|e| e.starts_with("c.decode: `keyframes` needs"))
+        );
         v.url = None;
         v.pipeline = Some("filesrc location=a.mp4 ! qtdemux ! h264parse name=outpost_parse ! avdec_h264 ! videoconvert ! appsink name=outpost".into());
         assert!(!v.validate("c").iter().any(|e| e.contains("decode")));
@@ -676,6 +698,10 @@ mod tests {
         let t = 10_000_000_000;
         assert!(g.admit(t));
         assert!(!g.admit(t + frame));
+        // Timestamps that start over (a new connection) are followed.
+        assert!(g.admit(frame));
+        assert!(!g.admit(2 * frame));
+        assert!(g.admit(frame + 100_000_000));
         let mut all = FpsGate::new(None);
         assert!((0..5).all(|i| all.admit(i)));
     }

@@ -120,8 +120,7 @@ pub(super) fn spawn(
         stall_timeout_s = shared.def.stall_timeout.as_secs_f64(),
         "camera source"
     );
-    let thread =
-        tokio::task::spawn_blocking(move || supervise(url.as_ref(), max_fps, &shared));
+    let thread = tokio::task::spawn_blocking(move || supervise(url.as_ref(), max_fps, &shared));
     Ok(tokio::spawn(async move {
         let _ = thread.await;
     }))
@@ -443,11 +442,7 @@ fn log_chain(sh: &Shared, chain: &str) {
 
 /// `rtspsrc` with its credentials as properties; the depayloader, parser and
 /// decoder are chosen and linked when the server announces its tracks.
-fn add_rtspsrc(
-    p: &gst::Pipeline,
-    url: Option<&CameraUrl>,
-    sh: &Arc<Shared>,
-) -> Result<(), String> {
+fn add_rtspsrc(p: &gst::Pipeline, url: Option<&CameraUrl>, sh: &Arc<Shared>) -> Result<(), String> {
     let Some(CameraUrl::Rtsp {
         location,
         user,
@@ -591,4 +586,3 @@ fn add_rtspsrc(
     p.add(&src).map_err(|e| e.to_string())?;
     Ok(())
 }
-

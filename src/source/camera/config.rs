@@ -84,8 +84,8 @@ pub struct CameraConfig {
     pub url: Option<String>,
     #[serde(default)]
     pub pipeline: Option<String>,
-    /// Frames per second handed to the pipeline (subsampled at the source);
-    /// absent: every frame the camera sends.
+    /// Frames per second handed to the pipeline (subsampled at the source,
+    /// by the stream's timestamps); absent: every frame the camera sends.
     #[serde(default)]
     pub fps: Option<f64>,
     #[serde(default)]

@@ -10,7 +10,7 @@
 //!   `queue` frames; a new frame pushes the oldest out (counted `stale`), so
 //!   a slow model sees fresh frames, never a backlog, and never holds back
 //!   the other pipelines on the camera. Each pipeline's `fps` subsamples
-//!   before colour conversion, so a frame no pipeline wants costs only its
+//!   (by the stream's timestamps) before colour conversion, so a frame no pipeline wants costs only its
 //!   decode; with keyframe-only decoding (`decode.rs`) most frames are not
 //!   even decoded.
 //! - Self-healing: an error, end of stream, or no frame for `stall_timeout`

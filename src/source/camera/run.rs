@@ -276,9 +276,9 @@ fn watch(
             }
         }
         // Decoding keyframes only, a frame comes once a keyframe interval,
-        // which may be longer than stall_timeout: compressed frames
-        // arriving at the parser show the camera is alive.
-        if streaming && sh.keyframes_only() {
+        // which may be longer than stall_timeout (the first one too):
+        // compressed frames arriving at the parser show the camera is alive.
+        if sh.keyframes_only() {
             last = last.max(sh.last_input_ms.load(Ordering::Relaxed));
         }
         let since = if last == 0 {

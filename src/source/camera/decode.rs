@@ -214,7 +214,7 @@ mod tests {
         run(&mut g, 30, 0..120);
         assert_eq!(g.mode(), "keyframes");
         // The keyframe after 120 comes at 160, then they are on time again.
-        let key = |n: u64| n == 120 || (n >= 160 && (n - 160) % 30 == 0);
+        let key = |n: u64| n == 120 || (n >= 160 && (n - 160).is_multiple_of(30));
         for n in 120..250 {
             let d = g.frame(n * FRAME, key(n));
             assert_eq!(d == Verdict::Decode, key(n), "frame {n}");

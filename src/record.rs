@@ -129,6 +129,12 @@ pub enum Event {
         camera: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
+        /// Its `[[cameras]]` name (an inline camera: its pipeline's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        camera_name: Option<String>,
+        /// Every pipeline that reads it (the record is stored under the first).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pipelines: Vec<String>,
     },
     /// `"event": {"step": .., "name": .., "version": .., ..}`: an OTA status
     /// (its shape is the OTA agent's; this room stays a leaf).
@@ -149,6 +155,8 @@ impl Event {
             event: CameraChange::CameraUp,
             camera: camera.to_string(),
             error: None,
+            camera_name: None,
+            pipelines: Vec::new(),
         }
     }
 
@@ -157,7 +165,23 @@ impl Event {
             event: CameraChange::CameraDown,
             camera: camera.to_string(),
             error: Some(error.to_string()),
+            camera_name: None,
+            pipelines: Vec::new(),
         }
+    }
+
+    /// The camera's `[[cameras]]` name and the pipelines that read it.
+    pub fn of_camera(mut self, name: &str, readers: &[String]) -> Event {
+        if let Event::Camera {
+            camera_name,
+            pipelines,
+            ..
+        } = &mut self
+        {
+            *camera_name = Some(name.to_string());
+            *pipelines = readers.to_vec();
+        }
+        self
     }
 
     pub fn ota(status: serde_json::Value) -> Event {

@@ -7,10 +7,21 @@ Serves, encoded live with x264enc:
           as H.264 at --width x --height and --fps
   /audio  an audio-only stream (a stream with no video track)
 With --user/--password every path needs those credentials (basic auth).
-Binds port 0 unless --port is given and prints `PORT <n>` once listening.
+With --key-int N a keyframe starts every N frames exactly (no others at
+scene changes; default: one a second); with --mark-keyframes the keyframes
+show the first photograph and every other frame is black, so a reader can
+tell from a frame's picture whether it was a keyframe.
+A still photograph encodes to delta frames with nearly nothing in them,
+which decode almost for free; a real camera's frames each differ from the
+one before (sensor noise, motion). With --noise every frame gets fresh noise
+in the two low bits of each byte (cycling through a few noisy copies made
+at start); with --pan N the picture scrolls N rows a frame, wrapping round.
+Binds port 0 unless --port is given and prints `PORT <n>` once listening,
+then `CLIENTS <n>` each time an RTSP client connects or leaves.
 """
 
 import argparse
+import os
 import sys
 
 import gi
@@ -18,6 +29,10 @@ import gi
 gi.require_version("Gst", "1.0")
 gi.require_version("GstRtspServer", "1.0")
 from gi.repository import GLib, Gst, GstRtspServer  # noqa: E402
+
+
+# Noisy copies of each photograph: consecutive frames never repeat one.
+NOISY_COPIES = 7
 
 
 def load_frame(path, width, height):
@@ -48,25 +63,60 @@ class PhotoFactory(GstRtspServer.RTSPMediaFactory):
         super().__init__()
         self.frames = frames
         self.args = args
+        # Noisy copies of each frame (big-integer XOR: fast without NumPy).
+        self.noisy = {}
+        if args.noise:
+            for f in frames:
+                n = len(f)
+                low = int.from_bytes(b"\x03" * n, "little")
+                base = int.from_bytes(f, "little")
+                self.noisy[f] = [
+                    (base ^ (int.from_bytes(os.urandom(n), "little") & low)).to_bytes(n, "little")
+                    for _ in range(NOISY_COPIES)
+                ]
         self.set_shared(True)
 
     def do_create_element(self, url):
         a = self.args
+        key_int = a.key_int or a.fps
+        # With --key-int the keyframes are where the reader expects them:
+        # none extra at scene changes (the photographs change abruptly).
+        exact = ' option-string="scenecut=0"' if a.key_int else ""
         desc = (
             "appsrc name=src is-live=true format=time do-timestamp=false "
             f"caps=video/x-raw,format=I420,width={a.width},height={a.height},framerate={a.fps}/1 "
-            f"! x264enc tune=zerolatency speed-preset=ultrafast key-int-max={a.fps} bitrate={a.bitrate} "
+            f"! x264enc tune=zerolatency speed-preset=ultrafast key-int-max={key_int} bitrate={a.bitrate}{exact} "
             "! video/x-h264,profile=constrained-baseline ! rtph264pay name=pay0 pt=96 config-interval=1"
         )
         bin_ = Gst.parse_launch(f"( {desc} )")
         src = bin_.get_by_name("src")
         state = {"n": 0}
+        # I420 black: luma 16, chroma 128.
+        luma = a.width * a.height
+        chroma = ((a.width + 1) // 2) * ((a.height + 1) // 2)
+        black = bytes([16]) * luma + bytes([128]) * (2 * chroma)
         dur = Gst.SECOND // a.fps
         hold = max(1, int(a.hold * a.fps))
+        cw = (a.width + 1) // 2
+
+        def scrolled(frame, rows):
+            """The I420 frame scrolled up by `rows` (even) rows, wrapping round."""
+            rows -= rows % 2
+            y, u, v = frame[:luma], frame[luma:luma + chroma], frame[luma + chroma:]
+            k, kc = rows * a.width, (rows // 2) * cw
+            return y[k:] + y[:k] + u[kc:] + u[:kc] + v[kc:] + v[:kc]
 
         def need_data(appsrc, _length):
             n = state["n"]
-            frame = self.frames[(n // hold) % len(self.frames)]
+            if a.mark_keyframes:
+                frame = self.frames[0] if n % key_int == 0 else black
+            else:
+                frame = self.frames[(n // hold) % len(self.frames)]
+            copies = self.noisy.get(frame)
+            if copies:
+                frame = copies[n % len(copies)]
+            if a.pan:
+                frame = scrolled(frame, (n * a.pan) % a.height)
             buf = Gst.Buffer.new_wrapped(frame)
             buf.pts = n * dur
             buf.duration = dur
@@ -88,6 +138,14 @@ def main():
     ap.add_argument("--bitrate", type=int, default=2048, help="kbit/s")
     ap.add_argument("--user")
     ap.add_argument("--password")
+    ap.add_argument("--key-int", type=int, default=0, help="frames from keyframe to keyframe")
+    ap.add_argument("--pan", type=int, default=0, help="rows the picture scrolls a frame")
+    ap.add_argument("--noise", action="store_true", help="fresh noise in every frame")
+    ap.add_argument(
+        "--mark-keyframes",
+        action="store_true",
+        help="keyframes show the first photograph, other frames are black",
+    )
     args = ap.parse_args()
 
     Gst.init(None)
@@ -117,6 +175,18 @@ def main():
             )
     mounts.add_factory("/cam", cam)
     mounts.add_factory("/audio", audio)
+    clients = {"n": 0}
+
+    def closed(_client):
+        clients["n"] -= 1
+        print(f"CLIENTS {clients['n']}", flush=True)
+
+    def connected(_server, client):
+        clients["n"] += 1
+        client.connect("closed", closed)
+        print(f"CLIENTS {clients['n']}", flush=True)
+
+    server.connect("client-connected", connected)
     if server.attach(None) == 0:
         sys.exit("cannot listen")
     print(f"PORT {server.get_bound_port()}", flush=True)

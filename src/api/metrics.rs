@@ -181,6 +181,16 @@ const CAMERA_COUNTERS: &[CameraCounter] = &[
         "Camera pipelines torn down and rebuilt",
         |_, c| get(&c.reconnects),
     ),
+    (
+        "outpost_camera_decoder_frames_in",
+        "Compressed frames handed to the camera's decoder",
+        |_, c| get(&c.decoder_frames_in),
+    ),
+    (
+        "outpost_camera_delta_frames_skipped",
+        "Delta frames dropped before the decoder (keyframe-only decoding)",
+        |_, c| get(&c.delta_frames_skipped),
+    ),
 ];
 
 /// Outbox gauges, no labels; a None value leaves the family out.

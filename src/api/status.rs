@@ -26,6 +26,9 @@ pub struct Status {
     pub boot: u64,
     pub ready: bool,
     pub pipelines: Vec<PipelineStatus>,
+    /// Each camera once (a camera read by several pipelines is decoded
+    /// once): its state, decoder and keyframe figures.
+    pub cameras: Vec<CameraReport>,
     pub outbox: OutboxStatus,
     /// None: no uplink configured.
     pub uplink: Option<UplinkStatus>,
@@ -199,6 +202,17 @@ impl Status {
             .enumerate()
             .map(|(i, p)| PipelineStatus::read(&sched, i, p))
             .collect();
+        let mut cameras: Vec<CameraReport> = Vec::new();
+        for c in sched
+            .pipelines()
+            .iter()
+            .filter_map(|p| p.stats.camera.as_ref())
+        {
+            let r = c.camera_status();
+            if !cameras.iter().any(|k| k.same_camera(&r)) {
+                cameras.push(r);
+            }
+        }
         let daemon = DaemonStatus {
             version: s.daemon.0.clone(),
             slot: s.daemon.1.clone(),
@@ -209,6 +223,7 @@ impl Status {
             boot: s.boot,
             ready: s.ready.load(Ordering::SeqCst),
             pipelines,
+            cameras,
             outbox: OutboxStatus::read(&s.outbox.stats()),
             uplink: s.uplink.as_deref().map(UplinkStatus::read),
             ota: s.ota.as_ref().map(|o| OtaStatus {

@@ -209,23 +209,36 @@ UPLINK_HTTP
 
 /// Cameras: active in a build with the `camera` feature, commented out in
 /// one without (where `outpost check` refuses a camera source).
-const CAMERAS: &str = r#"# An RTSP camera: H.264/H.265 decoded (nvv4l2decoder on a Jetson), RGB frames
-# straight to the model; at most `queue` frames wait (the oldest is dropped as
-# `stale`), `fps` subsamples at the source; rebuilt after an error, end of
-# stream, or no frame for `stall_timeout`. Credentials never reach the logs.
+const CAMERAS: &str = r#"# A camera: RTSP H.264/H.265 decoded (nvv4l2decoder on a Jetson) once for
+# every pipeline that names it (one RTSP session), RGB frames straight to the
+# models; rebuilt after an error, end of stream, or no frame for
+# `stall_timeout`. Credentials never reach the logs.
+[[cameras]]
+name = "gate"
+url = "rtsp://192.0.2.7:554/stream1"
+transport = "tcp"                  # or "udp"
+stall_timeout = "5s"
+decode = "auto"                    # keyframes only while every reader's fps <= the keyframe rate; or "all", "keyframes"
+# width = 1280                     # scaled to (RTSP), asked of V4L2 and CSI cameras
+# height = 720
+# A camera that wants credentials: the password from the environment
+# (EnvironmentFile); while CAMERA_PASSWORD is unset, check and run refuse the config.
+# url = "rtsp://viewer:${CAMERA_PASSWORD}@192.0.2.7:554/stream1"
+# A USB camera, a Jetson CSI sensor (nvarguscamerasrc), or any GStreamer
+# pipeline whose frames reach `appsink name=outpost`:
+# url = "v4l2:///dev/video0"
+# url = "csi://0"
+# pipeline = "videotestsrc ! video/x-raw,width=640,height=480 ! appsink name=outpost"
+
+# Each pipeline on a camera takes its own `fps` (subsampled at the source) and
+# keeps at most `queue` frames (the oldest is dropped as `stale`).
 [[pipelines]]
 name = "gate-camera"
 model = "classifier"
 priority = "realtime"
-source = { type = "camera", url = "rtsp://192.0.2.7:554/stream1", fps = 10, transport = "tcp", stall_timeout = "5s", queue = 1 }
-# A camera that wants credentials: the password from the environment
-# (EnvironmentFile); while CAMERA_PASSWORD is unset, check and run refuse the config.
-# source = { type = "camera", url = "rtsp://viewer:${CAMERA_PASSWORD}@192.0.2.7:554/stream1", fps = 10 }
-# A USB camera, and a Jetson CSI sensor (nvarguscamerasrc):
-# source = { type = "camera", url = "v4l2:///dev/video0", width = 1280, height = 720, fps = 15 }
-# source = { type = "camera", url = "csi://0", width = 1920, height = 1080, fps = 30 }
-# Or any GStreamer pipeline whose frames reach `appsink name=outpost`:
-# source = { type = "camera", pipeline = "videotestsrc ! video/x-raw,width=640,height=480 ! appsink name=outpost" }
+source = { type = "camera", camera = "gate", fps = 10, queue = 1 }
+# Or a camera of its own, inline (the keys of a [[cameras]] entry but `name`):
+# source = { type = "camera", url = "rtsp://192.0.2.8:554/stream1", width = 1280, height = 720, fps = 15, transport = "tcp", stall_timeout = "5s", decode = "all", queue = 1 }
 "#;
 
 const MQTT: &str = r#"# Results to the fleet broker: QoS 1, deleted from the outbox on PUBACK.

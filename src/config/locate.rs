@@ -45,6 +45,7 @@ const TOP_KEYS: [&str; 13] = [
     "site_broker",
     "embedded_broker",
     "pipelines",
+    "cameras",
     "uplink",
     "ota",
     "clock",
@@ -307,9 +308,19 @@ pub fn show_path(path: &[Seg]) -> String {
 /// `pipeline "gate" (line 12)`, or `[[pipelines]] #3 (line 12)` for one
 /// without a readable name; `n` counts in the file.
 pub fn show_pipeline(orig: &DeTable<'_>, text: &str, n: usize) -> String {
-    let path = [Seg::Key("pipelines".into()), Seg::Index(n)];
+    show_entry(orig, text, "pipelines", "pipeline", n)
+}
+
+/// `camera "gate" (line 3)`, or `[[cameras]] #2 (line 3)`; `n` counts in the file.
+pub fn show_camera(orig: &DeTable<'_>, text: &str, n: usize) -> String {
+    show_entry(orig, text, "cameras", "camera", n)
+}
+
+/// An element of the array of tables `array` by its `name`, as a `word`.
+fn show_entry(orig: &DeTable<'_>, text: &str, array: &str, word: &str, n: usize) -> String {
+    let path = [Seg::Key(array.into()), Seg::Index(n)];
     let Some(v) = get(orig, &path) else {
-        return format!("[[pipelines]] #{}", n + 1);
+        return format!("[[{array}]] #{}", n + 1);
     };
     let line = line_of(text, start_of(v));
     let name = match v.get_ref() {
@@ -320,16 +331,20 @@ pub fn show_pipeline(orig: &DeTable<'_>, text: &str, n: usize) -> String {
         _ => None,
     };
     match name {
-        Some(name) => format!("pipeline \"{name}\" (line {line})"),
-        None => format!("[[pipelines]] #{} (line {line})", n + 1),
+        Some(name) => format!("{word} \"{name}\" (line {line})"),
+        None => format!("[[{array}]] #{} (line {line})", n + 1),
     }
 }
 
 /// A located path in words: `pipeline "gate" (line 12), outputs#1.topic`.
 pub fn show_located(orig: &DeTable<'_>, text: &str, path: &[Seg]) -> String {
     match path {
-        [Seg::Key(k), Seg::Index(n), rest @ ..] if k == "pipelines" => {
-            let p = show_pipeline(orig, text, *n);
+        [Seg::Key(k), Seg::Index(n), rest @ ..] if k == "pipelines" || k == "cameras" => {
+            let p = if k == "pipelines" {
+                show_pipeline(orig, text, *n)
+            } else {
+                show_camera(orig, text, *n)
+            };
             if rest.is_empty() {
                 p
             } else {

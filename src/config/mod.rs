@@ -16,6 +16,7 @@ use crate::outbox::OutboxConfig;
 use crate::pipeline::PipelineConfig;
 pub use crate::pipeline::SchedulerConfig;
 use crate::source::SourceConfig;
+use crate::source::camera::CameraDef;
 use crate::source::mqtt::{EmbeddedBrokerConfig, SiteBrokerConfig};
 use crate::uplink::UplinkConfig;
 
@@ -53,6 +54,10 @@ pub struct Config {
     pub embedded_broker: EmbeddedBrokerConfig,
     #[serde(default)]
     pub pipelines: Vec<PipelineConfig>,
+    /// Cameras decoded once for every pipeline that names them
+    /// (`source = { type = "camera", camera = "NAME" }`).
+    #[serde(default)]
+    pub cameras: Vec<CameraDef>,
     /// Where results go: the fleet's MQTT broker or HTTP ingestion endpoint.
     /// Without one, results stay in the outbox (export them with `outpost outbox export`).
     #[serde(default)]
@@ -255,6 +260,7 @@ impl Default for Config {
             site_broker: None,
             embedded_broker: EmbeddedBrokerConfig::default(),
             pipelines: Vec::new(),
+            cameras: Vec::new(),
             uplink: None,
             ota: None,
             clock: crate::clock::ClockConfig::default(),
@@ -313,10 +319,27 @@ impl Config {
         env: impl Fn(&str) -> Option<String>,
         more: impl FnOnce(&Config) -> Vec<String>,
     ) -> Result<Config, ConfigError> {
-        read::read(text, env, more).map_err(|problems| ConfigError::Invalid {
-            path: path.into(),
-            problems: problems.iter().map(|p| p.to_string()).collect(),
-        })
+        read::read(text, env, more)
+            .map(|mut c| {
+                c.resolve_cameras();
+                c
+            })
+            .map_err(|problems| ConfigError::Invalid {
+                path: path.into(),
+                problems: problems.iter().map(|p| p.to_string()).collect(),
+            })
+    }
+
+    /// Hands each pipeline that names a `[[cameras]]` entry that entry, so
+    /// its source knows the camera it joins (names checked by `validate`).
+    pub fn resolve_cameras(&mut self) {
+        for pl in &mut self.pipelines {
+            if let SourceConfig::Camera(c) = &mut pl.source
+                && let Some(name) = &c.camera
+            {
+                c.resolved = self.cameras.iter().find(|d| &d.name == name).cloned();
+            }
+        }
     }
 
     /// Every problem, each naming its key.
@@ -399,6 +422,19 @@ impl Config {
             p.push(format!("api.token_file: {} does not exist", t.display()));
         }
         p.extend(self.scheduler.validate());
+        let named: Vec<(usize, &str)> = self
+            .pipelines
+            .iter()
+            .enumerate()
+            .filter_map(|(i, pc)| match &pc.source {
+                SourceConfig::Camera(c) => c.camera.as_deref().map(|n| (i, n)),
+                _ => None,
+            })
+            .collect();
+        p.extend(crate::source::camera::validate_cameras(
+            &self.cameras,
+            &named,
+        ));
         for (i, pc) in self.pipelines.iter().enumerate() {
             // The reader writes `pipelines[i]` as the pipeline's name and line.
             let at = format!("pipelines[{i}]");

@@ -292,7 +292,9 @@ impl Core {
             }
         }
         // Each pipeline is fed by the source its own config names; `i` is
-        // its place in the scheduler (its queue).
+        // its place in the scheduler (its queue). Camera sources join their
+        // camera; each camera starts once, below.
+        let mut cameras = crate::source::camera::CameraSet::default();
         let pipelines = g.scheduler.pipelines().to_vec();
         for (i, pipeline) in pipelines.iter().enumerate() {
             let src = &pipeline.cfg.source;
@@ -310,12 +312,23 @@ impl Core {
                 g.ingress.insert(ctx.pipeline.clone(), ctx.clone());
             }
             ctx.set_state("started");
+            if let SourceConfig::Camera(c) = src {
+                cameras.add(c, ctx);
+                continue;
+            }
             match src.build().spawn(ctx) {
                 Ok(t) => g.tasks.push(t),
                 Err(e) => {
                     g.stop().await;
                     return Err(e.into());
                 }
+            }
+        }
+        match cameras.spawn() {
+            Ok(t) => g.tasks.extend(t),
+            Err(e) => {
+                g.stop().await;
+                return Err(e.into());
             }
         }
         Ok(g)

@@ -2,15 +2,23 @@
 //! decoded to RGB frames that go straight to image preprocessing.
 //!
 //! Invariants:
-//! - Latest frame wins: a camera pipeline's queue holds at most `queue`
-//!   frames; a new frame pushes the oldest out (counted `stale`), so a slow
-//!   model sees fresh frames, never a backlog. `fps` subsamples before colour
-//!   conversion, so skipped frames cost only their decode.
+//! - One camera, one decode: every pipeline that names a `[[cameras]]`
+//!   entry reads the same GStreamer pipeline (one RTSP session), and each
+//!   decoded frame is handed to each of them that wants it (the payload is
+//!   shared, not copied). An inline camera is a camera with one reader.
+//! - Latest frame wins: each reading pipeline's queue holds at most its
+//!   `queue` frames; a new frame pushes the oldest out (counted `stale`), so
+//!   a slow model sees fresh frames, never a backlog, and never holds back
+//!   the other pipelines on the camera. Each pipeline's `fps` subsamples
+//!   (by the stream's timestamps) before colour conversion, so a frame no pipeline wants costs only its
+//!   decode; with keyframe-only decoding (`decode.rs`) most frames are not
+//!   even decoded.
 //! - Self-healing: an error, end of stream, or no frame for `stall_timeout`
 //!   tears the GStreamer pipeline down (state NULL: sockets and buffers
 //!   released) and builds a new one after a jittered, growing backoff,
 //!   forever. Each transition is in `/v1/status`, in the log, and in the
-//!   outbox as a `camera_down` / `camera_up` status record.
+//!   outbox as one `camera_down` / `camera_up` status record per camera
+//!   (not per pipeline).
 //! - Credentials never leave this module: they go to `rtspsrc` as
 //!   properties, never in the location, and every string shown (log, status,
 //!   records, errors; a hand-written pipeline too) is scrubbed of them,
@@ -21,9 +29,17 @@
 //!   (`plan.rs`), never from a launch string with URL text in it. A
 //!   hand-written `pipeline` is the one launch description parsed.
 //!
-//! This file is the part every build has (config, state, the pure
-//! helpers); `run.rs` drives GStreamer and exists with the `camera` feature.
+//! This file is the part every build has (state, the grouping of sources
+//! by camera, the pure helpers; `config.rs` the config, `decode.rs` the
+//! keyframe choice); `run.rs` drives GStreamer and exists with the
+//! `camera` feature.
 
+mod config;
+pub mod decode;
+#[cfg(feature = "camera")]
+mod elements;
+#[cfg(feature = "camera")]
+mod fanout;
 pub mod plan;
 #[cfg(feature = "camera")]
 mod run;
@@ -38,150 +54,34 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::{Source, SourceCtx, SourceError};
 
+pub use config::{
+    CameraConfig, CameraDef, Decode, PARSER_NAME, Transport, needs_camera_build, validate_cameras,
+};
 pub use scrub::Scrubber;
-pub use url::CameraUrl;
+pub use url::{CameraUrl, UrlError};
 
-/// `source = { type = "camera", ... }`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CameraConfig {
-    /// `rtsp://[user:pass@]host[:port]/path`, `v4l2:///dev/videoN` or
-    /// `csi://N` (Jetson, nvarguscamerasrc). Exactly one of `url` and
-    /// `pipeline`. Each part must be plain: a device path of letters,
-    /// digits and `/._-:+`; a host name or address; a port number; a path
-    /// and query without spaces, quotes or `!` (percent-encode the rest).
-    #[serde(default)]
-    pub url: Option<String>,
-    /// A GStreamer pipeline whose frames reach an `appsink name=outpost`
-    /// (I420 or RGB is negotiated there: end with `videoconvert` when in doubt).
-    #[serde(default)]
-    pub pipeline: Option<String>,
-    /// Frames per second handed to the pipeline (subsampled at the source);
-    /// absent: every frame the camera sends.
-    #[serde(default)]
-    pub fps: Option<f64>,
-    /// Frame size: asked of V4L2 and CSI cameras, scaled to for RTSP;
-    /// absent: the camera's own size.
-    #[serde(default)]
-    pub width: Option<u32>,
-    #[serde(default)]
-    pub height: Option<u32>,
-    /// RTSP transport: `tcp` (default: no loss, passes firewalls) or `udp`.
-    #[serde(default)]
-    pub transport: Transport,
-    /// No frame for this long counts as a failure: the pipeline is rebuilt.
-    #[serde(default = "default_stall_timeout", with = "humantime_serde")]
-    pub stall_timeout: Duration,
-    /// Frames waiting for inference, at most; the oldest is dropped
-    /// (`stale`) for a new one. Replaces the pipeline's `queue`.
-    #[serde(default = "default_queue")]
-    pub queue: usize,
+/// Why no decoder chain serves a stream on this machine.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecoderError {
+    #[error("the video track is {0}: outpost decodes H.264 and H.265")]
+    Encoding(String),
+    #[error("GStreamer element `{0}` is missing (Debian: gstreamer1.0-plugins-good / -bad)")]
+    Missing(&'static str),
+    #[error("no {0} decoder: install gstreamer1.0-libav (avdec_*) or use a Jetson (nvv4l2decoder)")]
+    NoDecoder(String),
 }
 
-fn default_stall_timeout() -> Duration {
-    Duration::from_secs(5)
-}
-
-/// One frame waiting: its age stays under one inference plus one frame interval.
-fn default_queue() -> usize {
-    1
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Transport {
-    #[default]
-    Tcp,
-    Udp,
-}
-
-/// Largest `queue`: a camera that queues more is not "latest frame" any more.
-const MAX_QUEUE: usize = 64;
-/// Largest `width` or `height` (GStreamer caps hold them as 32-bit ints;
-/// no camera comes near).
-const MAX_SIDE: u32 = 16384;
-
-/// Why a camera source at `at` cannot run, when this build (`has_camera`:
-/// built with the `camera` feature) has no camera support.
-pub fn needs_camera_build(at: &str, has_camera: bool) -> Option<String> {
-    (!has_camera).then(|| {
-        format!(
-            "{at}: a camera source needs outpost built with the `camera` feature \
-             (GStreamer); this build has no camera support"
-        )
-    })
-}
-
-impl CameraConfig {
-    pub fn validate(&self, at: &str) -> Vec<String> {
-        let mut p = Vec::new();
-        p.extend(needs_camera_build(at, cfg!(feature = "camera")));
-        match (&self.url, &self.pipeline) {
-            (Some(_), Some(_)) => p.push(format!("{at}: set `url` or `pipeline`, not both")),
-            (None, None) => p.push(format!("{at}: set `url` or `pipeline`")),
-            (Some(u), None) => {
-                if let Err(e) = CameraUrl::parse(u) {
-                    p.push(format!("{at}.url: {e}"));
-                }
-            }
-            (None, Some(pl)) => {
-                if !pl.contains("appsink") || !pl.contains("name=outpost") {
-                    p.push(format!(
-                        "{at}.pipeline: must end in `appsink name=outpost` (where outpost takes the frames)"
-                    ));
-                }
-            }
-        }
-        if let Some(f) = self.fps
-            && !(f.is_finite() && f > 0.0 && f <= 1000.0)
-        {
-            p.push(format!("{at}.fps: {f} is out of range (0, 1000]"));
-        }
-        match (self.width, self.height) {
-            (Some(0), _) | (_, Some(0)) => p.push(format!("{at}.width/height: must be positive")),
-            (Some(w), Some(h)) if w > MAX_SIDE || h > MAX_SIDE => p.push(format!(
-                "{at}.width/height: at most {MAX_SIDE} pixels a side"
-            )),
-            (Some(_), None) | (None, Some(_)) => {
-                p.push(format!("{at}.width/height: set both or neither"))
-            }
-            _ => {}
-        }
-        if self.stall_timeout < Duration::from_millis(100) {
-            p.push(format!("{at}.stall_timeout: at least 100ms"));
-        }
-        if self.queue == 0 || self.queue > MAX_QUEUE {
-            p.push(format!(
-                "{at}.queue: {} is out of range 1..={MAX_QUEUE}",
-                self.queue
-            ));
-        }
-        p
-    }
-
-    /// What the camera is called in logs, status and records (no credentials).
-    pub fn shown(&self) -> String {
-        match (&self.url, &self.pipeline) {
-            (Some(u), _) => match CameraUrl::parse(u) {
-                Ok(c) => c.shown(),
-                Err(_) => "(invalid url)".into(),
-            },
-            (None, Some(p)) => format!("pipeline: {}", Scrubber::for_camera(self).scrub(p)),
-            (None, None) => "(none)".into(),
-        }
-    }
-}
-
-/// Which decoder elements serve an RTP video encoding, hardware first.
-/// `has` tells whether an element factory exists on this machine.
+/// Which elements serve an RTP video encoding, in link order: depayloader,
+/// parser, decoder (hardware first) and, on a Jetson, the converter out
+/// of device memory. `has` tells whether an element factory exists here.
 pub fn pick_decoder(
     encoding: &str,
     has: impl Fn(&str) -> bool,
-) -> Result<Vec<&'static str>, String> {
+) -> Result<Vec<&'static str>, DecoderError> {
     let (depay, parse, sw): (&'static str, &'static str, &[&'static str]) =
         match encoding.to_ascii_uppercase().as_str() {
             "H264" => (
@@ -190,17 +90,11 @@ pub fn pick_decoder(
                 &["avdec_h264", "openh264dec", "v4l2h264dec"],
             ),
             "H265" => ("rtph265depay", "h265parse", &["avdec_h265", "v4l2h265dec"]),
-            other => {
-                return Err(format!(
-                    "the video track is {other}: outpost decodes H.264 and H.265"
-                ));
-            }
+            other => return Err(DecoderError::Encoding(other.to_string())),
         };
     for e in [depay, parse] {
         if !has(e) {
-            return Err(format!(
-                "GStreamer element `{e}` is missing (Debian: gstreamer1.0-plugins-good / -bad)"
-            ));
+            return Err(DecoderError::Missing(e));
         }
     }
     if has("nvv4l2decoder") && has("nvvidconv") {
@@ -209,9 +103,7 @@ pub fn pick_decoder(
     if let Some(d) = sw.iter().find(|d| has(d)) {
         return Ok(vec![depay, parse, d]);
     }
-    Err(format!(
-        "no {encoding} decoder: install gstreamer1.0-libav (avdec_*) or use a Jetson (nvv4l2decoder)"
-    ))
+    Err(DecoderError::NoDecoder(encoding.to_string()))
 }
 
 /// Whether an element list decodes on dedicated hardware.
@@ -222,7 +114,8 @@ pub fn is_hardware(elements: &[&str]) -> bool {
 }
 
 /// Subsampling to `fps`: admits a frame when its time has come, keeping the
-/// cadence (not drifting by a late frame) and resynchronising after a gap.
+/// cadence (not drifting by a late frame) and resynchronising after a gap
+/// or when the clock starts over.
 #[derive(Debug)]
 pub struct FpsGate {
     interval_ns: u64,
@@ -246,6 +139,12 @@ impl FpsGate {
         // camera clocks jitter, and 30 -> 10 fps must keep every third frame.
         let slack = self.interval_ns / 8;
         match self.next {
+            // Far before the frame due: the clock started over (a stream's
+            // timestamps after a reconnect); take this one and go on from it.
+            Some(due) if t_ns.saturating_add(2 * self.interval_ns) < due => {
+                self.next = Some(t_ns + self.interval_ns);
+                true
+            }
             Some(due) if t_ns + slack < due => false,
             Some(due) => {
                 self.next = Some(if t_ns > due + self.interval_ns {
@@ -270,22 +169,34 @@ pub fn reconnect_backoff() -> crate::backoff::Backoff {
     crate::backoff::Backoff::new(Duration::from_millis(250), Duration::from_secs(8))
 }
 
-/// What `/v1/status` and `/metrics` read about a camera.
+/// What `/v1/status` and `/metrics` read about a camera, as one pipeline
+/// sees it: the camera's own figures (the same in every pipeline that reads
+/// it) and the frames this pipeline's `fps` skipped.
 #[derive(Debug)]
 pub struct CameraState {
     /// The camera without credentials.
     pub camera: String,
     /// Decoded frames out of the camera (before `fps` subsampling).
     pub frames_in: AtomicU64,
-    /// Frames skipped by `fps` subsampling.
+    /// Frames skipped by this pipeline's `fps` subsampling.
     pub subsampled: AtomicU64,
     /// Pipelines torn down and rebuilt.
     pub reconnects: AtomicU64,
+    /// Compressed frames out of the parser (streams outpost decodes itself).
+    pub encoded_frames: AtomicU64,
+    /// Compressed frames handed to the decoder.
+    pub decoder_frames_in: AtomicU64,
+    /// Delta frames dropped before the decoder (keyframe-only decoding).
+    pub delta_frames_skipped: AtomicU64,
     status: Mutex<CameraStatus>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 struct CameraStatus {
+    /// The `[[cameras]]` name (an inline camera: its pipeline's name).
+    name: Option<String>,
+    /// Every pipeline that reads the camera.
+    pipelines: Vec<String>,
     state: &'static str,
     since: String,
     last_error: Option<String>,
@@ -294,6 +205,12 @@ struct CameraStatus {
     hardware_decode: bool,
     width: Option<u32>,
     height: Option<u32>,
+    /// As configured: `auto`, `all` or `keyframes`.
+    decode: &'static str,
+    /// What the decoder gets now: `all` or `keyframes`.
+    decode_mode: &'static str,
+    /// The keyframe interval seen on the stream (median of the last few).
+    keyframe_interval_ms: Option<f64>,
 }
 
 /// A camera in `/v1/status`: its state and its counters, in one object.
@@ -302,10 +219,31 @@ pub struct CameraReport {
     /// The camera without credentials.
     camera: String,
     frames_in: u64,
-    subsampled: u64,
+    /// Frames the pipeline's `fps` skipped (`null` in the daemon's list
+    /// of cameras, where no one pipeline is meant).
+    subsampled: Option<u64>,
     reconnects: u64,
+    encoded_frames: u64,
+    decoder_frames_in: u64,
+    delta_frames_skipped: u64,
     #[serde(flatten)]
     status: CameraStatus,
+}
+
+impl CameraReport {
+    /// The camera's name (`None` before its source started).
+    pub fn name(&self) -> Option<&str> {
+        self.status.name.as_deref()
+    }
+
+    /// Whether both are the one camera (its name and its readers: an
+    /// inline camera is called after its pipeline, which a `[[cameras]]`
+    /// entry may be too).
+    pub fn same_camera(&self, other: &CameraReport) -> bool {
+        self.name().is_some()
+            && self.name() == other.name()
+            && self.status.pipelines == other.status.pipelines
+    }
 }
 
 impl CameraState {
@@ -315,7 +253,12 @@ impl CameraState {
             frames_in: AtomicU64::new(0),
             subsampled: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
+            encoded_frames: AtomicU64::new(0),
+            decoder_frames_in: AtomicU64::new(0),
+            delta_frames_skipped: AtomicU64::new(0),
             status: Mutex::new(CameraStatus {
+                name: None,
+                pipelines: Vec::new(),
                 state: "starting",
                 since: crate::record::rfc3339(SystemTime::now()),
                 last_error: None,
@@ -324,6 +267,9 @@ impl CameraState {
                 hardware_decode: false,
                 width: None,
                 height: None,
+                decode: Decode::default().as_str(),
+                decode_mode: "all",
+                keyframe_interval_ms: None,
             }),
         }
     }
@@ -367,14 +313,41 @@ impl CameraState {
         s.height = Some(height);
     }
 
-    /// The camera's part of `/v1/status`.
+    /// Which camera this is and who reads it.
+    pub fn set_camera(&self, name: &str, pipelines: &[String], decode: Decode) {
+        let mut s = self.lock();
+        s.name = Some(name.to_string());
+        s.pipelines = pipelines.to_vec();
+        s.decode = decode.as_str();
+    }
+
+    /// What the decoder gets now, and the keyframe interval seen.
+    pub fn set_decode(&self, mode: &'static str, keyframe_interval: Option<Duration>) {
+        let mut s = self.lock();
+        s.decode_mode = mode;
+        s.keyframe_interval_ms = keyframe_interval.map(|d| d.as_secs_f64() * 1e3);
+    }
+
+    /// The camera's part of a pipeline's `/v1/status`.
     pub fn status(&self) -> CameraReport {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         CameraReport {
             camera: self.camera.clone(),
-            frames_in: self.frames_in.load(Ordering::Relaxed),
-            subsampled: self.subsampled.load(Ordering::Relaxed),
-            reconnects: self.reconnects.load(Ordering::Relaxed),
+            frames_in: get(&self.frames_in),
+            subsampled: Some(get(&self.subsampled)),
+            reconnects: get(&self.reconnects),
+            encoded_frames: get(&self.encoded_frames),
+            decoder_frames_in: get(&self.decoder_frames_in),
+            delta_frames_skipped: get(&self.delta_frames_skipped),
             status: self.lock().clone(),
+        }
+    }
+
+    /// The camera itself, for the daemon's list of cameras.
+    pub fn camera_status(&self) -> CameraReport {
+        CameraReport {
+            subsampled: None,
+            ..self.status()
         }
     }
 
@@ -386,32 +359,128 @@ impl CameraState {
     }
 }
 
-/// The source object built from the config.
+/// The source object built from the config: a camera with one reader.
 pub struct CameraSource {
     pub cfg: CameraConfig,
 }
 
 impl Source for CameraSource {
-    #[cfg(feature = "camera")]
     fn spawn(self: Box<Self>, ctx: SourceCtx) -> Result<tokio::task::JoinHandle<()>, SourceError> {
-        run::spawn(self.cfg, ctx)
-    }
-
-    #[cfg(not(feature = "camera"))]
-    fn spawn(self: Box<Self>, ctx: SourceCtx) -> Result<tokio::task::JoinHandle<()>, SourceError> {
-        Err(SourceError::Setup {
-            pipeline: ctx.pipeline,
+        let mut set = CameraSet::default();
+        let pipeline = ctx.pipeline.clone();
+        set.add(&self.cfg, ctx);
+        set.spawn()?.pop().ok_or_else(|| SourceError::Setup {
+            pipeline,
             kind: "camera",
-            detail: "this build has no camera support (build with `--features camera`)".into(),
+            detail: "no camera was started".into(),
         })
     }
 }
 
-/// Stores a `camera_up` / `camera_down` status record (beside the results).
-pub fn store_event(ctx: &SourceCtx, event: crate::record::Event) {
+/// One pipeline reading a camera.
+pub struct Consumer {
+    pub ctx: SourceCtx,
+    /// Frames per second it takes (`None`: every frame).
+    pub fps: Option<f64>,
+}
+
+/// Which camera a source reads: a `[[cameras]]` entry, or its own (inline).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum CameraKey {
+    Named(String),
+    Inline(String),
+}
+
+/// The camera sources of one generation grouped by the camera they read,
+/// so that each camera is opened and decoded once, whatever number of
+/// pipelines read it.
+#[derive(Default)]
+pub struct CameraSet {
+    cameras: Vec<(CameraKey, Option<CameraDef>, Vec<Consumer>)>,
+}
+
+impl CameraSet {
+    /// A pipeline's camera source joins its camera.
+    pub fn add(&mut self, cfg: &CameraConfig, ctx: SourceCtx) {
+        let key = match &cfg.camera {
+            Some(n) => CameraKey::Named(n.clone()),
+            None => CameraKey::Inline(ctx.pipeline.clone()),
+        };
+        let def = cfg.def(&ctx.pipeline);
+        let consumer = Consumer { ctx, fps: cfg.fps };
+        match self.cameras.iter_mut().find(|(k, ..)| *k == key) {
+            Some((_, _, v)) => v.push(consumer),
+            None => self.cameras.push((key, def, vec![consumer])),
+        }
+    }
+
+    /// Starts every camera: one GStreamer pipeline (one RTSP session) each.
+    pub fn spawn(self) -> Result<Vec<tokio::task::JoinHandle<()>>, SourceError> {
+        let mut tasks = Vec::with_capacity(self.cameras.len());
+        for (key, def, consumers) in self.cameras {
+            let Some(def) = def else {
+                let name = match key {
+                    CameraKey::Named(n) | CameraKey::Inline(n) => n,
+                };
+                return Err(SourceError::Setup {
+                    pipeline: consumers
+                        .first()
+                        .map(|c| c.ctx.pipeline.clone())
+                        .unwrap_or_default(),
+                    kind: "camera",
+                    detail: format!("no camera `{name}` in [[cameras]]"),
+                });
+            };
+            tasks.push(spawn_camera(def, consumers)?);
+        }
+        Ok(tasks)
+    }
+}
+
+#[cfg(feature = "camera")]
+fn spawn_camera(
+    def: CameraDef,
+    consumers: Vec<Consumer>,
+) -> Result<tokio::task::JoinHandle<()>, SourceError> {
+    run::spawn(def, consumers)
+}
+
+#[cfg(not(feature = "camera"))]
+fn spawn_camera(
+    _def: CameraDef,
+    consumers: Vec<Consumer>,
+) -> Result<tokio::task::JoinHandle<()>, SourceError> {
+    Err(SourceError::Setup {
+        pipeline: consumers
+            .first()
+            .map(|c| c.ctx.pipeline.clone())
+            .unwrap_or_default(),
+        kind: "camera",
+        detail: "this build has no camera support (build with `--features camera`)".into(),
+    })
+}
+
+/// A `camera_up` / `camera_down` transition, stored once per camera.
+pub struct CameraEvent<'a> {
+    /// The camera without credentials.
+    pub camera: &'a str,
+    /// Its `[[cameras]]` name (an inline camera: its pipeline's).
+    pub name: &'a str,
+    /// Every pipeline that reads it.
+    pub pipelines: &'a [String],
+}
+
+/// Stores a `camera_up` / `camera_down` status record (beside the results),
+/// under the camera's first pipeline (`ctx`), naming all that read it.
+pub fn store_event(ctx: &SourceCtx, cam: &CameraEvent<'_>, error: Option<&str>) {
     let Some(events) = &ctx.events else {
         return;
     };
+    let event = match error {
+        None => crate::record::Event::camera_up(cam.camera),
+        Some(e) => crate::record::Event::camera_down(cam.camera, e),
+    }
+    .of_camera(cam.name, cam.pipelines);
     let name = event.name();
     if let Err(e) = events.emit(&ctx.pipeline, &ctx.pipeline, event) {
         tracing::warn!(pipeline = %ctx.pipeline, event = name, error = %e, "camera status record not stored");
@@ -420,6 +489,8 @@ pub fn store_event(ctx: &SourceCtx, event: crate::record::Event) {
 
 #[cfg(test)]
 mod tests {
+    use serde::Deserialize;
+
     use super::*;
 
     fn cfg(s: &str) -> CameraConfig {
@@ -439,8 +510,11 @@ mod tests {
         let c =
             cfg(r#"{ type = "camera", url = "rtsp://user:pass@10.0.0.7:554/stream1", fps = 10 }"#);
         assert_eq!(c.fps, Some(10.0));
-        assert_eq!(c.transport, Transport::Tcp);
-        assert_eq!(c.stall_timeout, Duration::from_secs(5));
+        let d = c.def("gate").unwrap();
+        assert_eq!(d.name, "gate");
+        assert_eq!(d.transport, Transport::Tcp);
+        assert_eq!(d.stall_timeout, Duration::from_secs(5));
+        assert_eq!(d.decode, Decode::Auto);
         assert_eq!(c.queue, 1);
         let c = cfg(
             r#"{ type = "camera", url = "v4l2:///dev/video0", width = 1280, height = 720, fps = 15 }"#,
@@ -462,12 +536,86 @@ mod tests {
             "{problems:?}"
         );
         let c = cfg(
-            r#"{ type = "camera", url = "rtsp://h/x", transport = "udp", stall_timeout = "2s", queue = 3 }"#,
+            r#"{ type = "camera", url = "rtsp://h/x", transport = "udp", stall_timeout = "2s", queue = 3, decode = "keyframes" }"#,
         );
+        let d = c.def("x").unwrap();
         assert_eq!(
-            (c.transport, c.stall_timeout, c.queue),
-            (Transport::Udp, Duration::from_secs(2), 3)
+            (d.transport, d.stall_timeout, c.queue, d.decode),
+            (Transport::Udp, Duration::from_secs(2), 3, Decode::Keyframes)
         );
+        // A pipeline that names a camera says only how many frames it wants.
+        let c = cfg(r#"{ type = "camera", camera = "gate", fps = 1, queue = 2 }"#);
+        assert_eq!(
+            (c.camera.as_deref(), c.fps, c.queue),
+            (Some("gate"), Some(1.0), 2)
+        );
+        assert!(c.validate("s").is_empty(), "{:?}", c.validate("s"));
+        // Its camera comes from the config (resolved when it is read).
+        assert!(c.def("p").is_none());
+    }
+
+    #[test]
+    fn a_pipeline_naming_a_camera_may_not_redefine_it() {
+        let c = cfg(
+            r#"{ type = "camera", camera = "gate", url = "rtsp://h/x", transport = "udp", decode = "all", fps = 0 }"#,
+        );
+        let p = c.validate("pipelines[1].source");
+        assert_eq!(p.len(), 4, "{p:?}");
+        for key in ["url", "transport", "decode"] {
+            assert!(
+                p.iter().any(|e| e.starts_with(&format!(
+                    "pipelines[1].source.{key}: set it on the camera `gate`"
+                ))),
+                "{key}: {p:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn camera_names_are_checked_against_the_pipelines() {
+        let def = |name: &str| CameraDef {
+            name: name.into(),
+            url: Some("rtsp://h/x".into()),
+            pipeline: None,
+            width: None,
+            height: None,
+            transport: Transport::Tcp,
+            stall_timeout: Duration::from_secs(5),
+            decode: Decode::Auto,
+        };
+        let cams = [def("gate"), def("yard"), def("gate")];
+        let p = validate_cameras(&cams, &[(0, "gate"), (1, "gate"), (2, "door")]);
+        let p: Vec<String> = p
+            .into_iter()
+            .filter(|e| !e.contains("`camera` feature"))
+            .collect();
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert!(
+            p.iter()
+                .any(|e| e == "cameras[2].name: `gate` is the name of an earlier camera too"),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .any(|e| e.starts_with("cameras[1].name: no pipeline reads camera `yard`")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter().any(|e| e == "pipelines[2].source.camera: no camera `door` in [[cameras]] (cameras: gate, yard)"),
+            "{p:?}"
+        );
+        // Keyframe-only decoding needs a stream outpost parses itself.
+        let mut v = def("usb");
+        v.url = Some("v4l2:///dev/video0".into());
+        v.decode = Decode::Keyframes;
+        assert!(
+            v.validate("c")
+                .iter()
+                .any(|e| e.starts_with("c.decode: `keyframes` needs"))
+        );
+        v.url = None;
+        v.pipeline = Some("filesrc location=a.mp4 ! qtdemux ! h264parse name=outpost_parse ! avdec_h264 ! videoconvert ! appsink name=outpost".into());
+        assert!(!v.validate("c").iter().any(|e| e.contains("decode")));
     }
 
     #[test]
@@ -504,11 +652,17 @@ mod tests {
             pick_decoder("H265", sw).unwrap(),
             ["rtph265depay", "h265parse", "avdec_h265"]
         );
-        assert!(pick_decoder("JPEG", all).unwrap_err().contains("JPEG"));
+        assert!(
+            pick_decoder("JPEG", all)
+                .unwrap_err()
+                .to_string()
+                .contains("JPEG")
+        );
         let none = |e: &str| e.starts_with("rtp") || e.ends_with("parse");
         assert!(
             pick_decoder("H264", none)
                 .unwrap_err()
+                .to_string()
                 .contains("no H264 decoder")
         );
         assert!(is_hardware(&["rtph264depay", "h264parse", "nvv4l2decoder"]));
@@ -531,6 +685,10 @@ mod tests {
         let t = 10_000_000_000;
         assert!(g.admit(t));
         assert!(!g.admit(t + frame));
+        // Timestamps that start over (a new connection) are followed.
+        assert!(g.admit(frame));
+        assert!(!g.admit(2 * frame));
+        assert!(g.admit(frame + 100_000_000));
         let mut all = FpsGate::new(None);
         assert!((0..5).all(|i| all.admit(i)));
     }

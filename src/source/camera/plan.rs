@@ -5,7 +5,7 @@
 //! path can only ever be a device path. (A hand-written `pipeline = "..."`
 //! is the one launch description outpost parses.)
 
-use super::{CameraConfig, CameraUrl};
+use super::{CameraDef, CameraUrl};
 
 /// One element: its factory, an optional name, and its properties.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,7 +82,8 @@ pub fn rgb_tail(size: Option<(u32, u32)>) -> Vec<ElementPlan> {
 
 /// The whole pipeline of the cameras that need no RTSP negotiation (V4L2,
 /// CSI); `None` for RTSP, whose decoder is chosen when the server answers.
-pub fn source_plan(c: &CameraConfig, url: &CameraUrl) -> Option<Vec<ElementPlan>> {
+/// `fps`: the most any reader of the camera wants (`None`: every frame).
+pub fn source_plan(c: &CameraDef, fps: Option<f64>, url: &CameraUrl) -> Option<Vec<ElementPlan>> {
     let size = c.width.zip(c.height);
     let mut plan = match url {
         CameraUrl::Rtsp { .. } => return None,
@@ -102,7 +103,7 @@ pub fn source_plan(c: &CameraConfig, url: &CameraUrl) -> Option<Vec<ElementPlan>
         }
         CameraUrl::Csi { sensor } => {
             let (w, h) = size.unwrap_or((1920, 1080));
-            let fps = c.fps.map(|f| f.ceil() as u32).unwrap_or(30).max(1);
+            let fps = fps.map(|f| f.ceil() as u32).unwrap_or(30).max(1);
             let mut nvmm = CapsPlan::media("video/x-raw");
             nvmm.feature = Some("memory:NVMM");
             nvmm.size = Some((w, h));
@@ -134,23 +135,23 @@ pub fn chain(plan: &[ElementPlan]) -> String {
 mod tests {
     use super::*;
 
-    fn cfg(w: Option<u32>, h: Option<u32>, fps: Option<f64>) -> CameraConfig {
-        CameraConfig {
+    fn cfg(w: Option<u32>, h: Option<u32>) -> CameraDef {
+        CameraDef {
+            name: "c".into(),
             url: None,
             pipeline: None,
-            fps,
             width: w,
             height: h,
             transport: Default::default(),
             stall_timeout: std::time::Duration::from_secs(5),
-            queue: 1,
+            decode: Default::default(),
         }
     }
 
     #[test]
     fn plans_name_the_elements_and_carry_values_as_properties() {
-        let c = cfg(Some(1280), Some(720), None);
-        let p = source_plan(&c, &CameraUrl::parse("v4l2:///dev/video0").unwrap()).unwrap();
+        let c = cfg(Some(1280), Some(720));
+        let p = source_plan(&c, None, &CameraUrl::parse("v4l2:///dev/video0").unwrap()).unwrap();
         assert_eq!(
             chain(&p),
             "v4l2src ! capsfilter ! decodebin ! videoconvert ! videoscale ! capsfilter ! appsink"
@@ -162,8 +163,8 @@ mod tests {
         assert_eq!(caps.len(), 2);
         assert!(caps.iter().all(|s| s.size == Some((1280, 720))));
         assert_eq!(p.last().unwrap().name, Some("outpost"));
-        let c = cfg(None, None, Some(15.0));
-        let p = source_plan(&c, &CameraUrl::Csi { sensor: 1 }).unwrap();
+        let c = cfg(None, None);
+        let p = source_plan(&c, Some(15.0), &CameraUrl::Csi { sensor: 1 }).unwrap();
         assert_eq!(p[0].props, [("sensor-id", Prop::Int(1))]);
         let Prop::Caps(caps) = &p[1].props[0].1 else {
             panic!("{p:?}")
@@ -173,7 +174,7 @@ mod tests {
             (Some("memory:NVMM"), Some(15), Some((1920, 1080)))
         );
         assert!(chain(&p).contains("nvvidconv"));
-        assert!(source_plan(&c, &CameraUrl::parse("rtsp://h/x").unwrap()).is_none());
+        assert!(source_plan(&c, None, &CameraUrl::parse("rtsp://h/x").unwrap()).is_none());
         let tail = rgb_tail(Some((640, 480)));
         assert_eq!(tail[0].name, Some("outpost_convert"));
         let Prop::Caps(caps) = &tail[2].props[0].1 else {
@@ -187,9 +188,10 @@ mod tests {
     #[test]
     fn a_device_string_with_pipeline_syntax_stays_one_property() {
         let evil = "/dev/null ! fakesink videotestsrc ! filesink location=/tmp/VICTIM".to_string();
-        let c = cfg(None, None, None);
+        let c = cfg(None, None);
         let p = source_plan(
             &c,
+            None,
             &CameraUrl::V4l2 {
                 device: evil.clone(),
             },

@@ -1,27 +1,27 @@
 //! The camera at run time: one supervising OS thread per camera builds the
 //! GStreamer pipeline, watches its bus and its frames, and tears it down and
-//! rebuilds it after a failure. Frames leave from GStreamer's streaming
-//! thread (the appsink callback) straight into the pipeline's queue: no
-//! async hop, no copy when the frame's rows are packed.
+//! rebuilds it after a failure. However many pipelines read the camera,
+//! there is one GStreamer pipeline (one RTSP session) and one decoder;
+//! frames leave from GStreamer's streaming thread (the appsink callback)
+//! straight into each reader's queue (`fanout.rs`): no async hop, no copy
+//! when the frame's rows are packed, one shared payload for all readers.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use gstreamer as gst;
 use gstreamer::prelude::*;
 use gstreamer_app as gst_app;
 use gstreamer_video as gst_video;
 
-use super::plan::{CapsPlan, ElementPlan, Prop, chain, rgb_tail, source_plan};
+use super::elements::{element_names, from_plan, launch};
+use super::fanout::{Reader, Shared, add_decode_probe, add_gate_probe, on_sample};
+use super::plan::{chain, rgb_tail, source_plan};
 use super::{
-    CameraConfig, CameraState, CameraUrl, FpsGate, Scrubber, Transport, pick_decoder,
-    reconnect_backoff, store_event,
+    CameraDef, CameraUrl, Consumer, PARSER_NAME, Transport, pick_decoder, reconnect_backoff,
 };
-use crate::preprocess::raw::{RawFormat, RawImage};
-use crate::record::Event;
-use crate::source::{Frame, SourceCtx, SourceError};
+use crate::source::SourceError;
 
 /// How often free heap memory goes back to the system while cameras run.
 #[cfg(target_env = "gnu")]
@@ -72,62 +72,55 @@ fn has(element: &str) -> bool {
     gst::ElementFactory::find(element).is_some()
 }
 
-/// What one run of a built pipeline needs to know, shared with GStreamer's threads.
-struct Shared {
-    ctx: SourceCtx,
-    stream: Arc<str>,
-    state: Arc<CameraState>,
-    /// Takes the camera's credentials out of every text it shows.
-    scrubber: Scrubber,
-    /// Milliseconds since `epoch` of the last frame (0: none yet in this run).
-    last_frame_ms: AtomicU64,
-    epoch: Instant,
-    gate: Mutex<FpsGate>,
-    /// The decoder chain logged once at info, then at debug on rebuilds.
-    logged: AtomicBool,
-}
-
+/// Starts a camera for its readers (at least one).
 pub(super) fn spawn(
-    cfg: CameraConfig,
-    ctx: SourceCtx,
+    def: CameraDef,
+    consumers: Vec<Consumer>,
 ) -> Result<tokio::task::JoinHandle<()>, SourceError> {
+    let first = consumers
+        .first()
+        .map(|c| c.ctx.pipeline.clone())
+        .unwrap_or_default();
     let setup = |detail: String| SourceError::Setup {
-        pipeline: ctx.pipeline.clone(),
+        pipeline: first.clone(),
         kind: "camera",
         detail,
     };
+    if consumers.is_empty() {
+        return Err(setup(format!("camera `{}` has no reader", def.name)));
+    }
     gst::init().map_err(|e| setup(format!("GStreamer: {e}")))?;
     // Normally done at daemon start already (before any thread made an arena).
     bounded_malloc();
-    let url = cfg
+    let url = def
         .url
         .as_deref()
         .map(CameraUrl::parse)
         .transpose()
-        .map_err(setup)?;
-    let state = ctx
-        .camera
-        .clone()
-        .unwrap_or_else(|| Arc::new(CameraState::new(cfg.shown())));
-    let shared = Arc::new(Shared {
-        stream: Arc::from(ctx.pipeline.as_str()),
-        state,
-        scrubber: Scrubber::for_camera(&cfg),
-        last_frame_ms: AtomicU64::new(0),
-        epoch: Instant::now(),
-        gate: Mutex::new(FpsGate::new(cfg.fps)),
-        logged: AtomicBool::new(false),
-        ctx,
-    });
+        .map_err(|e| setup(e.to_string()))?;
+    let shown = def.shown();
+    let fps: Vec<Option<f64>> = consumers.iter().map(|c| c.fps).collect();
+    // What the camera itself is asked for (CSI): the fastest reader's rate.
+    let max_fps = fps
+        .iter()
+        .copied()
+        .collect::<Option<Vec<f64>>>()
+        .and_then(|v| v.into_iter().reduce(f64::max));
+    let readers = consumers
+        .into_iter()
+        .map(|c| Reader::new(c.ctx, c.fps, &shown))
+        .collect();
+    let shared = Arc::new(Shared::new(def, readers, &fps));
     tracing::info!(
-        pipeline = %shared.ctx.pipeline,
-        camera = %shared.state.camera,
-        fps = cfg.fps.unwrap_or(0.0),
-        stall_timeout_s = cfg.stall_timeout.as_secs_f64(),
-        queue = cfg.queue,
+        camera = %shared.shown,
+        name = %shared.def.name,
+        pipelines = %shared.pipelines.join(","),
+        fps = %fps.iter().map(|f| f.map_or("all".to_string(), |f| f.to_string())).collect::<Vec<_>>().join(","),
+        decode = shared.def.decode.as_str(),
+        stall_timeout_s = shared.def.stall_timeout.as_secs_f64(),
         "camera source"
     );
-    let thread = tokio::task::spawn_blocking(move || supervise(&cfg, url.as_ref(), &shared));
+    let thread = tokio::task::spawn_blocking(move || supervise(url.as_ref(), max_fps, &shared));
     Ok(tokio::spawn(async move {
         let _ = thread.await;
     }))
@@ -140,15 +133,15 @@ enum End {
 }
 
 /// Builds, watches and rebuilds the camera's pipeline until the daemon stops.
-fn supervise(cfg: &CameraConfig, url: Option<&CameraUrl>, sh: &Arc<Shared>) {
+fn supervise(url: Option<&CameraUrl>, max_fps: Option<f64>, sh: &Arc<Shared>) {
     let mut backoff = reconnect_backoff();
     // None: nothing reported yet; Some(up).
     let mut reported: Option<bool> = None;
     loop {
-        if sh.ctx.stopping() {
+        if sh.stopping() {
             return;
         }
-        let end = run_once(cfg, url, sh, &mut reported);
+        let end = run_once(url, max_fps, sh, &mut reported);
         let (error, streamed) = match end {
             End::Stop => return,
             // Once more here, where it is stored, logged and shown: the
@@ -159,24 +152,26 @@ fn supervise(cfg: &CameraConfig, url: Option<&CameraUrl>, sh: &Arc<Shared>) {
             backoff.reset();
         }
         let delay = backoff.next_delay();
-        sh.state.reconnects.fetch_add(1, Ordering::Relaxed);
-        sh.state.set_error(&error);
-        sh.state.set_state("reconnecting");
-        sh.ctx.set_state("reconnecting");
+        sh.each(|s| {
+            s.reconnects.fetch_add(1, Ordering::Relaxed);
+            s.set_error(&error);
+        });
+        sh.set_state("reconnecting");
         tracing::warn!(
-            pipeline = %sh.ctx.pipeline,
-            camera = %sh.state.camera,
+            camera = %sh.shown,
+            name = %sh.def.name,
+            pipelines = %sh.pipelines.join(","),
             error = %error,
             retry_in_ms = delay.as_millis() as u64,
             "camera down; reconnecting"
         );
         if reported != Some(false) {
-            store_event(&sh.ctx, Event::camera_down(&sh.state.camera, &error));
+            sh.event(Some(&error));
             reported = Some(false);
         }
         let until = Instant::now() + delay;
         while Instant::now() < until {
-            if sh.ctx.stopping() {
+            if sh.stopping() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50).min(until - Instant::now()));
@@ -187,8 +182,8 @@ fn supervise(cfg: &CameraConfig, url: Option<&CameraUrl>, sh: &Arc<Shared>) {
 /// One pipeline's life: built, played, watched until it fails or the daemon
 /// stops, then set to NULL and dropped (every socket and buffer released).
 fn run_once(
-    cfg: &CameraConfig,
     url: Option<&CameraUrl>,
+    max_fps: Option<f64>,
     sh: &Arc<Shared>,
     reported: &mut Option<bool>,
 ) -> End {
@@ -196,11 +191,11 @@ fn run_once(
         error: sh.scrubber.scrub(&error),
         streamed,
     };
-    let pipeline = match build(cfg, url, sh) {
+    sh.restart();
+    let pipeline = match build(url, max_fps, sh) {
         Ok(p) => p,
         Err(e) => return failed(e, false),
     };
-    sh.last_frame_ms.store(0, Ordering::Relaxed);
     let started = Instant::now();
     let bus = pipeline.bus();
     let end = match pipeline.set_state(gst::State::Playing) {
@@ -215,7 +210,7 @@ fn run_once(
                 .unwrap_or_else(|| "the pipeline refused to start".into());
             failed(why, false)
         }
-        Ok(_) => watch(cfg, sh, &pipeline, bus.as_ref(), started, reported),
+        Ok(_) => watch(sh, bus.as_ref(), started, reported),
     };
     let end = match (end, url) {
         // rtspsrc says only "Failed to connect": ask the network why.
@@ -236,27 +231,26 @@ fn run_once(
     drop(pipeline);
     if weak.upgrade().is_some() {
         // Something still holds it: its buffers and decoder would leak with it.
-        tracing::warn!(pipeline = %sh.ctx.pipeline, "camera pipeline still referenced after teardown");
+        tracing::warn!(camera = %sh.def.name, "camera pipeline still referenced after teardown");
     }
     end
 }
 
 /// Watches a playing pipeline: bus messages, first frame, stalls, shutdown.
 fn watch(
-    cfg: &CameraConfig,
     sh: &Arc<Shared>,
-    pipeline: &gst::Pipeline,
     bus: Option<&gst::Bus>,
     started: Instant,
     reported: &mut Option<bool>,
 ) -> End {
     let mut streaming = false;
+    let stall_timeout = sh.def.stall_timeout;
     let failed = |error: String, streaming: bool| End::Failed {
         error: sh.scrubber.scrub(&error),
         streamed: streaming,
     };
     loop {
-        if sh.ctx.stopping() {
+        if sh.stopping() {
             return End::Stop;
         }
         if let Some(msg) = bus.and_then(|b| b.timed_pop(gst::ClockTime::from_mseconds(100))) {
@@ -266,28 +260,33 @@ fn watch(
                     return failed("end of stream (the camera closed it)".into(), streaming);
                 }
                 gst::MessageView::Warning(w) => {
-                    tracing::debug!(pipeline = %sh.ctx.pipeline, warning = %sh.scrubber.scrub(&w.error().to_string()), "camera warning");
+                    tracing::debug!(camera = %sh.def.name, warning = %sh.scrubber.scrub(&w.error().to_string()), "camera warning");
                 }
                 _ => {}
             }
         }
-        let last = sh.last_frame_ms.load(Ordering::Relaxed);
+        let mut last = sh.last_frame_ms.load(Ordering::Relaxed);
         if last != 0 && !streaming {
             streaming = true;
-            sh.state.set_state("streaming");
-            sh.ctx.set_state("streaming");
-            tracing::info!(pipeline = %sh.ctx.pipeline, camera = %sh.state.camera, "camera streaming");
+            sh.set_state("streaming");
+            tracing::info!(camera = %sh.shown, name = %sh.def.name, "camera streaming");
             if *reported != Some(true) {
-                store_event(&sh.ctx, Event::camera_up(&sh.state.camera));
+                sh.event(None);
                 *reported = Some(true);
             }
+        }
+        // Decoding keyframes only, a frame comes once a keyframe interval,
+        // which may be longer than stall_timeout (the first one too):
+        // compressed frames arriving at the parser show the camera is alive.
+        if sh.keyframes_only() {
+            last = last.max(sh.last_input_ms.load(Ordering::Relaxed));
         }
         let since = if last == 0 {
             started
         } else {
             sh.epoch + Duration::from_millis(last)
         };
-        if since.elapsed() > cfg.stall_timeout {
+        if since.elapsed() > stall_timeout {
             let what = if streaming {
                 "no frame"
             } else {
@@ -296,12 +295,11 @@ fn watch(
             return failed(
                 format!(
                     "{what} for {} s (stall_timeout)",
-                    cfg.stall_timeout.as_secs_f64()
+                    stall_timeout.as_secs_f64()
                 ),
                 streaming,
             );
         }
-        let _ = pipeline;
     }
 }
 
@@ -354,19 +352,20 @@ fn first_line(d: &str) -> &str {
     d.rsplit('\n').next().unwrap_or(d).trim()
 }
 
-/// Builds the pipeline for the config: RTSP with its decoder chosen when
+/// Builds the pipeline for the camera: RTSP with its decoder chosen when
 /// the stream's track is known, V4L2 and CSI from their element plans, a
 /// custom `pipeline` from its launch description.
 fn build(
-    cfg: &CameraConfig,
     url: Option<&CameraUrl>,
+    max_fps: Option<f64>,
     sh: &Arc<Shared>,
 ) -> Result<gst::Pipeline, String> {
-    let size = cfg.width.zip(cfg.height);
-    let pipeline = match (url, &cfg.pipeline) {
+    let def = &sh.def;
+    let size = def.width.zip(def.height);
+    let pipeline = match (url, &def.pipeline) {
         (Some(CameraUrl::Rtsp { .. }), _) => {
             let p = from_plan(&rgb_tail(size))?;
-            add_rtspsrc(&p, cfg, url, sh)?;
+            add_rtspsrc(&p, url, sh)?;
             p
         }
         (Some(u), _) => {
@@ -375,19 +374,23 @@ fn build(
                     "csi:// needs nvarguscamerasrc (a Jetson with its GStreamer plugins)".into(),
                 );
             }
-            let plan = source_plan(cfg, u).ok_or("no element plan for this camera")?;
+            let plan = source_plan(def, max_fps, u).ok_or("no element plan for this camera")?;
             let p = from_plan(&plan)?;
-            sh.state
-                .set_elements(&plan.iter().map(|e| e.factory).collect::<Vec<_>>());
+            let names: Vec<&str> = plan.iter().map(|e| e.factory).collect();
+            sh.each(|s| s.set_elements(&names));
             log_chain(sh, &chain(&plan));
             p
         }
         (None, Some(desc)) => {
             let p = launch(desc)?;
             let names = element_names(&p);
-            sh.state
-                .set_elements(&names.iter().map(String::as_str).collect::<Vec<_>>());
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            sh.each(|s| s.set_elements(&names));
             log_chain(sh, "custom pipeline");
+            // A parser the pipeline names for outpost: keyframe-only decoding there.
+            if let Some(parser) = p.by_name(PARSER_NAME) {
+                add_decode_probe(&parser, sh)?;
+            }
             p
         }
         (None, None) => return Err("no url and no pipeline".into()),
@@ -396,24 +399,13 @@ fn build(
         .by_name("outpost")
         .and_then(|e| e.downcast::<gst_app::AppSink>().ok())
         .ok_or("the pipeline has no `appsink name=outpost`")?;
-    // The fps gate sits before colour conversion when there is one of ours.
+    // The fps gates sit before colour conversion when there is one of ours.
     let gate_pad = pipeline
         .by_name("outpost_convert")
         .and_then(|c| c.static_pad("sink"))
         .or_else(|| sink.static_pad("sink"))
         .ok_or("the appsink has no sink pad")?;
-    let g = sh.clone();
-    gate_pad.add_probe(gst::PadProbeType::BUFFER, move |_, _| {
-        g.state.frames_in.fetch_add(1, Ordering::Relaxed);
-        let t = g.epoch.elapsed().as_nanos() as u64;
-        let admit = g.gate.lock().unwrap_or_else(|p| p.into_inner()).admit(t);
-        if admit {
-            gst::PadProbeReturn::Ok
-        } else {
-            g.state.subsampled.fetch_add(1, Ordering::Relaxed);
-            gst::PadProbeReturn::Drop
-        }
-    });
+    add_gate_probe(&gate_pad, sh);
     // I420 straight from a software decoder (videoconvert passes it
     // through), RGB from anything else: see `preprocess::raw`.
     sink.set_caps(Some(
@@ -440,162 +432,17 @@ fn build(
     Ok(pipeline)
 }
 
-/// Makes a plan's elements in a new pipeline and links them in order. An
-/// element whose source pad appears only once the stream is known
-/// (`decodebin`) is linked when it appears.
-fn from_plan(plan: &[ElementPlan]) -> Result<gst::Pipeline, String> {
-    let p = gst::Pipeline::new();
-    let mut prev: Option<gst::Element> = None;
-    for ep in plan {
-        let e = make(ep)?;
-        p.add(&e).map_err(|x| format!("{}: {x}", ep.factory))?;
-        if let Some(a) = prev.take() {
-            link(&a, &e)?;
-        }
-        prev = Some(e);
-    }
-    Ok(p)
-}
-
-fn make(ep: &ElementPlan) -> Result<gst::Element, String> {
-    let mut b = gst::ElementFactory::make(ep.factory);
-    if let Some(n) = ep.name {
-        b = b.name(n);
-    }
-    let e = b
-        .build()
-        .map_err(|_| format!("GStreamer element `{}` is missing", ep.factory))?;
-    for (key, v) in &ep.props {
-        set_prop(&e, ep.factory, key, v)?;
-    }
-    Ok(e)
-}
-
-/// Sets a property as its own type, or says why not (never a type
-/// mismatch for GLib to abort on).
-fn set_prop(e: &gst::Element, factory: &str, key: &str, v: &Prop) -> Result<(), String> {
-    use gst::glib::{self, prelude::ToValue};
-    let pspec = e
-        .find_property(key)
-        .ok_or_else(|| format!("`{factory}` has no property `{key}`"))?;
-    let t = pspec.value_type();
-    let range = |_| format!("`{factory}` {key}: value out of range");
-    let value = match v {
-        Prop::Text(s) if t == glib::Type::STRING => s.to_value(),
-        Prop::Int(n) if t == glib::Type::I32 => i32::try_from(*n).map_err(range)?.to_value(),
-        Prop::Int(n) if t == glib::Type::U32 => u32::try_from(*n).map_err(range)?.to_value(),
-        Prop::Int(n) if t == glib::Type::I64 => n.to_value(),
-        Prop::Int(n) if t == glib::Type::U64 => u64::try_from(*n).map_err(range)?.to_value(),
-        Prop::Caps(c) if t == gst::Caps::static_type() => caps(c)?.to_value(),
-        _ => {
-            return Err(format!(
-                "`{factory}` {key} is a {t}, not the value outpost sets"
-            ));
-        }
-    };
-    e.set_property_from_value(key, &value);
-    Ok(())
-}
-
-fn caps(plan: &[CapsPlan]) -> Result<gst::Caps, String> {
-    let int = |n: u32| i32::try_from(n).map_err(|_| format!("caps value {n} out of range"));
-    let mut caps = gst::Caps::new_empty();
-    let c = caps.make_mut();
-    for s in plan {
-        let mut st = gst::Structure::builder(s.media);
-        match s.formats.as_slice() {
-            [] => {}
-            [one] => st = st.field("format", *one),
-            many => st = st.field("format", gst::List::new(many.iter().copied())),
-        }
-        if let Some((w, h)) = s.size {
-            st = st.field("width", int(w)?).field("height", int(h)?);
-        }
-        if let Some(f) = s.fps {
-            st = st.field("framerate", gst::Fraction::new(int(f)?, 1));
-        }
-        c.append_structure_full(st.build(), s.feature.map(|f| gst::CapsFeatures::new([f])));
-    }
-    Ok(caps)
-}
-
-/// Links `a` to `b`: now when `a` has its source pad, else when a video
-/// pad appears on it.
-fn link(a: &gst::Element, b: &gst::Element) -> Result<(), String> {
-    let dynamic = a.static_pad("src").is_none()
-        && a.pad_template_list().iter().any(|t| {
-            t.direction() == gst::PadDirection::Src && t.presence() == gst::PadPresence::Sometimes
-        });
-    if !dynamic {
-        return a.link(b).map_err(|_| {
-            format!(
-                "cannot link {} to {}",
-                a.factory()
-                    .map(|f| f.name().to_string())
-                    .unwrap_or_default(),
-                b.factory()
-                    .map(|f| f.name().to_string())
-                    .unwrap_or_default()
-            )
-        });
-    }
-    let sink = b
-        .static_pad("sink")
-        .ok_or("an element without a sink pad")?;
-    a.connect_pad_added(move |_, pad| {
-        let video = pad
-            .current_caps()
-            .or_else(|| Some(pad.query_caps(None)))
-            .and_then(|c| c.structure(0).map(|s| s.name().starts_with("video/")))
-            .unwrap_or(false);
-        if video && !sink.is_linked() {
-            let _ = pad.link(&sink);
-        }
-    });
-    Ok(())
-}
-
-fn launch(desc: &str) -> Result<gst::Pipeline, String> {
-    let e = gst::parse::launch(desc).map_err(|e| format!("pipeline `{desc}`: {e}"))?;
-    match e.downcast::<gst::Pipeline>() {
-        Ok(p) => Ok(p),
-        Err(e) => {
-            // A single element: wrap it.
-            let p = gst::Pipeline::new();
-            p.add(&e).map_err(|x| x.to_string())?;
-            Ok(p)
-        }
-    }
-}
-
-fn element_names(p: &gst::Pipeline) -> Vec<String> {
-    let mut v: Vec<String> = p
-        .iterate_sorted()
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.factory().map(|f| f.name().to_string()))
-        .collect();
-    // iterate_sorted goes sink to source.
-    v.reverse();
-    v
-}
-
 fn log_chain(sh: &Shared, chain: &str) {
     if !sh.logged.swap(true, Ordering::Relaxed) {
-        tracing::info!(pipeline = %sh.ctx.pipeline, camera = %sh.state.camera, elements = %chain, "camera elements");
+        tracing::info!(camera = %sh.shown, name = %sh.def.name, elements = %chain, "camera elements");
     } else {
-        tracing::debug!(pipeline = %sh.ctx.pipeline, elements = %chain, "camera elements");
+        tracing::debug!(name = %sh.def.name, elements = %chain, "camera elements");
     }
 }
 
 /// `rtspsrc` with its credentials as properties; the depayloader, parser and
 /// decoder are chosen and linked when the server announces its tracks.
-fn add_rtspsrc(
-    p: &gst::Pipeline,
-    cfg: &CameraConfig,
-    url: Option<&CameraUrl>,
-    sh: &Arc<Shared>,
-) -> Result<(), String> {
+fn add_rtspsrc(p: &gst::Pipeline, url: Option<&CameraUrl>, sh: &Arc<Shared>) -> Result<(), String> {
     let Some(CameraUrl::Rtsp {
         location,
         user,
@@ -609,7 +456,7 @@ fn add_rtspsrc(
             "GStreamer element `rtspsrc` is missing (Debian: gstreamer1.0-plugins-good)".into(),
         );
     }
-    let (protocols, latency) = match cfg.transport {
+    let (protocols, latency) = match sh.def.transport {
         // TCP neither loses nor reorders: no jitter buffer delay is needed.
         Transport::Tcp => ("tcp", 0u32),
         Transport::Udp => ("udp", 200u32),
@@ -630,7 +477,7 @@ fn add_rtspsrc(
     if let Ok(planned) = pick_decoder("H264", has) {
         let mut v = vec!["rtspsrc"];
         v.extend(planned);
-        sh.state.set_elements(&v);
+        sh.each(|s| s.set_elements(&v));
     }
     let video = Arc::new(AtomicBool::new(false));
     let tracks = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -677,17 +524,35 @@ fn add_rtspsrc(
         };
         v.store(true, Ordering::SeqCst);
         let linked = (|| -> Result<(), String> {
-            let dec = gst::parse::bin_from_description(&chain.join(" ! "), true)
-                .map_err(|e| e.to_string())?;
-            bin.add(&dec).map_err(|e| e.to_string())?;
+            // Made one by one (not parsed) so the parser can be found: the
+            // decode gate drops delta frames at its source pad.
+            let mut elements = Vec::with_capacity(chain.len());
+            for (i, f) in chain.iter().enumerate() {
+                let mut b = gst::ElementFactory::make(f);
+                if i == 1 {
+                    b = b.name(PARSER_NAME);
+                }
+                let e = b.build().map_err(|e| format!("{f}: {e}"))?;
+                bin.add(&e).map_err(|e| e.to_string())?;
+                elements.push(e);
+            }
             let convert = bin
                 .by_name("outpost_convert")
                 .ok_or("no outpost_convert element")?;
-            dec.link(&convert).map_err(|e| e.to_string())?;
-            dec.sync_state_with_parent().map_err(|e| e.to_string())?;
-            let sink = dec
-                .static_pad("sink")
-                .ok_or("decoder bin has no sink pad")?;
+            elements.push(convert);
+            gst::Element::link_many(&elements).map_err(|e| e.to_string())?;
+            elements.pop();
+            if let Some(parser) = elements.get(1) {
+                add_decode_probe(parser, &s)?;
+            }
+            // Downstream first, so no element pushes into one not yet playing.
+            for e in elements.iter().rev() {
+                e.sync_state_with_parent().map_err(|e| e.to_string())?;
+            }
+            let sink = elements
+                .first()
+                .and_then(|d| d.static_pad("sink"))
+                .ok_or("the depayloader has no sink pad")?;
             pad.link(&sink).map_err(|e| format!("{e:?}"))?;
             Ok(())
         })();
@@ -701,7 +566,7 @@ fn add_rtspsrc(
         }
         let mut names = vec!["rtspsrc"];
         names.extend(chain.iter().copied());
-        s.state.set_elements(&names);
+        s.each(|st| st.set_elements(&names));
         log_chain(&s, &names.join(" ! "));
     });
     let (v, t) = (video, tracks);
@@ -720,257 +585,4 @@ fn add_rtspsrc(
     });
     p.add(&src).map_err(|e| e.to_string())?;
     Ok(())
-}
-
-/// A decoded frame (RGB, or I420 straight from the decoder): into the
-/// pipeline's queue, with its capture time.
-fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Sample) {
-    let now = SystemTime::now();
-    sh.last_frame_ms.store(
-        (sh.epoch.elapsed().as_millis() as u64).max(1),
-        Ordering::Relaxed,
-    );
-    let (Some(buffer), Some(caps)) = (sample.buffer_owned(), sample.caps()) else {
-        return;
-    };
-    let Ok(info) = gst_video::VideoInfo::from_caps(caps) else {
-        sh.ctx.count_drop("bad_frame", "caps are not raw video");
-        return;
-    };
-    // Capture time: the buffer's running time against the pipeline clock's
-    // now, so decode and transfer delays count in the frame's age.
-    let lag = (|| {
-        let clock = sink.clock()?;
-        let base = sink.base_time()?;
-        let now_rt = clock.time().checked_sub(base)?;
-        let seg = sample.segment()?.downcast_ref::<gst::ClockTime>()?;
-        let rt = seg.to_running_time(buffer.pts()?)?;
-        now_rt.checked_sub(rt)
-    })()
-    .map(|d| Duration::from_nanos(d.nseconds()))
-    .filter(|d| *d < Duration::from_secs(10))
-    .unwrap_or_default();
-    let captured = now.checked_sub(lag).unwrap_or(now);
-    let (w, h) = (info.width(), info.height());
-    let raw = match info.format() {
-        gst_video::VideoFormat::Rgb => RawImage::rgb(w, h),
-        gst_video::VideoFormat::I420 => RawImage {
-            width: w,
-            height: h,
-            format: RawFormat::I420 {
-                bt709: info.colorimetry().matrix() == gst_video::VideoColorMatrix::Bt709,
-            },
-        },
-        other => {
-            sh.ctx.count_drop(
-                "bad_frame",
-                &format!(
-                    "frames in {other:?}, not RGB or I420 (end a custom pipeline with videoconvert)"
-                ),
-            );
-            return;
-        }
-    };
-    // Packed planes, each row without padding: (offset, stride, row bytes, rows).
-    let planes: Vec<(usize, usize, usize, usize)> = match raw.format {
-        RawFormat::Rgb => vec![(0, w as usize * 3, h as usize)],
-        RawFormat::I420 { .. } => {
-            let (cw, ch) = raw.chroma_size();
-            vec![
-                (0, w as usize, h as usize),
-                (1, cw as usize, ch as usize),
-                (2, cw as usize, ch as usize),
-            ]
-        }
-    }
-    .into_iter()
-    .map(|(i, row, rows)| {
-        (
-            info.offset().get(i).copied().unwrap_or(0),
-            info.stride().get(i).copied().unwrap_or(0).max(0) as usize,
-            row,
-            rows,
-        )
-    })
-    .collect();
-    let need = raw.len();
-    // Already packed (rows without padding, planes back to back): the
-    // GStreamer buffer is the payload, no copy.
-    let mut at = 0;
-    let packed = planes.iter().all(|&(offset, stride, row, rows)| {
-        let ok = offset == at && stride == row;
-        at += row * rows;
-        ok
-    });
-    let payload = if packed {
-        match buffer.into_mapped_buffer_readable() {
-            Ok(m) if m.len() >= need => Bytes::from_owner(m).slice(..need),
-            _ => {
-                sh.ctx
-                    .count_drop("bad_frame", "frame shorter than its caps");
-                return;
-            }
-        }
-    } else {
-        // Padded rows or planes apart: pack them.
-        let Ok(m) = buffer.map_readable() else {
-            return;
-        };
-        let mut out = Vec::with_capacity(need);
-        for &(offset, stride, row, rows) in &planes {
-            for y in 0..rows {
-                let at = offset + y * stride;
-                match m.get(at..at + row) {
-                    Some(r) => out.extend_from_slice(r),
-                    None => {
-                        sh.ctx
-                            .count_drop("bad_frame", "frame shorter than its caps");
-                        return;
-                    }
-                }
-            }
-        }
-        Bytes::from(out)
-    };
-    let mut frame = Frame::new(sh.stream.clone(), payload);
-    frame.raw = Some(raw);
-    frame.captured = Some(captured);
-    sh.state.set_size(w, h);
-    // The camera's queue drops its oldest frame: submit never waits.
-    if sh.ctx.sink.offer(frame).is_err() {
-        sh.ctx.count_drop("stale", "queue full");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A device string that holds pipeline syntax stays the value of
-    /// v4l2src's `device`: no other element appears, and the file the text
-    /// names is never touched when the pipeline runs.
-    #[test]
-    fn a_v4l2_device_with_pipeline_syntax_builds_no_other_element() {
-        gst::init().unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let victim = dir.path().join("VICTIM");
-        std::fs::write(&victim, b"precious").unwrap();
-        let device = format!(
-            "/dev/null ! fakesink videotestsrc num-buffers=3 ! tee name=t ! queue ! filesink location={} t. ! queue",
-            victim.display()
-        );
-        let cfg = CameraConfig {
-            url: None,
-            pipeline: None,
-            fps: None,
-            width: Some(320),
-            height: Some(240),
-            transport: Transport::Tcp,
-            stall_timeout: Duration::from_secs(5),
-            queue: 1,
-        };
-        let plan = source_plan(
-            &cfg,
-            &CameraUrl::V4l2 {
-                device: device.clone(),
-            },
-        )
-        .unwrap();
-        let p = from_plan(&plan).unwrap();
-        let mut names = element_names(&p);
-        names.sort();
-        assert_eq!(
-            names,
-            [
-                "appsink",
-                "capsfilter",
-                "capsfilter",
-                "decodebin",
-                "v4l2src",
-                "videoconvert",
-                "videoscale"
-            ]
-        );
-        let src = p
-            .iterate_elements()
-            .into_iter()
-            .flatten()
-            .find(|e| e.factory().is_some_and(|f| f.name() == "v4l2src"))
-            .unwrap();
-        assert_eq!(src.property::<String>("device"), device);
-        // Played, it fails on the device (there is no such file) and nothing else runs.
-        let _ = p.set_state(gst::State::Playing);
-        let bus = p.bus().unwrap();
-        let msg = bus.timed_pop_filtered(
-            gst::ClockTime::from_seconds(10),
-            &[gst::MessageType::Error, gst::MessageType::Eos],
-        );
-        assert!(matches!(
-            msg.map(|m| m.type_()),
-            Some(gst::MessageType::Error)
-        ));
-        let _ = p.set_state(gst::State::Null);
-        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
-    }
-
-    /// decodebin's pad appears once the stream is known: it is linked then,
-    /// and frames reach the appsink at the size the tail asks for.
-    #[test]
-    fn a_plan_through_decodebin_delivers_frames() {
-        gst::init().unwrap();
-        let mut plan = vec![
-            ElementPlan {
-                factory: "videotestsrc",
-                name: None,
-                props: vec![("num-buffers", Prop::Int(3))],
-            },
-            ElementPlan {
-                factory: "decodebin",
-                name: None,
-                props: Vec::new(),
-            },
-        ];
-        plan.extend(rgb_tail(Some((64, 48))));
-        let p = from_plan(&plan).unwrap();
-        let sink = p
-            .by_name("outpost")
-            .and_then(|e| e.downcast::<gst_app::AppSink>().ok())
-            .unwrap();
-        p.set_state(gst::State::Playing).unwrap();
-        let sample = sink.try_pull_sample(gst::ClockTime::from_seconds(10));
-        let _ = p.set_state(gst::State::Null);
-        let sample = sample.expect("no frame reached the appsink");
-        let info = gst_video::VideoInfo::from_caps(sample.caps().unwrap()).unwrap();
-        assert_eq!((info.width(), info.height()), (64, 48));
-    }
-
-    #[test]
-    fn plans_become_linked_pipelines_with_typed_caps() {
-        gst::init().unwrap();
-        let p = from_plan(&rgb_tail(Some((64, 48)))).unwrap();
-        let filter = p
-            .iterate_elements()
-            .into_iter()
-            .flatten()
-            .find(|e| e.factory().is_some_and(|f| f.name() == "capsfilter"))
-            .unwrap();
-        let caps = filter.property::<gst::Caps>("caps");
-        let s = caps.structure(0).unwrap();
-        assert_eq!(s.name(), "video/x-raw");
-        assert_eq!(s.get::<i32>("width").unwrap(), 64);
-        assert_eq!(s.get::<i32>("height").unwrap(), 48);
-        assert!(caps.to_string().contains("I420") && caps.to_string().contains("RGB"));
-        let e = make(&ElementPlan {
-            factory: "videoconvert",
-            name: None,
-            props: vec![("no-such-property", Prop::Int(1))],
-        });
-        assert!(e.unwrap_err().contains("no property"));
-        let e = make(&ElementPlan {
-            factory: "capsfilter",
-            name: None,
-            props: vec![("caps", Prop::Text("video/x-raw".into()))],
-        });
-        assert!(e.unwrap_err().contains("not the value"));
-    }
 }

@@ -14,7 +14,7 @@ use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
 
 use super::url::{percent_decode, redact_query, secret_key};
-use super::{CameraConfig, CameraUrl};
+use super::{CameraDef, CameraUrl};
 
 const MASK: &str = "***";
 
@@ -32,7 +32,7 @@ const MIN_SECRET: usize = 3;
 impl Scrubber {
     /// The scrubber for a camera's config: its URL's credentials, or those
     /// of every URL and rtspsrc property in a hand-written pipeline.
-    pub fn for_camera(cfg: &CameraConfig) -> Scrubber {
+    pub fn for_camera(cfg: &CameraDef) -> Scrubber {
         let mut found = Found::default();
         if let Some(u) = &cfg.url {
             match CameraUrl::parse(u) {
@@ -334,16 +334,16 @@ fn scrub_after(text: &str, key: &str, header: bool) -> String {
 mod tests {
     use super::*;
 
-    fn camera(url: Option<&str>, pipeline: Option<&str>) -> CameraConfig {
-        CameraConfig {
+    fn camera(url: Option<&str>, pipeline: Option<&str>) -> CameraDef {
+        CameraDef {
+            name: "c".into(),
             url: url.map(str::to_string),
             pipeline: pipeline.map(str::to_string),
-            fps: None,
             width: None,
             height: None,
             transport: Default::default(),
             stall_timeout: std::time::Duration::from_secs(5),
-            queue: 1,
+            decode: Default::default(),
         }
     }
 

@@ -6,6 +6,32 @@
 //! URL says can reach GStreamer as anything but the value of one property
 //! (the pipelines are built from elements: see `plan.rs`).
 
+/// Why a camera URL is refused; each says what a plain one looks like.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    #[error("expected rtsp://host/path, v4l2:///dev/videoN or csi://N (no scheme)")]
+    NoScheme,
+    #[error("scheme `{0}` is not a camera (rtsp, v4l2 or csi)")]
+    Scheme(String),
+    #[error("rtsp url has no host")]
+    NoHost,
+    #[error("rtsp url contains spaces")]
+    Spaces,
+    /// The host part: `[` without `]`, not an address, odd characters.
+    #[error("rtsp host{0}")]
+    Host(String),
+    #[error("rtsp port is not a port number (1 to 65535)")]
+    Port,
+    #[error("rtsp path{0}")]
+    Path(String),
+    #[error("rtsp {what} holds the control character {char}")]
+    Credential { what: &'static str, char: String },
+    #[error("v4l2 {0}")]
+    Device(String),
+    #[error("csi url is csi://N (the sensor id)")]
+    Csi,
+}
+
 /// A parsed camera URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CameraUrl {
@@ -50,36 +76,40 @@ fn named(c: char) -> String {
     }
 }
 
-fn check_device(device: &str) -> Result<(), String> {
+fn check_device(device: &str) -> Result<(), UrlError> {
     if !device.starts_with("/dev/") || device.len() == "/dev/".len() {
-        return Err("v4l2 url is v4l2:///dev/videoN".into());
+        return Err(UrlError::Device("url is v4l2:///dev/videoN".into()));
     }
     if let Some(c) = odd_char(device, DEVICE_PUNCT) {
-        return Err(format!(
-            "v4l2 device path holds {}: a device path is letters, digits and `{DEVICE_PUNCT}` only",
+        return Err(UrlError::Device(format!(
+            "device path holds {}: a device path is letters, digits and `{DEVICE_PUNCT}` only",
             named(c)
-        ));
+        )));
     }
     if device.split('/').any(|seg| seg == "..") {
-        return Err("v4l2 device path holds `..`".into());
+        return Err(UrlError::Device("device path holds `..`".into()));
     }
     Ok(())
 }
 
 /// `host`, `host:port`, `[v6]` or `[v6]:port`.
-fn check_authority(hostport: &str) -> Result<(), String> {
+fn check_authority(hostport: &str) -> Result<(), UrlError> {
     let (host, port) = if let Some(rest) = hostport.strip_prefix('[') {
         let Some((v6, after)) = rest.split_once(']') else {
-            return Err("rtsp host: `[` without `]`".into());
+            return Err(UrlError::Host(": `[` without `]`".into()));
         };
         if v6.parse::<std::net::Ipv6Addr>().is_err() {
-            return Err(format!("rtsp host: `{v6}` is not an IPv6 address"));
+            return Err(UrlError::Host(format!(": `{v6}` is not an IPv6 address")));
         }
         match after {
             "" => (v6, None),
             p => match p.strip_prefix(':') {
                 Some(p) => (v6, Some(p)),
-                None => return Err("rtsp host: text after `]` that is not `:port`".into()),
+                None => {
+                    return Err(UrlError::Host(
+                        ": text after `]` that is not `:port`".into(),
+                    ));
+                }
             },
         }
     } else {
@@ -89,15 +119,15 @@ fn check_authority(hostport: &str) -> Result<(), String> {
         }
     };
     if host.is_empty() {
-        return Err("rtsp url has no host".into());
+        return Err(UrlError::NoHost);
     }
     if !hostport.starts_with('[')
         && let Some(c) = odd_char(host, HOST_PUNCT)
     {
-        return Err(format!(
-            "rtsp host holds {}: a host is a name or an address (letters, digits, `{HOST_PUNCT}`)",
+        return Err(UrlError::Host(format!(
+            " holds {}: a host is a name or an address (letters, digits, `{HOST_PUNCT}`)",
             named(c)
-        ));
+        )));
     }
     if let Some(p) = port {
         let ok = !p.is_empty()
@@ -105,24 +135,26 @@ fn check_authority(hostport: &str) -> Result<(), String> {
             && p.parse::<u16>().is_ok_and(|n| n > 0);
         if !ok {
             // Not quoted: text a misplaced `/` cut from a password may land here.
-            return Err("rtsp port is not a port number (1 to 65535)".into());
+            return Err(UrlError::Port);
         }
     }
     Ok(())
 }
 
-fn check_path(path: &str) -> Result<(), String> {
+fn check_path(path: &str) -> Result<(), UrlError> {
     if let Some(c) = odd_char(path, PATH_PUNCT) {
-        return Err(format!(
-            "rtsp path holds {}: a path is letters, digits and `{PATH_PUNCT}` (percent-encode anything else)",
+        return Err(UrlError::Path(format!(
+            " holds {}: a path is letters, digits and `{PATH_PUNCT}` (percent-encode anything else)",
             named(c)
-        ));
+        )));
     }
     let b = path.as_bytes();
     for (i, _) in path.match_indices('%') {
         let hex = b.get(i + 1..i + 3);
         if !hex.is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) {
-            return Err("rtsp path: `%` not followed by two hex digits".into());
+            return Err(UrlError::Path(
+                ": `%` not followed by two hex digits".into(),
+            ));
         }
     }
     Ok(())
@@ -130,22 +162,20 @@ fn check_path(path: &str) -> Result<(), String> {
 
 /// The user name or password after percent-decoding: no control
 /// characters (a CR LF would reach the RTSP request's headers).
-fn check_credential(what: &str, v: &str) -> Result<(), String> {
+fn check_credential(what: &'static str, v: &str) -> Result<(), UrlError> {
     if let Some(c) = v.chars().find(|c| c.is_control()) {
-        return Err(format!(
-            "rtsp {what} holds the control character {}",
-            named(c)
-        ));
+        return Err(UrlError::Credential {
+            what,
+            char: named(c),
+        });
     }
     Ok(())
 }
 
 impl CameraUrl {
-    pub fn parse(url: &str) -> Result<CameraUrl, String> {
+    pub fn parse(url: &str) -> Result<CameraUrl, UrlError> {
         let Some((scheme, rest)) = url.split_once("://") else {
-            return Err(
-                "expected rtsp://host/path, v4l2:///dev/videoN or csi://N (no scheme)".into(),
-            );
+            return Err(UrlError::NoScheme);
         };
         match scheme.to_ascii_lowercase().as_str() {
             s @ ("rtsp" | "rtsps" | "rtspt") => {
@@ -158,10 +188,10 @@ impl CameraUrl {
                     None => (None, authority),
                 };
                 if host.is_empty() {
-                    return Err("rtsp url has no host".into());
+                    return Err(UrlError::NoHost);
                 }
                 if url.chars().any(char::is_whitespace) {
-                    return Err("rtsp url contains spaces".into());
+                    return Err(UrlError::Spaces);
                 }
                 check_authority(host)?;
                 check_path(path)?;
@@ -196,15 +226,13 @@ impl CameraUrl {
             "csi" => {
                 let n = rest.trim_end_matches('/');
                 if n.is_empty() || !n.chars().all(|c| c.is_ascii_digit()) {
-                    return Err("csi url is csi://N (the sensor id)".into());
+                    return Err(UrlError::Csi);
                 }
                 n.parse::<u32>()
                     .map(|sensor| CameraUrl::Csi { sensor })
-                    .map_err(|_| "csi url is csi://N (the sensor id)".to_string())
+                    .map_err(|_| UrlError::Csi)
             }
-            other => Err(format!(
-                "scheme `{other}` is not a camera (rtsp, v4l2 or csi)"
-            )),
+            other => Err(UrlError::Scheme(other.to_string())),
         }
     }
 
@@ -298,15 +326,15 @@ mod tests {
         let shown = u.shown();
         assert_eq!(shown, "rtsp://***@10.0.0.7:554/stream1?token=***&ch=1");
         let msg = "Could not connect to rtsp://10.0.0.7:554/stream1?token=abc as admin with s@cret";
-        let cfg = super::super::CameraConfig {
+        let cfg = super::super::CameraDef {
+            name: "c".into(),
             url: Some("rtsp://admin:s%40cret@10.0.0.7:554/stream1?token=abc&ch=1".into()),
             pipeline: None,
-            fps: None,
             width: None,
             height: None,
             transport: Default::default(),
             stall_timeout: std::time::Duration::from_secs(5),
-            queue: 1,
+            decode: Default::default(),
         };
         let s = super::super::Scrubber::for_camera(&cfg).scrub(msg);
         for secret in ["abc", "admin", "s@cret"] {
@@ -333,6 +361,8 @@ mod tests {
     fn url_parts_that_are_not_plain_are_refused() {
         let attack = "v4l2:///dev/null ! fakesink videotestsrc num-buffers=3 ! tee name=t ! queue ! filesink location=/tmp/VICTIM t. ! queue";
         let e = CameraUrl::parse(attack).unwrap_err();
+        assert!(matches!(e, UrlError::Device(_)), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("device path") && e.contains("a space"), "{e}");
         for bad in [
             "v4l2:///dev/video0!fakesink",

@@ -1,0 +1,367 @@
+//! One camera, many readers (feature `camera`): what GStreamer's streaming
+//! thread does with each frame. At the parser, the decode gate decides
+//! whether a compressed frame reaches the decoder at all (`decode.rs`);
+//! before colour conversion each reader's `fps` gate decides whether it
+//! wants the decoded frame (none: the frame is dropped there, unconverted);
+//! at the appsink the frame is made once and handed to every reader that
+//! wanted it, each into its own latest-frame queue.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use gstreamer as gst;
+use gstreamer::prelude::*;
+use gstreamer_app as gst_app;
+use gstreamer_video as gst_video;
+
+use super::decode::{DecodeGate, Verdict};
+use super::{CameraDef, CameraEvent, CameraState, FpsGate, Scrubber, store_event};
+use crate::preprocess::raw::{RawFormat, RawImage};
+use crate::source::{Frame, SourceCtx};
+
+/// A pipeline reading the camera.
+pub(super) struct Reader {
+    pub(super) ctx: SourceCtx,
+    stream: Arc<str>,
+    pub(super) state: Arc<CameraState>,
+    gate: Mutex<FpsGate>,
+}
+
+impl Reader {
+    pub(super) fn new(ctx: SourceCtx, fps: Option<f64>, shown: &str) -> Reader {
+        let state = ctx
+            .camera
+            .clone()
+            .unwrap_or_else(|| Arc::new(CameraState::new(shown.to_string())));
+        Reader {
+            stream: Arc::from(ctx.pipeline.as_str()),
+            state,
+            gate: Mutex::new(FpsGate::new(fps)),
+            ctx,
+        }
+    }
+}
+
+/// What one camera's runs need to know, shared with GStreamer's threads.
+pub(super) struct Shared {
+    pub(super) def: CameraDef,
+    /// In config order; never empty (a camera is started for its readers).
+    pub(super) readers: Vec<Reader>,
+    /// The camera without credentials.
+    pub(super) shown: String,
+    pub(super) pipelines: Vec<String>,
+    /// Takes the camera's credentials out of every text it shows.
+    pub(super) scrubber: Scrubber,
+    /// Milliseconds since `epoch` of the last decoded frame (0: none yet in this run).
+    pub(super) last_frame_ms: AtomicU64,
+    /// ... and of the last compressed frame at the parser.
+    pub(super) last_input_ms: AtomicU64,
+    pub(super) epoch: Instant,
+    /// The decoder chain logged once at info, then at debug on rebuilds.
+    pub(super) logged: AtomicBool,
+    pub(super) decode: Mutex<DecodeGate>,
+    /// Which readers take the frame now between the fps gate and the
+    /// appsink (by its timestamp): set and read on the one streaming
+    /// thread that carries the frame through colour conversion.
+    admitted: Mutex<Option<(Option<gst::ClockTime>, Vec<bool>)>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    pub(super) fn new(def: CameraDef, readers: Vec<Reader>, fps: &[Option<f64>]) -> Shared {
+        let shown = def.shown();
+        let pipelines: Vec<String> = readers.iter().map(|r| r.ctx.pipeline.clone()).collect();
+        for r in &readers {
+            r.state.set_camera(&def.name, &pipelines, def.decode);
+        }
+        Shared {
+            scrubber: Scrubber::for_camera(&def),
+            decode: Mutex::new(DecodeGate::new(def.decode, fps)),
+            def,
+            readers,
+            shown,
+            pipelines,
+            last_frame_ms: AtomicU64::new(0),
+            last_input_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+            logged: AtomicBool::new(false),
+            admitted: Mutex::new(None),
+        }
+    }
+
+    /// The first reader: its token stops the camera (every reader's is the
+    /// generation's), and the camera's events are stored under its pipeline.
+    pub(super) fn first(&self) -> &SourceCtx {
+        &self.readers[0].ctx
+    }
+
+    pub(super) fn stopping(&self) -> bool {
+        self.readers.iter().all(|r| r.ctx.stopping())
+    }
+
+    /// Applies `f` to every reader's view of the camera.
+    pub(super) fn each(&self, f: impl Fn(&CameraState)) {
+        for r in &self.readers {
+            f(&r.state);
+        }
+    }
+
+    fn add(&self, counter: impl Fn(&CameraState) -> &AtomicU64) {
+        self.each(|s| {
+            counter(s).fetch_add(1, Ordering::Relaxed);
+        });
+    }
+
+    /// The camera's state, in its status and in every reader's source state.
+    pub(super) fn set_state(&self, state: &'static str) {
+        for r in &self.readers {
+            r.state.set_state(state);
+            r.ctx.set_state(state);
+        }
+    }
+
+    /// Stores a `camera_up` / `camera_down` record, once for the camera.
+    pub(super) fn event(&self, error: Option<&str>) {
+        let cam = CameraEvent {
+            camera: &self.shown,
+            name: &self.def.name,
+            pipelines: &self.pipelines,
+        };
+        store_event(self.first(), &cam, error);
+    }
+
+    /// A new run of the pipeline: the stream is watched afresh.
+    pub(super) fn restart(&self) {
+        self.last_frame_ms.store(0, Ordering::Relaxed);
+        self.last_input_ms.store(0, Ordering::Relaxed);
+        let mut d = lock(&self.decode);
+        d.reset();
+        let (mode, iv) = (d.mode(), d.interval_ns());
+        drop(d);
+        self.each(|s| s.set_decode(mode, iv.map(Duration::from_nanos)));
+        *lock(&self.admitted) = None;
+    }
+
+    /// Whether the decoder gets keyframes only now.
+    pub(super) fn keyframes_only(&self) -> bool {
+        lock(&self.decode).mode() == "keyframes"
+    }
+
+    fn now_ms(&self) -> u64 {
+        (self.epoch.elapsed().as_millis() as u64).max(1)
+    }
+}
+
+/// Drops delta frames at the parser's source pad while keyframes alone
+/// serve every reader, and counts what the decoder gets.
+pub(super) fn add_decode_probe(parser: &gst::Element, sh: &Arc<Shared>) -> Result<(), String> {
+    let pad = parser
+        .static_pad("src")
+        .ok_or("the parser has no source pad")?;
+    let g = sh.clone();
+    pad.add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+        let Some(buf) = info.buffer() else {
+            return gst::PadProbeReturn::Ok;
+        };
+        let key = !buf.flags().contains(gst::BufferFlags::DELTA_UNIT);
+        // Stream time where the buffer has one: keyframe intervals measured
+        // on it are free of the network's and the machine's jitter.
+        let t = buf
+            .pts()
+            .map(|p| p.nseconds())
+            .unwrap_or_else(|| g.epoch.elapsed().as_nanos() as u64);
+        g.last_input_ms.store(g.now_ms(), Ordering::Relaxed);
+        let mut d = lock(&g.decode);
+        let before = d.mode();
+        let verdict = d.frame(t, key);
+        let (mode, iv) = (d.mode(), d.interval_ns());
+        drop(d);
+        g.add(|s| &s.encoded_frames);
+        if key || mode != before {
+            g.each(|s| s.set_decode(mode, iv.map(Duration::from_nanos)));
+        }
+        match verdict {
+            Verdict::Decode => {
+                g.add(|s| &s.decoder_frames_in);
+                gst::PadProbeReturn::Ok
+            }
+            Verdict::Skip => {
+                g.add(|s| &s.delta_frames_skipped);
+                gst::PadProbeReturn::Drop
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Counts decoded frames and asks each reader's fps gate about them, before
+/// colour conversion: a frame no reader wants goes no further.
+pub(super) fn add_gate_probe(pad: &gst::Pad, sh: &Arc<Shared>) {
+    let g = sh.clone();
+    pad.add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+        g.add(|s| &s.frames_in);
+        let pts = info.buffer().and_then(|b| b.pts());
+        // The stream's own clock where frames carry it: the decoder's
+        // varying delay (its first frame is slow) must not make a frame
+        // look early and lose it, least of all when only keyframes come.
+        let t = pts
+            .map(|p| p.nseconds())
+            .unwrap_or_else(|| g.epoch.elapsed().as_nanos() as u64);
+        let admitted: Vec<bool> = g
+            .readers
+            .iter()
+            .map(|r| {
+                let a = lock(&r.gate).admit(t);
+                if !a {
+                    r.state.subsampled.fetch_add(1, Ordering::Relaxed);
+                }
+                a
+            })
+            .collect();
+        if !admitted.contains(&true) {
+            return gst::PadProbeReturn::Drop;
+        }
+        *lock(&g.admitted) = Some((pts, admitted));
+        gst::PadProbeReturn::Ok
+    });
+}
+
+/// A decoded frame (RGB, or I420 straight from the decoder): made once, and
+/// into the queue of every reader whose gate took it, with its capture time.
+pub(super) fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Sample) {
+    let now = SystemTime::now();
+    sh.last_frame_ms.store(sh.now_ms(), Ordering::Relaxed);
+    let (Some(buffer), Some(caps)) = (sample.buffer_owned(), sample.caps()) else {
+        return;
+    };
+    let takers: Vec<&Reader> = {
+        let admitted = lock(&sh.admitted).take();
+        match admitted {
+            Some((pts, a)) if pts == buffer.pts() => sh
+                .readers
+                .iter()
+                .zip(a)
+                .filter_map(|(r, a)| a.then_some(r))
+                .collect(),
+            // Not through the gate (not expected: the gate sits on the same
+            // thread just before): every reader gets it rather than none.
+            _ => sh.readers.iter().collect(),
+        }
+    };
+    let bad = |detail: &str| {
+        for r in &takers {
+            r.ctx.count_drop("bad_frame", detail);
+        }
+    };
+    let Ok(info) = gst_video::VideoInfo::from_caps(caps) else {
+        bad("caps are not raw video");
+        return;
+    };
+    // Capture time: the buffer's running time against the pipeline clock's
+    // now, so decode and transfer delays count in the frame's age.
+    let lag = (|| {
+        let clock = sink.clock()?;
+        let base = sink.base_time()?;
+        let now_rt = clock.time().checked_sub(base)?;
+        let seg = sample.segment()?.downcast_ref::<gst::ClockTime>()?;
+        let rt = seg.to_running_time(buffer.pts()?)?;
+        now_rt.checked_sub(rt)
+    })()
+    .map(|d| Duration::from_nanos(d.nseconds()))
+    .filter(|d| *d < Duration::from_secs(10))
+    .unwrap_or_default();
+    let captured = now.checked_sub(lag).unwrap_or(now);
+    let (w, h) = (info.width(), info.height());
+    let raw = match info.format() {
+        gst_video::VideoFormat::Rgb => RawImage::rgb(w, h),
+        gst_video::VideoFormat::I420 => RawImage {
+            width: w,
+            height: h,
+            format: RawFormat::I420 {
+                bt709: info.colorimetry().matrix() == gst_video::VideoColorMatrix::Bt709,
+            },
+        },
+        other => {
+            bad(&format!(
+                "frames in {other:?}, not RGB or I420 (end a custom pipeline with videoconvert)"
+            ));
+            return;
+        }
+    };
+    let Some(payload) = packed_payload(&info, &raw, buffer) else {
+        bad("frame shorter than its caps");
+        return;
+    };
+    sh.each(|s| s.set_size(w, h));
+    for r in takers {
+        // The payload is shared (a reference count), not copied.
+        let mut frame = Frame::new(r.stream.clone(), payload.clone());
+        frame.raw = Some(raw);
+        frame.captured = Some(captured);
+        // Each reader's queue drops its oldest frame: offering never waits,
+        // so a slow reader never holds back the others.
+        if r.ctx.sink.offer(frame).is_err() {
+            r.ctx.count_drop("stale", "queue full");
+        }
+    }
+}
+
+/// The frame's planes back to back, rows without padding: the GStreamer
+/// buffer itself when it is laid out so (no copy), else packed.
+fn packed_payload(
+    info: &gst_video::VideoInfo,
+    raw: &RawImage,
+    buffer: gst::Buffer,
+) -> Option<Bytes> {
+    let (w, h) = (raw.width, raw.height);
+    // (offset, stride, row bytes, rows) of each plane.
+    let planes: Vec<(usize, usize, usize, usize)> = match raw.format {
+        RawFormat::Rgb => vec![(0, w as usize * 3, h as usize)],
+        RawFormat::I420 { .. } => {
+            let (cw, ch) = raw.chroma_size();
+            vec![
+                (0, w as usize, h as usize),
+                (1, cw as usize, ch as usize),
+                (2, cw as usize, ch as usize),
+            ]
+        }
+    }
+    .into_iter()
+    .map(|(i, row, rows)| {
+        (
+            info.offset().get(i).copied().unwrap_or(0),
+            info.stride().get(i).copied().unwrap_or(0).max(0) as usize,
+            row,
+            rows,
+        )
+    })
+    .collect();
+    let need = raw.len();
+    let mut at = 0;
+    let packed = planes.iter().all(|&(offset, stride, row, rows)| {
+        let ok = offset == at && stride == row;
+        at += row * rows;
+        ok
+    });
+    if packed {
+        return match buffer.into_mapped_buffer_readable() {
+            Ok(m) if m.len() >= need => Some(Bytes::from_owner(m).slice(..need)),
+            _ => None,
+        };
+    }
+    // Padded rows or planes apart: pack them.
+    let m = buffer.map_readable().ok()?;
+    let mut out = Vec::with_capacity(need);
+    for &(offset, stride, row, rows) in &planes {
+        for y in 0..rows {
+            let at = offset + y * stride;
+            out.extend_from_slice(m.get(at..at + row)?);
+        }
+    }
+    Some(Bytes::from(out))
+}

@@ -16,6 +16,7 @@
 pub mod config;
 pub mod events;
 pub mod geometry;
+pub mod snapshots;
 pub mod stats;
 pub mod tracker;
 pub mod value;

@@ -7,6 +7,7 @@ mod camera;
 mod check_report;
 mod common;
 mod console;
+mod detection_layouts;
 mod docs;
 mod errors;
 mod fleet;

@@ -8,6 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+pub use super::layouts::{BoxFormat, Det};
 use super::layouts::{Decode, DetectionLayout, decode};
 use super::{PostError, Postprocessor, find, label};
 use crate::backend::Tensor;
@@ -24,19 +25,6 @@ pub(super) fn default_max_detections() -> usize {
 }
 fn default_strides() -> Vec<u32> {
     vec![8, 16, 32]
-}
-
-/// How the four numbers of a box describe it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BoxFormat {
-    /// Corners: x1, y1, x2, y2.
-    #[default]
-    Xyxy,
-    /// Centre and size: cx, cy, w, h.
-    Cxcywh,
-    /// Corners, y first: y1, x1, y2, x2 (TensorFlow's SSD exports).
-    Yxyx,
 }
 
 /// `type = "detections"`: a detector's boxes.
@@ -187,14 +175,6 @@ pub struct DetectionsPostprocessor {
     pub iou_threshold: f32,
     pub max_detections: usize,
     pub labels: Vec<String>,
-}
-
-/// One candidate: corners in model coordinates.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Det {
-    pub bbox: [f32; 4],
-    pub score: f32,
-    pub class: usize,
 }
 
 /// Intersection over union of two `[x1, y1, x2, y2]` boxes (0 when either is empty).

@@ -15,9 +15,29 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::detections::{BoxFormat, Det};
 use super::{PostError, floats};
 use crate::backend::Tensor;
+
+/// How the four numbers of a box describe it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BoxFormat {
+    /// Corners: x1, y1, x2, y2.
+    #[default]
+    Xyxy,
+    /// Centre and size: cx, cy, w, h.
+    Cxcywh,
+    /// Corners, y first: y1, x1, y2, x2 (TensorFlow's SSD exports).
+    Yxyx,
+}
+
+/// One candidate: corners in model coordinates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Det {
+    pub bbox: [f32; 4],
+    pub score: f32,
+    pub class: usize,
+}
 
 /// How a detector's outputs are laid out (see the table above).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

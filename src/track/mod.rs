@@ -16,6 +16,7 @@
 pub mod config;
 pub mod events;
 pub mod geometry;
+pub mod hook;
 pub mod snapshots;
 pub mod stats;
 pub mod tracker;
@@ -24,6 +25,7 @@ pub mod zones;
 
 pub use self::config::{Emit, LineConfig, TrackConfig, ZoneConfig};
 pub use self::events::{Direction, EndReason, Event, EventKind, TrackSummary};
+pub use self::hook::{PipelineTracking, Step, StreamState, TrackingSetup};
 pub use self::stats::{TrackCounts, TrackStats, ZoneCount};
 pub use self::tracker::{Detection, FrameOutput, StreamTracker, Tracked, TrackingSpec};
 

@@ -96,10 +96,10 @@ fn main() {
             "type = \"mqtt\"\nhost = \"127.0.0.1\"\nport = {port}\nbatch = {batch}\nmax_inflight = {inflight}\nclient_id = \"bench-{run}\""
         ))
         .expect("config");
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stop = tokio_util::sync::CancellationToken::new();
         let t0 = Instant::now();
         let up = rt
-            .block_on(async { uplink::start(&cfg, ob.clone(), "bench", stop_rx) })
+            .block_on(async { uplink::start(&cfg, ob.clone(), "bench", stop.clone()) })
             .expect("start uplink");
         while ob.stats().records > 0 {
             assert!(t0.elapsed() < Duration::from_secs(300), "drain stalled");
@@ -107,7 +107,7 @@ fn main() {
         }
         let secs = t0.elapsed().as_secs_f64();
         let bytes = outpost::uplink::UplinkStats::get(&up.stats.bytes_total);
-        let _ = stop_tx.send(true);
+        stop.cancel();
         let _ = rt.block_on(up.task);
         println!(
             "| {batch} | {n} | {rec_bytes} | {secs:.3} | {:.0} | {:.1} |",

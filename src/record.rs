@@ -6,7 +6,14 @@
 //! the outbox), `seq` counts records within a boot. The id is fixed when the
 //! record is made and stored with it, so every retry and every restart sends
 //! the same id and the fleet can drop duplicates.
+//!
+//! Beside results the daemon stores status events (a camera going down or
+//! coming back, an OTA step) as [`EventRecord`]s: the same id, device,
+//! pipeline, stream, seq and ts, and the event's own fields in place of
+//! model and outputs. They reach the same store as results, through an
+//! [`EventSink`] (the daemon's record sink implements both).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
@@ -67,6 +74,138 @@ impl IdGen {
     }
 }
 
+/// A status event stored beside the results, sent upstream like one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord {
+    pub id: String,
+    pub device: String,
+    pub pipeline: String,
+    pub stream: String,
+    pub seq: u64,
+    /// RFC 3339, UTC, microseconds.
+    pub ts: String,
+    /// The event's own fields, beside the ones above.
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// What happened. Each kind keeps the fields its records have always had
+/// (the fleet, the Sparkplug mapping and `outpost fleet` read them).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Event {
+    /// `"event": "camera_up" | "camera_down"`, `"camera"` and, for a
+    /// camera that went down, `"error"` (both scrubbed of credentials by
+    /// the camera source).
+    Camera {
+        event: CameraChange,
+        camera: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// `"event": {"step": .., "name": .., "version": .., ..}`: an OTA status
+    /// (its shape is the OTA agent's; this room stays a leaf).
+    Ota { event: serde_json::Value },
+}
+
+/// A camera's transition: one record per change, not per retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CameraChange {
+    CameraUp,
+    CameraDown,
+}
+
+impl Event {
+    pub fn camera_up(camera: &str) -> Event {
+        Event::Camera {
+            event: CameraChange::CameraUp,
+            camera: camera.to_string(),
+            error: None,
+        }
+    }
+
+    pub fn camera_down(camera: &str, error: &str) -> Event {
+        Event::Camera {
+            event: CameraChange::CameraDown,
+            camera: camera.to_string(),
+            error: Some(error.to_string()),
+        }
+    }
+
+    pub fn ota(status: serde_json::Value) -> Event {
+        Event::Ota { event: status }
+    }
+
+    /// A short name for logs: `camera_up`, `camera_down`, `ota`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::Camera {
+                event: CameraChange::CameraUp,
+                ..
+            } => "camera_up",
+            Event::Camera {
+                event: CameraChange::CameraDown,
+                ..
+            } => "camera_down",
+            Event::Ota { .. } => "ota",
+        }
+    }
+}
+
+impl EventRecord {
+    /// An event of `pipeline` on `stream`, with the next id and the time now.
+    pub fn new(ids: &IdGen, pipeline: &str, stream: &str, event: Event) -> EventRecord {
+        let (id, seq) = ids.next();
+        EventRecord {
+            id,
+            device: ids.device.clone(),
+            pipeline: pipeline.to_string(),
+            stream: stream.to_string(),
+            seq,
+            ts: rfc3339(std::time::SystemTime::now()),
+            event,
+        }
+    }
+
+    /// The stored bytes: one JSON object with its keys sorted, as these
+    /// records have always been written (the flattened event's fields
+    /// would otherwise follow the struct's order).
+    pub fn to_json(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(&serde_json::to_value(self)?)
+    }
+}
+
+/// Why an event record was not stored.
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    #[error(transparent)]
+    Encode(#[from] serde_json::Error),
+    /// The store refused it (its own error, e.g. the outbox's).
+    #[error(transparent)]
+    Store(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Where event records go: the store results go to.
+pub trait EventSink: Send + Sync {
+    fn store_event(&self, event: &EventRecord) -> Result<(), EventError>;
+}
+
+/// What a part that reports events holds: the daemon's ids and its sink.
+#[derive(Clone)]
+pub struct Events {
+    pub ids: Arc<IdGen>,
+    pub sink: Arc<dyn EventSink>,
+}
+
+impl Events {
+    /// Makes the record (next id, time now) and stores it.
+    pub fn emit(&self, pipeline: &str, stream: &str, event: Event) -> Result<(), EventError> {
+        self.sink
+            .store_event(&EventRecord::new(&self.ids, pipeline, stream, event))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,5 +253,97 @@ mod tests {
         ] {
             assert!(v.get(k).is_some(), "{k}");
         }
+    }
+
+    /// The event as it was written before it had a type: `json!` (keys sorted).
+    fn old_camera(id: &str, seq: u64, ts: &str, event: &str, error: Option<&str>) -> Vec<u8> {
+        let mut rec = serde_json::json!({
+            "id": id,
+            "device": "gw",
+            "pipeline": "gate",
+            "stream": "gate",
+            "seq": seq,
+            "ts": ts,
+            "event": event,
+            "camera": "rtsp://***@10.0.0.5/cam",
+        });
+        if let (Some(e), Some(o)) = (error, rec.as_object_mut()) {
+            o.insert("error".into(), e.into());
+        }
+        serde_json::to_vec(&rec).unwrap()
+    }
+
+    #[test]
+    fn camera_events_encode_byte_for_byte_as_before() {
+        let ids = IdGen::new("gw".into(), 4);
+        let cam = "rtsp://***@10.0.0.5/cam";
+        for (event, old) in [
+            (Event::camera_up(cam), ("camera_up", None)),
+            (
+                Event::camera_down(cam, "connection refused"),
+                ("camera_down", Some("connection refused")),
+            ),
+        ] {
+            let name = event.name();
+            let r = EventRecord::new(&ids, "gate", "gate", event);
+            assert_eq!(name, old.0);
+            let bytes = r.to_json().unwrap();
+            assert_eq!(
+                String::from_utf8(bytes.clone()).unwrap(),
+                String::from_utf8(old_camera(&r.id, r.seq, &r.ts, old.0, old.1)).unwrap()
+            );
+            // And it reads back as the same record.
+            let back: EventRecord = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(back, r);
+        }
+        // camera_up has no error key at all (not null).
+        let up = EventRecord::new(&ids, "gate", "gate", Event::camera_up(cam));
+        let v: serde_json::Value = serde_json::from_slice(&up.to_json().unwrap()).unwrap();
+        assert!(v.get("error").is_none(), "{v}");
+        assert_eq!(up.seq, 3, "ids come from the shared sequence");
+    }
+
+    #[test]
+    fn ota_events_encode_byte_for_byte_as_before() {
+        let ids = IdGen::new("gw".into(), 2);
+        let status = serde_json::json!({"step": "installed", "name": "sensor_mlp", "version": "1.1.0", "from": "1.0.0"});
+        let r = EventRecord::new(&ids, "ota", "ota", Event::ota(status.clone()));
+        let old = serde_json::json!({
+            "id": r.id,
+            "device": "gw",
+            "pipeline": "ota",
+            "stream": "ota",
+            "seq": r.seq,
+            "ts": r.ts,
+            "event": status,
+        });
+        assert_eq!(r.to_json().unwrap(), serde_json::to_vec(&old).unwrap());
+        assert_eq!(r.event.name(), "ota");
+        assert_eq!(r.id, "gw/2/1");
+        let back: EventRecord = serde_json::from_slice(&r.to_json().unwrap()).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn events_go_to_the_sink_with_the_next_id() {
+        struct Keep(std::sync::Mutex<Vec<EventRecord>>);
+        impl EventSink for Keep {
+            fn store_event(&self, e: &EventRecord) -> Result<(), EventError> {
+                self.0.lock().unwrap().push(e.clone());
+                Ok(())
+            }
+        }
+        let keep = Arc::new(Keep(Default::default()));
+        let ids = Arc::new(IdGen::new("gw".into(), 1));
+        ids.next();
+        let events = Events {
+            ids,
+            sink: keep.clone(),
+        };
+        events.emit("gate", "gate", Event::camera_up("c")).unwrap();
+        let got = keep.0.lock().unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].id.as_str(), got[0].seq), ("gw/1/2", 2));
+        assert_eq!(got[0].pipeline, "gate");
     }
 }

@@ -215,6 +215,39 @@ impl<V> StreamTable<V> {
         self.entries.remove(stream).map(|e| e.value)
     }
 
+    /// Takes every stream out, uncounted: `(stream, value, last seen)`,
+    /// least recently seen first (to hand the values to another table).
+    pub fn drain(&mut self) -> Vec<(String, V, Instant)> {
+        let mut out = Vec::with_capacity(self.entries.len());
+        while let Some((stream, e)) = self.entries.pop_front() {
+            out.push((stream, e.value, e.seen));
+        }
+        out
+    }
+
+    /// Holds `stream` with `value`, last seen at `seen` (from another
+    /// table's [`StreamTable::drain`]), as the most recently seen; a stream
+    /// held already keeps its own value. Returns the streams evicted to stay
+    /// within the bound.
+    pub fn adopt(&mut self, stream: String, value: V, seen: Instant) -> Vec<Evicted<V>> {
+        if !self.entries.contains_key(stream.as_str()) {
+            // Seen times rise front to back: never older than the newest.
+            let seen = self
+                .entries
+                .back()
+                .map_or(seen, |(_, last)| seen.max(last.seen));
+            self.entries.insert(
+                stream,
+                Entry {
+                    value,
+                    seen,
+                    in_flight: 0,
+                },
+            );
+        }
+        self.trim()
+    }
+
     /// Evicts the least recently seen streams not in flight while more than
     /// `max` are held.
     fn trim(&mut self) -> Vec<Evicted<V>> {
@@ -359,6 +392,30 @@ mod tests {
         assert_eq!(names(&t.expire(s(13))), [("d", Reason::Idle)]);
         assert!(t.end("c", s(14)).is_empty());
         assert_eq!(names(&t.expire(s(24))), [("c", Reason::Idle)]);
+    }
+
+    #[test]
+    fn drained_streams_move_to_another_table_in_order_and_within_its_bound() {
+        let t0 = Instant::now();
+        let s = |n| t0 + Duration::from_secs(n);
+        let mut old: StreamTable<u32> = StreamTable::new(10, Duration::from_secs(60));
+        for (i, x) in ["a", "b", "c"].iter().enumerate() {
+            old.touch(x, s(i as u64), || i as u32);
+        }
+        let taken = old.drain();
+        assert!(old.is_empty());
+        assert_eq!(old.evicted(Reason::Lru) + old.evicted(Reason::Idle), 0);
+        let mut new: StreamTable<u32> = StreamTable::new(2, Duration::from_secs(60));
+        let mut gone = Vec::new();
+        for (stream, v, seen) in taken {
+            gone.extend(new.adopt(stream, v, seen));
+        }
+        // The least recently seen makes room, counted, with its value.
+        assert_eq!(names(&gone), [("a", Reason::Lru)]);
+        assert_eq!(held(&new), ["b", "c"]);
+        assert_eq!((new.get("b"), new.get("c")), (Some(&1), Some(&2)));
+        // Each keeps its last-seen time: `b` expires first.
+        assert_eq!(names(&new.expire(s(61))), [("b", Reason::Idle)]);
     }
 
     #[test]

@@ -1,87 +1,67 @@
 //! One config's pipelines as a generation: the models it needs (loaded
-//! models whose manifest is unchanged are reused), its pipelines, workers,
-//! sources and local outputs; built while the previous generation still
-//! serves, started, and stopped (sources first, then every queued frame,
-//! then the outputs). Also the record sink the pipelines store through.
+//! models whose manifest is unchanged are reused), its pipelines (each fed
+//! by the source its config names), workers and local outputs; built while
+//! the previous generation still serves, started, and stopped (sources
+//! first, then every queued frame, then the outputs).
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-use anyhow::Context;
-use tokio_util::sync::CancellationToken;
 
 use crate::backend::ort::{Runtime, SessionOptions};
 use crate::config::Config;
 use crate::model::manifest::Manifest;
-use crate::model::registry::{LoadedModel, open_model_arg};
+use crate::model::registry::{LoadedModel, ModelError, open_model_arg};
 use crate::outbox::Outbox;
-use crate::output::{OutputConfig, OutputCtx};
+use crate::output::{OutputConfig, OutputCtx, OutputError};
 use crate::pipeline::realtime::RealtimeStats;
-use crate::pipeline::recent::RecentRecords;
-use crate::pipeline::{IdGen, Pipeline, RecordSink, ResultRecord, Scheduler};
-use crate::source::mqtt::{BrokerAddr, start_embedded_broker};
-use crate::source::{FrameError, FrameErrorKind, SourceConfig, SourceCtx};
+use crate::pipeline::{IdGen, Pipeline, RecordSink, Scheduler};
+use crate::record::Events;
+use crate::source::mqtt::{BrokerAddr, EmbeddedBrokerError, start_embedded_broker};
+use crate::source::{SourceConfig, SourceCtx, SourceError};
 
-use super::RunOptions;
+use super::lifecycle::{GenerationStop, Lifecycle};
 
-/// Records go to the outbox first; printing is for demos; the last few
-/// of each pipeline stay in memory for the console.
-pub(super) struct OutboxSink {
-    pub(super) outbox: Outbox,
-    pub(super) print: bool,
-    pub(super) recent: Arc<RecentRecords>,
+/// Why a generation could not be built or started.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum GenerationError {
+    /// Every pipeline was refused (one that starts is enough to serve).
+    #[error("no pipeline could start:\n  {}", list(.0))]
+    NoPipeline(Vec<Refused>),
+    #[error(transparent)]
+    Broker(#[from] EmbeddedBrokerError),
+    #[error("starting inference workers")]
+    Workers(#[source] std::io::Error),
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    /// A source that cannot start (address in use) fails the generation.
+    #[error(transparent)]
+    Source(#[from] SourceError),
 }
 
-fn store_error(e: crate::outbox::OutboxError) -> FrameError {
-    let kind = if e.is_transient() {
-        FrameErrorKind::Unavailable
-    } else {
-        FrameErrorKind::Store
-    };
-    FrameError::new(kind, e.to_string())
+/// A model or pipeline left out of a generation (its pipelines do not run).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Refused {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("model {model}: {source}")]
+    ModelTask {
+        model: String,
+        source: tokio::task::JoinError,
+    },
+    /// The pipeline's own error (its config against its model).
+    #[error(transparent)]
+    Pipeline(Box<dyn std::error::Error + Send + Sync>),
 }
 
-impl OutboxSink {
-    /// What follows a stored record: printing (demos) and the console's recent list.
-    fn stored(&self, record: &ResultRecord, bytes: &[u8]) {
-        if self.print {
-            let mut out = std::io::stdout().lock();
-            let _ = out.write_all(bytes);
-            let _ = out.write_all(b"\n");
-            let _ = out.flush();
-        }
-        self.recent.push(&record.pipeline, bytes);
-    }
+fn list(refused: &[Refused]) -> String {
+    refused
+        .iter()
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join("\n  ")
 }
 
-impl RecordSink for OutboxSink {
-    fn store(&self, record: &ResultRecord, bytes: &[u8]) -> Result<(), FrameError> {
-        self.outbox
-            .append(&record.stream, bytes)
-            .map_err(store_error)?;
-        self.stored(record, bytes);
-        Ok(())
-    }
-
-    fn store_all(&self, records: &[(ResultRecord, Vec<u8>)]) -> Vec<Result<(), FrameError>> {
-        let appended = self.outbox.append_all(
-            records
-                .iter()
-                .map(|(r, j)| (r.stream.as_str(), j.as_slice())),
-        );
-        records
-            .iter()
-            .zip(appended)
-            .map(|((r, j), a)| {
-                a.map_err(store_error)?;
-                self.stored(r, j);
-                Ok(())
-            })
-            .collect()
-    }
-}
 /// Everything that lives as long as the process.
 pub(super) struct Core {
     pub(super) device: String,
@@ -89,13 +69,15 @@ pub(super) struct Core {
     pub(super) outbox: Outbox,
     pub(super) ids: Arc<IdGen>,
     pub(super) sink: Arc<dyn RecordSink>,
+    /// Status records (cameras, OTA): the same sink as `sink`.
+    pub(super) events: Events,
     /// Loaded models by name, with the sha256 their manifest had.
     pub(super) models: HashMap<String, (String, Arc<LoadedModel>)>,
     pub(super) broker_started: Option<std::net::SocketAddr>,
     /// Refused real-time settings (process-wide, across generations).
     pub(super) realtime: Arc<RealtimeStats>,
     /// The daemon's stop: each generation's tokens are its children.
-    pub(super) shutdown: CancellationToken,
+    pub(super) lifecycle: Lifecycle,
     /// The descriptors unix output readers share, across generations.
     pub(super) reader_fds: Arc<tokio::sync::Semaphore>,
 }
@@ -104,12 +86,12 @@ pub(super) struct Core {
 pub(super) struct Generation {
     pub(super) scheduler: Scheduler,
     workers: Vec<std::thread::JoinHandle<()>>,
+    /// The sources' tasks.
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    /// Stops the sources.
-    stop: CancellationToken,
     /// Local outputs stop after the workers, so the last frames' records reach them.
     outputs: Vec<tokio::task::JoinHandle<()>>,
-    outputs_stop: CancellationToken,
+    stop: GenerationStop,
+    /// The pipelines fed over `POST /v1/pipelines/{name}/infer`.
     pub(super) ingress: HashMap<String, SourceCtx>,
 }
 
@@ -134,11 +116,11 @@ fn manifest_sha(model_dir: &Path, name: &str) -> Option<String> {
 
 impl Core {
     /// Loads the models a config's pipelines use, reusing loaded ones whose
-    /// manifest checksum is unchanged. Returns the models and the errors.
+    /// manifest checksum is unchanged. Returns the models and the refusals.
     async fn models_for(
         &self,
         cfg: &Config,
-    ) -> (HashMap<String, (String, Arc<LoadedModel>)>, Vec<String>) {
+    ) -> (HashMap<String, (String, Arc<LoadedModel>)>, Vec<Refused>) {
         let so = session_options(cfg);
         let mut out = HashMap::new();
         let mut refused = Vec::new();
@@ -170,9 +152,12 @@ impl Core {
                 }
                 Ok(Err(e)) => {
                     tracing::error!(model = %model, error = %e, "model refused; its pipelines will not run");
-                    refused.push(e.to_string());
+                    refused.push(e.into());
                 }
-                Err(e) => refused.push(format!("model {model}: {e}")),
+                Err(source) => refused.push(Refused::ModelTask {
+                    model: model.clone(),
+                    source,
+                }),
             }
         }
         (out, refused)
@@ -180,14 +165,10 @@ impl Core {
 
     /// Loads models and builds a config's pipelines (the part that can fail
     /// on a bad model or config), without starting anything.
-    pub(super) async fn prepare(
-        &mut self,
-        cfg: &Config,
-    ) -> anyhow::Result<(Prepared, Vec<String>)> {
+    pub(super) async fn prepare(&mut self, cfg: &Config) -> Result<Prepared, GenerationError> {
         let (models, mut refused) = self.models_for(cfg).await;
         let workers = cfg.scheduler.worker_count();
         let mut pipelines = Vec::new();
-        let mut sources = Vec::new();
         for p in &cfg.pipelines {
             let Some((_, model)) = models.get(&p.model) else {
                 continue;
@@ -210,76 +191,71 @@ impl Core {
             )
             .and_then(|pl| pl.with_stages(&stage_models))
             {
-                Ok(pl) => {
-                    sources.push(p.source.clone());
-                    pipelines.push(Arc::new(pl));
-                }
+                Ok(pl) => pipelines.push(Arc::new(pl)),
                 Err(e) => {
                     tracing::error!(error = %e, "pipeline not started");
-                    refused.push(e.to_string());
+                    refused.push(Refused::Pipeline(Box::new(e)));
                 }
             }
         }
         if pipelines.is_empty() && !cfg.pipelines.is_empty() {
-            anyhow::bail!("no pipeline could start:\n  {}", refused.join("\n  "));
+            return Err(GenerationError::NoPipeline(refused));
         }
         self.models = models;
-
-        let mqtt_outputs = pipelines
-            .iter()
-            .flat_map(|p| &p.cfg.outputs)
-            .any(|o| matches!(o, OutputConfig::Mqtt { .. }));
-        let mqtt = if mqtt_outputs
-            || sources
-                .iter()
-                .any(|s| matches!(s, SourceConfig::Mqtt { .. }))
-        {
-            let prefix = format!("outpost-{}", self.device);
-            match &cfg.site_broker {
-                Some(b) => Some(BrokerAddr {
-                    host: b.host.clone(),
-                    port: b.port,
-                    client_prefix: prefix,
-                }),
-                None => {
-                    let l = cfg.embedded_broker.listen;
-                    if self.broker_started.is_none() {
-                        start_embedded_broker(&cfg.embedded_broker)?;
-                        self.broker_started = Some(l);
-                    } else if self.broker_started != Some(l) {
-                        tracing::warn!(
-                            "embedded_broker.listen changed: it takes effect at the next restart"
-                        );
-                    }
-                    let l = self.broker_started.unwrap_or(l);
-                    Some(BrokerAddr {
-                        host: l.ip().to_string(),
-                        port: l.port(),
-                        client_prefix: prefix,
-                    })
-                }
-            }
-        } else {
-            None
-        };
-        Ok((
-            Prepared {
-                scheduler: Scheduler::new(pipelines),
-                sources,
-                mqtt,
-                sched: cfg.scheduler.clone(),
-                data_dir: cfg.data_dir.clone(),
-                reserved_fds: cfg.api.reserved_fds,
-            },
-            refused,
-        ))
+        let mqtt = self.mqtt_for(cfg, &pipelines)?;
+        Ok(Prepared {
+            scheduler: Scheduler::new(pipelines),
+            mqtt,
+            sched: cfg.scheduler.clone(),
+            data_dir: cfg.data_dir.clone(),
+            reserved_fds: cfg.api.reserved_fds,
+        })
     }
 
-    /// Starts a prepared generation's workers and sources.
-    pub(super) async fn launch(&self, p: Prepared) -> anyhow::Result<Generation> {
+    /// The broker the pipelines' mqtt sources and outputs use: the site's,
+    /// or the embedded one (started once, on the first config that needs it).
+    fn mqtt_for(
+        &mut self,
+        cfg: &Config,
+        pipelines: &[Arc<Pipeline>],
+    ) -> Result<Option<BrokerAddr>, GenerationError> {
+        let needed = pipelines.iter().any(|p| {
+            matches!(p.cfg.source, SourceConfig::Mqtt { .. })
+                || p.cfg
+                    .outputs
+                    .iter()
+                    .any(|o| matches!(o, OutputConfig::Mqtt { .. }))
+        });
+        if !needed {
+            return Ok(None);
+        }
+        let prefix = format!("outpost-{}", self.device);
+        if let Some(b) = &cfg.site_broker {
+            return Ok(Some(BrokerAddr {
+                host: b.host.clone(),
+                port: b.port,
+                client_prefix: prefix,
+            }));
+        }
+        let l = cfg.embedded_broker.listen;
+        if self.broker_started.is_none() {
+            start_embedded_broker(&cfg.embedded_broker)?;
+            self.broker_started = Some(l);
+        } else if self.broker_started != Some(l) {
+            tracing::warn!("embedded_broker.listen changed: it takes effect at the next restart");
+        }
+        let l = self.broker_started.unwrap_or(l);
+        Ok(Some(BrokerAddr {
+            host: l.ip().to_string(),
+            port: l.port(),
+            client_prefix: prefix,
+        }))
+    }
+
+    /// Starts a prepared generation's workers, outputs and sources.
+    pub(super) async fn launch(&self, p: Prepared) -> Result<Generation, GenerationError> {
         let Prepared {
             scheduler,
-            sources,
             mqtt,
             sched,
             data_dir,
@@ -287,15 +263,14 @@ impl Core {
         } = p;
         let worker_handles = scheduler
             .start_workers(&sched, &self.realtime)
-            .context("starting inference workers")?;
+            .map_err(GenerationError::Workers)?;
         // Filled as parts start; on a failure, whatever started is stopped.
         let mut g = Generation {
             scheduler,
             workers: worker_handles,
             tasks: Vec::new(),
-            stop: self.shutdown.child_token(),
             outputs: Vec::new(),
-            outputs_stop: self.shutdown.child_token(),
+            stop: self.lifecycle.generation(),
             ingress: HashMap::new(),
         };
         // Outputs before sources: a record of the first frame finds them open.
@@ -304,7 +279,7 @@ impl Core {
                 device: self.device.clone(),
                 pipeline: p.name().to_string(),
                 mqtt: mqtt.clone(),
-                shutdown: g.outputs_stop.clone(),
+                shutdown: g.stop.outputs.clone(),
                 reserved_fds,
                 reader_fds: self.reader_fds.clone(),
             };
@@ -316,15 +291,18 @@ impl Core {
                 }
             }
         }
-        for (i, src) in sources.iter().enumerate() {
-            let pipeline = &g.scheduler.pipelines()[i];
+        // Each pipeline is fed by the source its own config names; `i` is
+        // its place in the scheduler (its queue).
+        let pipelines = g.scheduler.pipelines().to_vec();
+        for (i, pipeline) in pipelines.iter().enumerate() {
+            let src = &pipeline.cfg.source;
             let ctx = SourceCtx {
                 pipeline: pipeline.name().to_string(),
                 sink: g.scheduler.input(i),
-                shutdown: g.stop.clone(),
+                shutdown: g.stop.sources.clone(),
                 mqtt: mqtt.clone(),
                 outbox: Some(self.outbox.clone()),
-                ids: Some(self.ids.clone()),
+                events: Some(self.events.clone()),
                 camera: pipeline.stats.camera.clone(),
                 data_dir: data_dir.clone(),
             };
@@ -335,7 +313,6 @@ impl Core {
             match src.build().spawn(ctx) {
                 Ok(t) => g.tasks.push(t),
                 Err(e) => {
-                    // A source that cannot start (address in use) fails the generation.
                     g.stop().await;
                     return Err(e.into());
                 }
@@ -348,12 +325,19 @@ impl Core {
 /// A generation built but not started.
 pub(super) struct Prepared {
     scheduler: Scheduler,
-    sources: Vec<SourceConfig>,
     mqtt: Option<BrokerAddr>,
     sched: crate::config::SchedulerConfig,
     data_dir: PathBuf,
     /// `api.reserved_fds`: descriptors unix output readers never take either.
     reserved_fds: u64,
+}
+
+impl Prepared {
+    /// Per-stream hook state of the stopped generation's unchanged pipelines
+    /// carries over; the others' streams end.
+    pub(super) fn adopt_streams(&self, old: &Scheduler) {
+        self.scheduler.adopt_streams(old);
+    }
 }
 
 async fn join_workers(workers: Vec<std::thread::JoinHandle<()>>) {
@@ -368,71 +352,30 @@ async fn join_workers(workers: Vec<std::thread::JoinHandle<()>>) {
 impl Generation {
     /// A generation with nothing in it (between stopping one and starting the next).
     pub(super) fn empty() -> Generation {
-        let stop = CancellationToken::new();
-        stop.cancel();
         Generation {
             scheduler: Scheduler::new(Vec::new()),
             workers: Vec::new(),
             tasks: Vec::new(),
-            stop: stop.clone(),
             outputs: Vec::new(),
-            outputs_stop: stop,
+            stop: GenerationStop::stopped(),
             ingress: HashMap::new(),
         }
     }
 
-    /// Stops the sources, then lets the workers finish every queued frame.
-    pub(super) async fn stop(self) {
-        self.stop.cancel();
+    /// Stops the sources, then lets the workers finish every queued frame,
+    /// then stops the local outputs. Gives back the stopped scheduler, whose
+    /// per-stream hook state the next generation may take over.
+    pub(super) async fn stop(self) -> Scheduler {
+        self.stop.sources.cancel();
         for t in self.tasks {
             let _ = t.await;
         }
         self.scheduler.stop();
         join_workers(self.workers).await;
-        self.outputs_stop.cancel();
+        self.stop.outputs.cancel();
         for t in self.outputs {
             let _ = t.await;
         }
+        self.scheduler
     }
-}
-/// Loads the config again and prepares its generation (the old one still runs).
-pub(super) async fn reload(
-    core: &mut Core,
-    opts: &RunOptions,
-    old: &Config,
-) -> anyhow::Result<(Config, Prepared)> {
-    let Some(path) = &opts.config_path else {
-        anyhow::bail!("no config file to reload");
-    };
-    let mut cfg = Config::load(path)?;
-    if let Some(d) = &opts.model_dir_override {
-        cfg.model_dir = d.clone();
-    }
-    // What lives as long as the process keeps its first value.
-    for (what, changed) in [
-        ("data_dir", cfg.data_dir != old.data_dir),
-        ("device", cfg.device != old.device),
-        ("outbox", cfg.outbox != old.outbox),
-        ("uplink", cfg.uplink != old.uplink),
-        ("api", cfg.api != old.api),
-        (
-            "runtime.onnxruntime",
-            cfg.runtime.onnxruntime != old.runtime.onnxruntime,
-        ),
-    ] {
-        if changed {
-            tracing::warn!(
-                setting = what,
-                "changed in the config: takes effect at the next restart"
-            );
-        }
-    }
-    cfg.data_dir = old.data_dir.clone();
-    cfg.device = old.device.clone();
-    cfg.outbox = old.outbox.clone();
-    cfg.uplink = old.uplink.clone();
-    cfg.api = old.api.clone();
-    cfg.runtime.onnxruntime = old.runtime.onnxruntime.clone();
-    let (prepared, _refused) = core.prepare(&cfg).await?;
-    Ok((cfg, prepared))
 }

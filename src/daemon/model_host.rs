@@ -1,6 +1,7 @@
 //! The daemon as the OTA agent sees it: where models live, loading one,
 //! swapping it into the pipelines that use it, their health, READY, the
-//! restart into a new daemon slot, and OTA events stored as records.
+//! restart into a new daemon slot, and OTA events stored as records
+//! (through the same sink as the cameras' events and the results).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,8 +11,9 @@ use arc_swap::ArcSwap;
 
 use crate::backend::ort::{Runtime, SessionOptions};
 use crate::model::registry::LoadedModel;
-use crate::outbox::Outbox;
-use crate::pipeline::{IdGen, Scheduler};
+use crate::ota::host::ModelHostError;
+use crate::pipeline::Scheduler;
+use crate::record::{Event, Events};
 
 /// The daemon as the OTA agent sees it.
 pub struct DaemonModelHost {
@@ -20,8 +22,7 @@ pub struct DaemonModelHost {
     pub session: SessionOptions,
     pub model_dir: PathBuf,
     pub data_dir: PathBuf,
-    pub outbox: Outbox,
-    pub ids: Arc<IdGen>,
+    pub events: Events,
     pub ready: Arc<AtomicBool>,
     pub restart: tokio::sync::mpsc::Sender<()>,
 }
@@ -41,10 +42,12 @@ impl crate::ota::host::ModelHost for DaemonModelHost {
         self.data_dir.clone()
     }
 
-    fn load(&self, manifest: &Path) -> Result<Arc<LoadedModel>, String> {
-        crate::model::registry::load_manifest(&self.runtime, manifest, &self.session)
-            .map(Arc::new)
-            .map_err(|e| e.to_string())
+    fn load(&self, manifest: &Path) -> Result<Arc<LoadedModel>, ModelHostError> {
+        Ok(Arc::new(crate::model::registry::load_manifest(
+            &self.runtime,
+            manifest,
+            &self.session,
+        )?))
     }
 
     fn current(&self, name: &str) -> Option<Arc<LoadedModel>> {
@@ -55,7 +58,7 @@ impl crate::ota::host::ModelHost for DaemonModelHost {
             .find(|m| m.manifest.name == name)
     }
 
-    fn swap(&self, model: Arc<LoadedModel>) -> Result<Option<Arc<LoadedModel>>, String> {
+    fn swap(&self, model: Arc<LoadedModel>) -> Result<Option<Arc<LoadedModel>>, ModelHostError> {
         let sched = self.scheduler();
         let users: Vec<_> = sched
             .pipelines()
@@ -64,7 +67,10 @@ impl crate::ota::host::ModelHost for DaemonModelHost {
             .collect();
         let mut previous = None;
         for p in users {
-            previous = Some(p.swap_model(model.clone()).map_err(|e| e.to_string())?);
+            previous = Some(
+                p.swap_model(model.clone())
+                    .map_err(|e| ModelHostError::Swap(Box::new(e)))?,
+            );
         }
         Ok(previous)
     }
@@ -78,7 +84,7 @@ impl crate::ota::host::ModelHost for DaemonModelHost {
             .filter(|p| p.model().manifest.name == name)
         {
             h.runs += crate::pipeline::PipelineStats::get(&p.stats.batches);
-            h.errors += p.stats.drops().get("inference_error").copied().unwrap_or(0);
+            h.errors += p.stats.drop_count(crate::pipeline::DropReason::Inference);
             if let Some(v) = p.stats.inference_us.summary().p99_us {
                 h.p99_us = Some(h.p99_us.map_or(v, |x| x.max(v)));
             }
@@ -94,21 +100,7 @@ impl crate::ota::host::ModelHost for DaemonModelHost {
         let _ = self.restart.try_send(());
     }
 
-    fn event(&self, stream: &str, event: &serde_json::Value) -> Result<(), String> {
-        let (id, seq) = self.ids.next();
-        let rec = serde_json::json!({
-            "id": id,
-            "device": self.ids.device,
-            "pipeline": "ota",
-            "stream": stream,
-            "seq": seq,
-            "ts": crate::record::rfc3339(std::time::SystemTime::now()),
-            "event": event,
-        });
-        let bytes = serde_json::to_vec(&rec).map_err(|e| e.to_string())?;
-        self.outbox
-            .append(stream, &bytes)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+    fn event(&self, stream: &str, event: Event) -> Result<(), ModelHostError> {
+        Ok(self.events.emit("ota", stream, event)?)
     }
 }

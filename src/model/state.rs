@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 
+use super::manifest::Manifest;
 use super::registry::LoadedModel;
 use crate::backend::{Dim, RunError, Tensor, is_batch_name};
 
@@ -42,13 +43,12 @@ impl StreamStates {
 
     /// The batch axis of each state input (None: a state without one cannot
     /// be batched across streams).
-    pub fn batch_axes(model: &LoadedModel) -> Option<Vec<usize>> {
-        model
-            .manifest
+    pub fn batch_axes(manifest: &Manifest) -> Option<Vec<usize>> {
+        manifest
             .state
             .iter()
             .map(|p| {
-                let spec = model.manifest.inputs.iter().find(|i| i.name == p.input)?;
+                let spec = manifest.inputs.iter().find(|i| i.name == p.input)?;
                 spec.shape
                     .iter()
                     .position(|d| matches!(d, Dim::Symbolic(s) if is_batch_name(s)))

@@ -25,7 +25,6 @@
 use super::install::{InstallError, io};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -270,30 +269,46 @@ impl Slots {
     }
 }
 
+/// Told once the daemon said READY (see [`ready_deadline`]); dropping it
+/// unsaid (the daemon returned before READY) ends the watch too, as the
+/// process is exiting with its own error.
+pub struct ReadyDeadline(Option<std::sync::mpsc::Sender<()>>);
+
+impl ReadyDeadline {
+    /// The daemon said READY: the deadline is met.
+    pub fn met(&self) {
+        if let Some(tx) = &self.0 {
+            let _ = tx.send(());
+        }
+    }
+}
+
 /// A daemon slot on trial must say READY within `limit`, or it exits and the
-/// launcher's boot counter counts a failed start. `ready` is set by the
-/// daemon once it said READY. A thread, not a task: a start stuck loading
-/// models must not hold it up. Does nothing outside a slot on trial.
-pub fn ready_deadline(data_dir: &Path, limit: Duration, ready: &'static AtomicBool) {
+/// launcher's boot counter counts a failed start. The daemon calls
+/// [`ReadyDeadline::met`] once it said READY. A thread, not a task: a start
+/// stuck loading models must not hold it up. Does nothing outside a slot on
+/// trial.
+pub fn ready_deadline(data_dir: &Path, limit: Duration) -> ReadyDeadline {
     let Some(slot) = running_slot() else {
-        return;
+        return ReadyDeadline(None);
     };
     let on_trial = matches!(
         Slots::new(data_dir).load(),
         Ok(Some(b)) if b.trying.as_deref() == Some(slot.as_str())
     );
     if !on_trial {
-        return;
+        return ReadyDeadline(None);
     }
+    let (tx, rx) = std::sync::mpsc::channel();
     let _ = std::thread::Builder::new()
         .name("ready-deadline".into())
         .spawn(move || {
-            std::thread::sleep(limit);
-            if !ready.load(Ordering::SeqCst) {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
                 tracing::error!(slot = %slot, limit_s = limit.as_secs_f64(), "this daemon slot did not get READY in time; exiting");
                 std::process::exit(1);
             }
         });
+    ReadyDeadline(Some(tx))
 }
 
 /// The launcher's step at `outpost run`: when a daemon update is installed

@@ -1,7 +1,10 @@
 //! Pipelines: one source + preprocessing + one model + postprocessing, and
 //! the scheduler that runs them. A daemon runs many; they share loaded models.
 
-pub mod context;
+pub mod drops;
+pub mod hook;
+pub mod infer;
+pub mod mode;
 pub mod queue;
 pub mod recent;
 /// The result record is a leaf room of its own; `pipeline::record` stays as
@@ -14,12 +17,15 @@ pub mod stages;
 pub mod worker;
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use self::drops::DropReason;
+pub use self::hook::{DynStreamHook, FrameMeta, HookOutput, StreamEnd, StreamHook};
+pub use self::mode::{Batching, Mode};
 pub use self::queue::WhenFull;
 pub use self::scheduler::{Priority, Scheduler, SchedulerConfig};
 pub use self::stages::{StageConfig, ThumbnailConfig};
@@ -315,17 +321,18 @@ impl LatencyHistogram {
 }
 
 impl PipelineStats {
-    pub fn add_drop(&self, reason: &'static str) {
-        *self
-            .drops
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(reason)
-            .or_default() += 1;
+    pub fn add_drop(&self, reason: DropReason) {
+        *lock(&self.drops).entry(reason.label()).or_default() += 1;
     }
 
+    /// Drops by reason label (`/v1/status` `drops`, `outpost_frames_dropped_total`).
     pub fn drops(&self) -> BTreeMap<&'static str, u64> {
-        self.drops.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        lock(&self.drops).clone()
+    }
+
+    /// Drops counted under `reason`.
+    pub fn drop_count(&self, reason: DropReason) -> u64 {
+        lock(&self.drops).get(reason.label()).copied().unwrap_or(0)
     }
 
     pub fn get(a: &AtomicU64) -> u64 {
@@ -342,6 +349,12 @@ impl PipelineStats {
     pub fn source_state(&self) -> &'static str {
         *self.source_state.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Locks a mutex of the pipeline's run-time. State behind these locks stays
+/// consistent if a holder panicked mid-frame, so a poisoned lock is used as is.
+pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Where records go once made: the outbox (and, for demos, stdout).

@@ -21,10 +21,11 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
+use super::drops::DropReason;
 use super::queue::{BoundedQueue, Offer};
 use super::realtime::RealtimeStats;
 use super::worker::Pipeline;
-use crate::source::{Frame, FrameError, FrameErrorKind, FrameSink};
+use crate::source::{Frame, FrameSink};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -236,9 +237,10 @@ impl Scheduler {
                 answer_dropped(old, reason);
             }
             Offer::Dropped(new) => {
-                p.count_drop("queue_full_drop_newest", &format!("stream {}", new.stream));
+                let reason = DropReason::QueueFullDropNewest;
+                p.count_drop(reason, &format!("stream {}", new.stream));
                 p.stats.frames_in.fetch_add(1, Ordering::Relaxed);
-                answer_dropped(new, "queue_full_drop_newest");
+                answer_dropped(new, reason);
                 return Ok(());
             }
             Offer::Full(f) => return Err(f),
@@ -268,10 +270,33 @@ impl Scheduler {
     }
 
     /// Counts (and logs, rate-limited) a frame dropped before it reached a queue.
-    pub fn count_drop(&self, idx: usize, reason: &'static str, detail: &str) {
+    pub fn count_drop(&self, idx: usize, reason: DropReason, detail: &str) {
         if let Some(p) = self.inner.pipelines.get(idx) {
             p.stats.frames_in.fetch_add(1, Ordering::Relaxed);
             p.count_drop(reason, detail);
+        }
+    }
+
+    /// Takes over the per-stream hook state of `old`'s pipelines (the
+    /// previous generation, stopped) where a pipeline of the same name has
+    /// the same config; the streams of the others end (their last events
+    /// stored). Run between the old generation's stop and this one's start.
+    pub fn adopt_streams(&self, old: &Scheduler) -> usize {
+        let mut adopted = 0;
+        for o in old.pipelines() {
+            match self.inner.pipelines.iter().find(|p| p.name() == o.name()) {
+                Some(p) => adopted += p.adopt_streams(o),
+                None => o.close_streams(),
+            }
+        }
+        adopted
+    }
+
+    /// Ends every pipeline's per-stream hook state (their last events
+    /// stored); for a stopped scheduler whose state is not taken over.
+    pub fn close_streams(&self) {
+        for p in &self.inner.pipelines {
+            p.close_streams();
         }
     }
 
@@ -490,12 +515,9 @@ impl Scheduler {
 /// Tells whoever waits for a frame that the queue's policy dropped it, so a
 /// source can tell that from a frame left unanswered by a stopping daemon
 /// (a QoS 1 source acknowledges the first, never the second).
-fn answer_dropped(frame: Frame, reason: &'static str) {
+fn answer_dropped(frame: Frame, reason: DropReason) {
     if let Some(tx) = frame.reply {
-        let _ = tx.send(Err(FrameError::new(
-            FrameErrorKind::Dropped,
-            format!("dropped from the full queue ({reason})"),
-        )));
+        let _ = tx.send(Err(reason.queue_error()));
     }
 }
 
@@ -515,7 +537,8 @@ impl FrameSink for PipelineInput {
     }
 
     fn count_drop(&self, reason: &'static str, detail: &str) {
-        self.scheduler.count_drop(self.idx, reason, detail);
+        self.scheduler
+            .count_drop(self.idx, DropReason::from_source(reason), detail);
     }
 
     fn set_state(&self, state: &'static str) {
@@ -557,3 +580,6 @@ mod tests {
         assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
     }
 }
+
+#[cfg(test)]
+mod engine_tests;

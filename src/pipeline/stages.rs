@@ -23,16 +23,14 @@ use ndarray::{ArrayD, IxDyn};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::context::{FrameContext, lock};
 use super::snapshot;
-use super::{LatencyHistogram, PipelineConfig};
+use super::{LatencyHistogram, PipelineConfig, lock};
 use crate::backend::{Dim, Tensor};
 use crate::model::registry::LoadedModel;
 use crate::postprocess::{PostprocessConfig, Postprocessor};
 use crate::preprocess::crop::{Normalizer, Rgb, decode_frame};
-use crate::preprocess::{ItemMeta, Layout, OutputDType, PreprocessConfig, ResizeMode};
-use crate::record::ResultRecord;
-use crate::source::{Frame, FrameError, FrameErrorKind};
+use crate::preprocess::{DecodeError, ItemMeta, Layout, OutputDType, PreprocessConfig, ResizeMode};
+use crate::source::Frame;
 
 fn default_max_boxes() -> usize {
     256
@@ -185,6 +183,21 @@ pub struct Cascade {
     thumbnails: Option<ThumbnailConfig>,
 }
 
+/// Why a cascade cannot be built: every problem, each naming its stage.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .problems.join("; "))]
+pub struct CascadeError {
+    pub problems: Vec<String>,
+}
+
+impl CascadeError {
+    fn one(problem: impl Into<String>) -> CascadeError {
+        CascadeError {
+            problems: vec![problem.into()],
+        }
+    }
+}
+
 /// Whether a pipeline runs through the cascade path.
 pub fn needs_cascade(cfg: &PipelineConfig, pre: &PreprocessConfig) -> bool {
     !cfg.stages.is_empty()
@@ -193,27 +206,36 @@ pub fn needs_cascade(cfg: &PipelineConfig, pre: &PreprocessConfig) -> bool {
 }
 
 impl Cascade {
-    /// Builds the stages of `cfg` with their loaded `models` (in stage order).
-    pub fn new(
-        cfg: &PipelineConfig,
-        frame_pre: PreprocessConfig,
-        models: &[Arc<LoadedModel>],
-    ) -> Result<Cascade, String> {
-        if models.len() != cfg.stages.len() {
-            return Err(format!(
-                "{} stages configured, {} stage models loaded",
-                cfg.stages.len(),
-                models.len()
-            ));
-        }
+    /// The cascade of `cfg` (frames decoded by `frame_pre`), without its
+    /// stages yet (see [`Cascade::add_stages`]).
+    pub fn new(cfg: &PipelineConfig, frame_pre: PreprocessConfig) -> Result<Cascade, CascadeError> {
         if !matches!(
             frame_pre,
             PreprocessConfig::Image { .. } | PreprocessConfig::Pyramid { .. }
         ) {
-            return Err(
-                "stages and thumbnails need an image pipeline (`image` or `pyramid` preprocessing)"
-                    .into(),
-            );
+            return Err(CascadeError::one(
+                "stages and thumbnails need an image pipeline (`image` or `pyramid` preprocessing)",
+            ));
+        }
+        Ok(Cascade {
+            stages: Vec::new(),
+            frame_pre,
+            thumbnails: cfg.thumbnails.clone(),
+        })
+    }
+
+    /// Builds the stages of `cfg` with their loaded `models` (in stage order).
+    pub fn add_stages(
+        &mut self,
+        cfg: &PipelineConfig,
+        models: &[Arc<LoadedModel>],
+    ) -> Result<(), CascadeError> {
+        if models.len() != cfg.stages.len() {
+            return Err(CascadeError::one(format!(
+                "{} stages configured, {} stage models loaded",
+                cfg.stages.len(),
+                models.len()
+            )));
         }
         let mut stages = Vec::new();
         let mut problems = Vec::new();
@@ -224,13 +246,10 @@ impl Cascade {
             }
         }
         if !problems.is_empty() {
-            return Err(problems.join("; "));
+            return Err(CascadeError { problems });
         }
-        Ok(Cascade {
-            stages,
-            frame_pre,
-            thumbnails: cfg.thumbnails.clone(),
-        })
+        self.stages = stages;
+        Ok(())
     }
 
     /// Forgets `stream` in every stage's postprocessor (the pipeline's stream
@@ -249,103 +268,30 @@ impl Cascade {
             .collect()
     }
 
-    /// Runs frames one by one: decode, model (every item of the frame, e.g.
-    /// pyramid levels), merge, stages, record.
-    pub fn process(&self, cx: &FrameContext<'_>, frames: Vec<Frame>) {
-        for f in frames {
-            let taken = Instant::now();
-            cx.stats
-                .queue_us
-                .record(taken.saturating_duration_since(f.received).as_micros() as u64);
-            let answer = self.frame(cx, &f, taken);
-            cx.stats.frames_done.fetch_add(1, Ordering::Relaxed);
-            cx.stats
-                .e2e_us
-                .record(f.received.elapsed().as_micros() as u64);
-            if let Some(tx) = f.reply {
-                let _ = tx.send(answer);
-            }
+    /// The frame's picture, for the stages' crops and the thumbnails; None
+    /// when neither is configured.
+    pub fn picture(&self, f: &Frame) -> Result<Option<Rgb>, DecodeError> {
+        if self.stages.is_empty() && self.thumbnails.is_none() {
+            return Ok(None);
         }
+        match f.raw {
+            Some(raw) => raw.to_rgb(&f.payload),
+            None => decode_frame(&f.payload, &self.frame_pre),
+        }
+        .map(Some)
     }
 
-    fn frame(
-        &self,
-        cx: &FrameContext<'_>,
-        f: &Frame,
-        taken: Instant,
-    ) -> Result<Vec<ResultRecord>, FrameError> {
-        let model = &cx.model;
-        // Counts the drop; the frame's answer carries who can act on it.
-        let drop = |reason: &'static str, e: String| {
-            (cx.count_drop)(reason, &format!("stream {}: {e}", f.stream));
-            let kind = match reason {
-                "inference_error" | "postprocess_error" | "config" => FrameErrorKind::Engine,
-                _ => FrameErrorKind::Malformed,
-            };
-            FrameError::new(kind, e)
-        };
-        let items = {
-            let mut pre = lock(cx.pre);
-            match f.raw {
-                Some(raw) => pre.process_raw(&f.stream, &f.payload, raw),
-                None => pre.process(&f.stream, &f.payload),
-            }
-            .map_err(|e| drop(e.reason(), e.to_string()))?
-        };
-        let frame = if self.stages.is_empty() && self.thumbnails.is_none() {
-            None
-        } else {
-            Some(
-                match f.raw {
-                    Some(raw) => raw.to_rgb(&f.payload),
-                    None => decode_frame(&f.payload, &self.frame_pre),
-                }
-                .map_err(|e| drop(e.reason(), e.to_string()))?,
-            )
-        };
-        cx.stats
-            .decode_us
-            .record(taken.elapsed().as_micros() as u64);
-        cx.stats
-            .items
-            .fetch_add(items.len() as u64, Ordering::Relaxed);
-        let mut results = Vec::with_capacity(items.len());
-        let mut inference_us = 0u64;
-        let mut post = lock(cx.post);
-        for item in &items {
-            let t0 = Instant::now();
-            let inputs: Vec<(&str, &Tensor)> = std::iter::once((cx.main_input, &item.tensor))
-                .chain(cx.constants.iter().map(|(n, t)| (n.as_str(), t)))
-                .collect();
-            let out = model.run(&inputs);
-            let us = t0.elapsed().as_micros() as u64;
-            inference_us += us;
-            cx.stats.inference_us_total.fetch_add(us, Ordering::Relaxed);
-            cx.stats.inference_us.record(us);
-            cx.stats.batches.fetch_add(1, Ordering::Relaxed);
-            cx.stats.batch_items.fetch_add(1, Ordering::Relaxed);
-            cx.stats.batch_sizes.record(1);
-            let out = out.map_err(|e| drop("inference_error", e.to_string()))?;
-            match post.process(&f.stream, &item.meta, &out) {
-                Ok(Some(v)) => results.push(v),
-                Ok(None) => {}
-                Err(e) => return Err(drop("postprocess_error", e.to_string())),
-            }
-        }
-        let output_start = Instant::now();
-        let merged = if results.is_empty() {
-            None
-        } else {
-            post.merge_items(results)
-        };
-        drop_guard(post);
-        let Some(mut value) = merged else {
-            return Ok(Vec::new());
-        };
-        if let Some(frame) = &frame {
+    /// Runs the stages on a frame's merged result, in order, and takes the
+    /// crop rectangles (for the stages only) out of its boxes. A failing
+    /// stage leaves the boxes as the stage before gave them, marks the
+    /// result with `stage_error` and ends the cascade; the error is returned
+    /// to be counted.
+    pub fn refine(&self, picture: Option<&Rgb>, value: &mut Value, stream: &str) -> Option<String> {
+        let mut failed = None;
+        if let Some(frame) = picture {
             for stage in &self.stages {
                 let t0 = Instant::now();
-                let r = stage.run(frame, &mut value, &f.stream);
+                let r = stage.run(frame, value, stream);
                 stage
                     .stats
                     .latency_us
@@ -353,13 +299,12 @@ impl Cascade {
                 if let Err(e) = r {
                     stage.stats.errors.fetch_add(1, Ordering::Relaxed);
                     let e = format!("stage `{}`: {e}", stage.model.id());
-                    (cx.count_drop)("stage_error", &format!("stream {}: {e}", f.stream));
-                    value["stage_error"] = Value::String(e);
+                    value["stage_error"] = Value::String(e.clone());
+                    failed = Some(e);
                     break;
                 }
             }
         }
-        // Crop rectangles are for the stages only.
         if let Some(boxes) = value.get_mut("boxes").and_then(Value::as_array_mut) {
             for b in boxes.iter_mut() {
                 if let Some(o) = b.as_object_mut() {
@@ -367,21 +312,15 @@ impl Cascade {
                 }
             }
         }
-        cx.snapshot.keep(&f.payload, f.raw, &value);
-        if let (Some(t), Some(frame)) = (&self.thumbnails, &frame) {
-            snapshot::attach_thumbnails(frame, &mut value, t.max_bytes);
-        }
-        let stored = (cx.emit)(f, model, inference_us, value);
-        cx.stats
-            .output_us
-            .record(output_start.elapsed().as_micros() as u64);
-        stored.map(|rec| vec![rec])
+        failed
     }
-}
 
-/// Ends a lock guard's borrow early (readability at the call site).
-fn drop_guard<T>(g: T) {
-    std::mem::drop(g);
+    /// Each box gets a JPEG of its crop, when configured.
+    pub fn attach_thumbnails(&self, picture: Option<&Rgb>, value: &mut Value) {
+        if let (Some(t), Some(frame)) = (&self.thumbnails, picture) {
+            snapshot::attach_thumbnails(frame, value, t.max_bytes);
+        }
+    }
 }
 
 impl Stage {
@@ -620,26 +559,7 @@ impl Stage {
             self.stats
                 .crops
                 .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-            let n = chunk.len();
-            let mut per_item: Vec<Vec<(String, Tensor)>> = vec![Vec::new(); n];
-            for (name, t) in outputs {
-                match t.split0(n) {
-                    Some(pieces) if t.shape().first() == Some(&n) => {
-                        for (k, piece) in pieces.into_iter().enumerate() {
-                            per_item[k].push((name.clone(), piece));
-                        }
-                    }
-                    _ => {
-                        return Err((
-                            boxes,
-                            format!(
-                                "output `{name}` has shape {:?}: no batch axis of {n}",
-                                t.shape()
-                            ),
-                        ));
-                    }
-                }
-            }
+            let per_item = self.model.split_outputs(outputs, chunk.len());
             for (&i, outs) in chunk.iter().zip(per_item) {
                 match post.process(stream, &ItemMeta::default(), &outs) {
                     Ok(r) => results[i] = r,

@@ -434,8 +434,8 @@ pub struct SourceCtx {
     pub mqtt: Option<mqtt::BrokerAddr>,
     /// For the watch source: the durable store, to wait for its records to be on disk.
     pub outbox: Option<crate::outbox::Outbox>,
-    /// Record ids, for the status records a source stores (camera_up / camera_down).
-    pub ids: Option<Arc<crate::record::IdGen>>,
+    /// Where a source's status records go (camera_up / camera_down).
+    pub events: Option<crate::record::Events>,
     /// For a camera source: the state its pipeline shows (`/v1/status`).
     pub camera: Option<Arc<camera::CameraState>>,
     pub data_dir: PathBuf,

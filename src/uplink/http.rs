@@ -13,11 +13,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use sha2::{Digest, Sha256};
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::pace::TokenBucket;
 use super::stats::UplinkStats;
-use super::{HttpConfig, UplinkError, sleep_or_stop, stopped, tls};
+use super::{HttpConfig, UplinkError, sleep_or_stop, tls};
 use crate::backoff::Backoff;
 use crate::outbox::{Entry, Key, Outbox};
 
@@ -114,7 +114,7 @@ pub(super) fn spawn(
     outbox: Outbox,
     device: &str,
     stats: Arc<UplinkStats>,
-    shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, UplinkError> {
     let mut b = reqwest::Client::builder()
         .timeout(cfg.timeout)
@@ -209,13 +209,13 @@ fn error_chain(e: reqwest::Error) -> String {
     s
 }
 
-async fn run(ctx: Ctx, mut shutdown: watch::Receiver<bool>) {
+async fn run(ctx: Ctx, shutdown: CancellationToken) {
     let mut backoff = Backoff::new(ctx.cfg.backoff_min, ctx.cfg.backoff_max);
     let mut bucket = TokenBucket::new(ctx.cfg.max_bytes_per_s, Instant::now());
     let notify = ctx.outbox.notified();
     let url = ctx.cfg.url.clone();
     'outer: loop {
-        if *shutdown.borrow() {
+        if shutdown.is_cancelled() {
             break;
         }
         // Always from the oldest: acked and dead-lettered records are gone,
@@ -225,7 +225,7 @@ async fn run(ctx: Ctx, mut shutdown: watch::Receiver<bool>) {
             Err(e) => {
                 ctx.stats.error(format!("outbox read: {e}"));
                 tracing::error!(error = %e, "uplink: cannot read the outbox");
-                if sleep_or_stop(backoff.next_delay(), &mut shutdown).await {
+                if sleep_or_stop(backoff.next_delay(), &shutdown).await {
                     break;
                 }
                 continue;
@@ -235,14 +235,14 @@ async fn run(ctx: Ctx, mut shutdown: watch::Receiver<bool>) {
             tokio::select! {
                 _ = notify.notified() => {}
                 _ = tokio::time::sleep(IDLE_POLL) => {}
-                _ = stopped(&mut shutdown) => break,
+                _ = shutdown.cancelled() => break,
             }
             continue;
         }
         let mut work: VecDeque<Vec<Entry>> = VecDeque::from([page]);
         while let Some(batch) = work.pop_front() {
             let wait = bucket.ready_in(Instant::now());
-            if !wait.is_zero() && sleep_or_stop(wait, &mut shutdown).await {
+            if !wait.is_zero() && sleep_or_stop(wait, &shutdown).await {
                 break 'outer;
             }
             let keys: Vec<Key> = batch.iter().map(|e| e.key).collect();
@@ -251,7 +251,7 @@ async fn run(ctx: Ctx, mut shutdown: watch::Receiver<bool>) {
                 Err(e) => {
                     // Writing to memory does not fail; if it ever does, retry.
                     ctx.stats.error(format!("gzip: {e}"));
-                    if sleep_or_stop(backoff.next_delay(), &mut shutdown).await {
+                    if sleep_or_stop(backoff.next_delay(), &shutdown).await {
                         break 'outer;
                     }
                     work.push_front(batch);
@@ -266,7 +266,7 @@ async fn run(ctx: Ctx, mut shutdown: watch::Receiver<bool>) {
             let answer = tokio::select! {
                 a = ctx.post(body, &idem) => a,
                 // The batch stays in the outbox and goes again next start.
-                _ = stopped(&mut shutdown) => break 'outer,
+                _ = shutdown.cancelled() => break 'outer,
             };
             let verdict = match &answer {
                 Ok(a) => {
@@ -298,7 +298,7 @@ async fn run(ctx: Ctx, mut shutdown: watch::Receiver<bool>) {
                     if let Err(e) = ctx.outbox.ack(&keys) {
                         ctx.stats.error(format!("outbox ack: {e}"));
                         tracing::error!(error = %e, "uplink: outbox ack failed; the batch goes again");
-                        if sleep_or_stop(backoff.next_delay(), &mut shutdown).await {
+                        if sleep_or_stop(backoff.next_delay(), &shutdown).await {
                             break 'outer;
                         }
                         continue 'outer;
@@ -314,7 +314,7 @@ async fn run(ctx: Ctx, mut shutdown: watch::Receiver<bool>) {
                         None => backoff.next_delay(),
                     };
                     tracing::warn!(%url, %reason, records = n, retry_in = ?delay, "uplink: batch not delivered; retrying");
-                    if sleep_or_stop(delay, &mut shutdown).await {
+                    if sleep_or_stop(delay, &shutdown).await {
                         break 'outer;
                     }
                     work.push_front(batch);
@@ -326,7 +326,7 @@ async fn run(ctx: Ctx, mut shutdown: watch::Receiver<bool>) {
                         if let Err(e) = ctx.outbox.dead_letter(one.key, &reason) {
                             ctx.stats.error(format!("outbox dead letter: {e}"));
                             tracing::error!(error = %e, "uplink: dead letter failed");
-                            if sleep_or_stop(backoff.next_delay(), &mut shutdown).await {
+                            if sleep_or_stop(backoff.next_delay(), &shutdown).await {
                                 break 'outer;
                             }
                             continue 'outer;

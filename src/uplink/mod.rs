@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 
 use crate::outbox::Outbox;
 
@@ -39,6 +40,7 @@ pub use crate::backoff::Backoff;
 pub use http::{Verdict, classify, idempotency_key, ndjson_gzip, parse_retry_after};
 pub use inflight::{BookError, InFlight};
 pub use message::{Batcher, Built, Message, PayloadFormat, Template, cbor_array_head};
+pub use mqtt::{BrokerError, StateError};
 pub use pace::TokenBucket;
 pub use stats::UplinkStats;
 
@@ -362,6 +364,36 @@ pub enum UplinkError {
     Invalid(Vec<String>),
     #[error("uplink TLS: {}: {detail}", path.display())]
     Tls { path: PathBuf, detail: String },
+    /// The broker connection failed: it ends and is made again after a
+    /// backoff (what was in flight goes again).
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    /// A local outbox operation failed (a full disk, an I/O error): counted,
+    /// logged at a limited rate and retried after a backoff while the
+    /// broker connection stays up.
+    #[error("outbox {op}: {source}")]
+    Outbox {
+        op: OutboxOp,
+        source: crate::outbox::OutboxError,
+    },
+}
+
+/// The outbox operations of an uplink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboxOp {
+    Read,
+    Ack,
+    DeadLetter,
+}
+
+impl std::fmt::Display for OutboxOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OutboxOp::Read => "read",
+            OutboxOp::Ack => "ack",
+            OutboxOp::DeadLetter => "dead letter",
+        })
+    }
 }
 
 /// A running uplink.
@@ -371,12 +403,12 @@ pub struct Uplink {
 }
 
 /// Starts the uplink on the current tokio runtime; it drains `outbox` until
-/// `shutdown` turns true.
+/// `shutdown` is cancelled.
 pub fn start(
     cfg: &UplinkConfig,
     outbox: Outbox,
     device: &str,
-    shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) -> Result<Uplink, UplinkError> {
     start_with_commands(cfg, outbox, device, None, shutdown)
 }
@@ -390,7 +422,7 @@ pub fn start_with_commands(
     outbox: Outbox,
     device: &str,
     commands: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
-    shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) -> Result<Uplink, UplinkError> {
     let problems = cfg.validate();
     if !problems.is_empty() {
@@ -406,21 +438,15 @@ pub fn start_with_commands(
     Ok(Uplink { stats, task })
 }
 
-/// Sleeps `d` unless `shutdown` turns true first; true when it did.
-async fn sleep_or_stop(d: Duration, shutdown: &mut tokio::sync::watch::Receiver<bool>) -> bool {
-    if *shutdown.borrow() {
+/// Sleeps `d` unless `shutdown` is cancelled first; true when it was.
+async fn sleep_or_stop(d: Duration, shutdown: &CancellationToken) -> bool {
+    if shutdown.is_cancelled() {
         return true;
     }
     tokio::select! {
         _ = tokio::time::sleep(d) => false,
-        _ = stopped(shutdown) => true,
+        _ = shutdown.cancelled() => true,
     }
-}
-
-/// Resolves once `shutdown` is true (or its sender is gone). Holds no
-/// borrow of the channel when it returns, so it can sit in a `select!`.
-async fn stopped(shutdown: &mut tokio::sync::watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|s| *s).await;
 }
 
 #[cfg(test)]

@@ -29,6 +29,9 @@ pub struct UplinkStats {
     /// Records in messages not yet acknowledged.
     pub inflight: AtomicU64,
     pub errors_total: AtomicU64,
+    /// Outbox operations (read, ack, dead letter) that failed and were
+    /// retried; the broker connection stays up through them.
+    pub outbox_errors_total: AtomicU64,
     /// Command-topic messages dropped because the OTA agent had not taken
     /// the previous ones (a flood): counted, logged at a limited rate.
     pub commands_dropped_total: AtomicU64,
@@ -152,6 +155,11 @@ impl MetricSource for UplinkStats {
                 "outpost_uplink_errors",
                 "Errors (connection, HTTP, outbox)",
                 &self.errors_total,
+            ),
+            (
+                "outpost_uplink_outbox_errors",
+                "Outbox operations (read, ack, dead letter) that failed and were retried",
+                &self.outbox_errors_total,
             ),
             (
                 "outpost_uplink_commands_dropped",

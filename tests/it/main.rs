@@ -32,4 +32,5 @@ mod stream_bounds;
 mod streams;
 mod udp_kernel_drops;
 mod uplink;
+mod uplink_outbox_fault;
 mod vision;

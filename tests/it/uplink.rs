@@ -50,7 +50,7 @@ impl Mosquitto {
     /// `user root`: started as root, mosquitto would otherwise switch to the
     /// `mosquitto` user, which cannot write the persistence file into the
     /// test's private tempdir nor read the test's keys (ignored when not root).
-    fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         assert!(self.child.is_none());
         let conf = self.dir.join("mosquitto.conf");
         std::fs::write(
@@ -85,7 +85,7 @@ impl Mosquitto {
 
     /// SIGTERM: mosquitto saves the sessions (the fleet's subscription and
     /// its queue) and exits.
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         let Some(mut c) = self.child.take() else {
             return;
         };
@@ -1021,14 +1021,14 @@ fn mqtt_uplink_over_mutual_tls_delivers_and_a_wrong_ca_is_refused() {
             "o.pem",
         ],
     );
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop = tokio_util::sync::CancellationToken::new();
     let up = rt
         .block_on(async {
             outpost::uplink::start(
                 &cfg(&other.join("o.pem").display().to_string()),
                 ob.clone(),
                 DEVICE,
-                stop_rx,
+                stop.clone(),
             )
         })
         .unwrap();
@@ -1044,13 +1044,15 @@ fn mqtt_uplink_over_mutual_tls_delivers_and_a_wrong_ca_is_refused() {
     assert!(outpost::uplink::UplinkStats::get(&up.stats.disconnects_total) >= 1);
     let (_, err) = up.stats.last_error().unwrap();
     assert!(err.contains("TLS") || err.contains("certificate"), "{err}");
-    stop_tx.send(true).unwrap();
+    stop.cancel();
     rt.block_on(up.task).unwrap();
 
     // The right CA and the client certificate: everything arrives, the outbox empties.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop = tokio_util::sync::CancellationToken::new();
     let up = rt
-        .block_on(async { outpost::uplink::start(&cfg(&p("ca.pem")), ob.clone(), DEVICE, stop_rx) })
+        .block_on(async {
+            outpost::uplink::start(&cfg(&p("ca.pem")), ob.clone(), DEVICE, stop.clone())
+        })
         .unwrap();
     let missing = fleet.wait_for(&want, Duration::from_secs(20));
     assert!(missing.is_empty(), "{} missing", missing.len());
@@ -1060,7 +1062,7 @@ fn mqtt_uplink_over_mutual_tls_delivers_and_a_wrong_ca_is_refused() {
         std::thread::sleep(Duration::from_millis(20));
     }
     check_delivery(&fleet.records());
-    stop_tx.send(true).unwrap();
+    stop.cancel();
     rt.block_on(up.task).unwrap();
     let _ = broker.kill();
     let _ = broker.wait();

@@ -150,7 +150,7 @@ impl Agent {
             .layout
             .model_path(&o.name, &o.version)
             .join("manifest.toml");
-        match Self::blocking(move || host.load(&manifest)).await {
+        match Self::blocking(move || host.load(&manifest).map_err(|e| e.to_string())).await {
             Ok(m) => {
                 self.new_model = Some(m);
                 self.failpoint("loaded");
@@ -197,7 +197,7 @@ impl Agent {
             }
             Err(e) => {
                 self.previous = before;
-                Some(Event::SwapFailed(e))
+                Some(Event::SwapFailed(e.to_string()))
             }
         }
     }
@@ -258,7 +258,7 @@ impl Agent {
         };
         match self.host.swap(prev) {
             Ok(_) => Event::RolledBack,
-            Err(e) => Event::RollbackFailed(e),
+            Err(e) => Event::RollbackFailed(e.to_string()),
         }
     }
 

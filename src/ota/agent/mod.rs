@@ -552,7 +552,7 @@ fn emit(host: &dyn ModelHost, stats: &OtaStats, s: &Status) {
     stats.step(s.step);
     let v = serde_json::to_value(s).unwrap_or_default();
     stats.remember(&v);
-    if let Err(e) = host.event("ota", &v) {
+    if let Err(e) = host.event("ota", crate::record::Event::ota(v)) {
         tracing::warn!(error = %e, "OTA: status event not stored");
     }
 }

@@ -7,179 +7,12 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
-use super::Pipeline;
-use crate::backend::fake::{Answer, FakeEngine};
-use crate::backend::{IoSpec, ModelIo, RunError, Tensor};
-use crate::model::manifest::Manifest;
-use crate::model::registry::LoadedModel;
-use crate::pipeline::{IdGen, PipelineConfig, RecordSink};
+use super::testkit::*;
+use crate::backend::fake::Answer;
+use crate::backend::{RunError, Tensor};
+use crate::pipeline::{Batching, DropReason};
 use crate::record::ResultRecord;
 use crate::source::{Frame, FrameError, FrameErrorKind};
-
-/// Keeps what the pipeline stores; refuses records whose stream is `full`.
-#[derive(Default)]
-struct Sink(Mutex<Vec<ResultRecord>>);
-
-impl RecordSink for Sink {
-    fn store(&self, record: &ResultRecord, _json: &[u8]) -> Result<(), FrameError> {
-        if record.stream == "full" {
-            return Err(FrameError::new(FrameErrorKind::Unavailable, "outbox full"));
-        }
-        self.0.lock().unwrap().push(record.clone());
-        Ok(())
-    }
-}
-
-/// A 4-value sensor model: `x` [batch, 4] -> `y` [batch, 2] (plus what
-/// `extra` declares), with the preprocessing and postprocessing the tests need.
-const PLAIN: &str = r#"
-name = "fake"
-version = "1.0.0"
-file = "fake.onnx"
-sha256 = "00"
-source = "tests"
-license = "Apache-2.0"
-[[inputs]]
-name = "x"
-dtype = "f32"
-shape = ["batch", 4]
-[[outputs]]
-name = "y"
-dtype = "f32"
-shape = ["batch", 2]
-[preprocess]
-type = "sensor"
-length = 4
-[postprocess]
-type = "raw"
-"#;
-
-/// A recurrent model: `x` [batch, 4] and state `h` [batch, 1] -> `y`
-/// [batch, 1] and `hN` [batch, 1], fed back.
-const STATEFUL: &str = r#"
-name = "fake"
-version = "1.0.0"
-file = "fake.onnx"
-sha256 = "00"
-source = "tests"
-license = "Apache-2.0"
-[[inputs]]
-name = "x"
-dtype = "f32"
-shape = ["batch", 4]
-[[inputs]]
-name = "h"
-dtype = "f32"
-shape = ["batch", 1]
-[[outputs]]
-name = "y"
-dtype = "f32"
-shape = ["batch", 1]
-[[outputs]]
-name = "hN"
-dtype = "f32"
-shape = ["batch", 1]
-[[state]]
-input = "h"
-output = "hN"
-[preprocess]
-type = "sensor"
-length = 4
-[postprocess]
-type = "raw"
-"#;
-
-struct Rig {
-    pipeline: Pipeline,
-    sink: Arc<Sink>,
-    runs: Arc<Mutex<Vec<usize>>>,
-}
-
-fn rig(manifest: &str, pipeline_extra: &str, answer: Answer) -> Rig {
-    let manifest: Manifest = toml::from_str(manifest).unwrap();
-    let io = ModelIo {
-        inputs: manifest
-            .inputs
-            .iter()
-            .map(|i| i.spec())
-            .collect::<Vec<IoSpec>>(),
-        outputs: manifest.outputs.iter().map(|o| o.spec()).collect(),
-    };
-    let runs = Arc::new(Mutex::new(Vec::new()));
-    let engine = FakeEngine {
-        io,
-        answer,
-        runs: runs.clone(),
-    };
-    let model = Arc::new(LoadedModel::with_engine(manifest, Box::new(engine)).unwrap());
-    let cfg: PipelineConfig = toml::from_str(&format!(
-        "name = \"p\"\nmodel = \"fake\"\nsource = {{ type = \"http\" }}\n{pipeline_extra}"
-    ))
-    .unwrap();
-    let sink = Arc::new(Sink::default());
-    let pipeline = Pipeline::new(
-        cfg,
-        model,
-        std::path::Path::new("."),
-        1,
-        sink.clone(),
-        Arc::new(IdGen::new("gw".into(), 1)),
-    )
-    .unwrap();
-    Rig {
-        pipeline,
-        sink,
-        runs,
-    }
-}
-
-fn input(inputs: &[(&str, &Tensor)], name: &str) -> ndarray::ArrayD<f32> {
-    match inputs.iter().find(|(n, _)| *n == name).map(|(_, t)| *t) {
-        Some(Tensor::F32(a)) => a.clone(),
-        other => panic!("input {name}: {other:?}"),
-    }
-}
-
-/// `y` = (sum of the row, first value) for each row of `x`.
-fn sums() -> Answer {
-    Box::new(|inputs| {
-        let x = input(inputs, "x");
-        let n = x.shape()[0];
-        let mut y = ndarray::Array2::<f32>::zeros((n, 2));
-        for (i, row) in x.outer_iter().enumerate() {
-            y[[i, 0]] = row.sum();
-            y[[i, 1]] = row[0];
-        }
-        Ok(vec![("y".into(), Tensor::F32(y.into_dyn()))])
-    })
-}
-
-/// A frame of four readings on `stream`, with a reply channel.
-fn frame(
-    stream: &str,
-    v: [f32; 4],
-) -> (
-    Frame,
-    tokio::sync::oneshot::Receiver<Result<Vec<ResultRecord>, FrameError>>,
-) {
-    let mut f = Frame::new(stream, serde_json::to_vec(&v).unwrap().into());
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    f.reply = Some(tx);
-    (f, rx)
-}
-
-fn y_of(r: &ResultRecord) -> Vec<f64> {
-    r.outputs["y"]["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect()
-}
-
-fn drops(p: &Pipeline) -> Vec<(&'static str, u64)> {
-    p.stats.drops().into_iter().collect()
-}
 
 #[test]
 fn one_run_per_item_when_not_batching() {
@@ -316,25 +149,6 @@ fn each_drop_reason_is_counted_and_answered() {
     assert_eq!(r.sink.0.lock().unwrap().len(), 1);
 }
 
-/// `hN` = `h` + 1 and `y` = `hN` + the row's first value, for each row.
-fn counter() -> Answer {
-    Box::new(|inputs| {
-        let x = input(inputs, "x");
-        let h = input(inputs, "h");
-        let n = x.shape()[0];
-        let mut hn = ndarray::Array2::<f32>::zeros((n, 1));
-        let mut y = ndarray::Array2::<f32>::zeros((n, 1));
-        for i in 0..n {
-            hn[[i, 0]] = h[[i, 0]] + 1.0;
-            y[[i, 0]] = hn[[i, 0]] + x[[i, 0]];
-        }
-        Ok(vec![
-            ("y".into(), Tensor::F32(y.into_dyn())),
-            ("hN".into(), Tensor::F32(hn.into_dyn())),
-        ])
-    })
-}
-
 #[test]
 fn state_is_kept_per_stream_one_run_at_a_time() {
     let r = rig(STATEFUL, "", counter());
@@ -431,4 +245,294 @@ fn records_carry_the_model_and_sequence() {
         ("gw/1/1", "fake@1.0.0", "cpu")
     );
     assert!(matches!(rec.outputs, Value::Object(_)));
+}
+
+/// Variable-length readings (`none` preprocessing: a `.npy` payload): `x`
+/// [batch, n] -> `y` [batch, 2].
+const FREE_WIDTH: &str = r#"
+name = "fake"
+version = "1.0.0"
+file = "fake.onnx"
+sha256 = "00"
+source = "tests"
+license = "Apache-2.0"
+[[inputs]]
+name = "x"
+dtype = "f32"
+shape = ["batch", "n"]
+[[outputs]]
+name = "y"
+dtype = "f32"
+shape = ["batch", 2]
+[preprocess]
+type = "none"
+[postprocess]
+type = "raw"
+"#;
+
+#[test]
+fn items_of_different_shapes_in_one_batch_are_dropped_as_batch_errors() {
+    let r = rig(FREE_WIDTH, "max_batch = 2", sums());
+    assert_eq!(r.pipeline.mode().batching, Batching::Stacked { max: 2 });
+    let (frames, replies): (Vec<_>, Vec<_>) = [vec![1.0, 2.0], vec![1.0, 2.0, 3.0], vec![5.0; 3]]
+        .iter()
+        .map(|v| frame_of("s", npy(v)))
+        .unzip();
+    r.pipeline.process(frames, 0);
+    // The first two cannot share a run; the third runs alone.
+    assert_eq!(*r.runs.lock().unwrap(), vec![1]);
+    let answers: Vec<_> = replies.into_iter().map(answer).collect();
+    let e = Err(FrameErrorKind::Engine);
+    assert_eq!(answers, vec![e, e, Ok(1)]);
+    assert_eq!(drops(&r.pipeline), vec![("batch_error", 2)]);
+    assert_eq!(
+        r.pipeline.stats.drop_count(DropReason::Batch),
+        2,
+        "counted under the enum's label"
+    );
+}
+
+#[test]
+fn a_postprocessing_error_drops_that_frame_only() {
+    // A model that leaves out its output for readings starting below zero.
+    let answer_fn: Answer = Box::new(|inputs| {
+        if input(inputs, "x")[[0, 0]] < 0.0 {
+            return Ok(vec![]);
+        }
+        sums()(inputs)
+    });
+    let manifest = PLAIN.replace(
+        "[postprocess]\ntype = \"raw\"",
+        "[postprocess]\ntype = \"softmax_topk\"\noutput = \"y\"\nk = 1",
+    );
+    let r = rig(&manifest, "", answer_fn);
+    let (bad, rx1) = frame("s", [-1.0; 4]);
+    let (good, rx2) = frame("s", [1.0, 3.0, 0.0, 0.0]);
+    r.pipeline.process(vec![bad, good], 0);
+    assert_eq!(answer(rx1), Err(FrameErrorKind::Engine));
+    assert_eq!(answer(rx2), Ok(1));
+    assert_eq!(drops(&r.pipeline), vec![("postprocess_error", 1)]);
+    assert_eq!(r.sink.records().len(), 1);
+}
+
+#[test]
+fn an_engine_error_mid_batch_across_streams_fails_that_run_only() {
+    let calls = Arc::new(Mutex::new(0));
+    let c = calls.clone();
+    let mut inner = counter();
+    let answer_fn: Answer = Box::new(move |inputs| {
+        let mut n = c.lock().unwrap();
+        *n += 1;
+        if *n == 2 {
+            return Err(RunError::Engine("device lost".into()));
+        }
+        inner(inputs)
+    });
+    let r = rig(STATEFUL, "max_batch = 8", answer_fn);
+    let (frames, replies): (Vec<_>, Vec<_>) = [("a", 0.0), ("b", 10.0), ("a", 0.0), ("a", 0.0)]
+        .into_iter()
+        .map(|(s, v)| frame(s, [v; 4]))
+        .unzip();
+    r.pipeline.process(frames, 0);
+    // Runs [a b], [a] (fails), [a].
+    assert_eq!(*r.runs.lock().unwrap(), vec![2, 1, 1]);
+    let answers: Vec<_> = replies.into_iter().map(answer).collect();
+    assert_eq!(
+        answers,
+        vec![Ok(1), Ok(1), Err(FrameErrorKind::Engine), Ok(1)]
+    );
+    let got: Vec<(String, Vec<f64>)> = r
+        .sink
+        .records()
+        .iter()
+        .map(|r| (r.stream.clone(), y_of(r)))
+        .collect();
+    // The failed run left `a`'s state as it was: its third frame counts 2.
+    assert_eq!(
+        got,
+        vec![
+            ("a".to_string(), vec![1.0]),
+            ("b".to_string(), vec![11.0]),
+            ("a".to_string(), vec![2.0]),
+        ]
+    );
+    assert_eq!(drops(&r.pipeline), vec![("inference_error", 1)]);
+}
+
+#[test]
+fn every_run_is_counted_once_whatever_the_mode() {
+    for (extra, manifest, answer_fn, runs) in [
+        ("", PLAIN, sums(), 4u64),
+        ("max_batch = 4", PLAIN, sums(), 1),
+        ("max_batch = 4", STATEFUL, counter(), 2),
+    ] {
+        let r = rig(manifest, extra, answer_fn);
+        let (frames, _): (Vec<_>, Vec<_>) = ["a", "b", "c", "a"]
+            .into_iter()
+            .map(|s| frame(s, [1.0; 4]))
+            .unzip();
+        r.pipeline.process(frames, 0);
+        let s = &r.pipeline.stats;
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(
+            (get(&s.batches), get(&s.batch_items), get(&s.items)),
+            (runs, 4, 4),
+            "{extra} {}",
+            r.pipeline.mode().stateful
+        );
+        assert_eq!(s.batch_sizes.summary().count, runs);
+        assert_eq!(s.inference_us.summary().count, runs);
+        assert_eq!((get(&s.frames_done), get(&s.records)), (4, 4));
+    }
+}
+
+// The stream hook, with the counting hook of the test kit.
+
+fn ns(recs: &[ResultRecord]) -> Vec<(String, Value)> {
+    recs.iter()
+        .map(|r| (r.stream.clone(), r.outputs.clone()))
+        .map(|(s, o)| match o.get("event") {
+            Some(_) => (s, o),
+            None => (s, o["n"].clone()),
+        })
+        .collect()
+}
+
+#[test]
+fn the_hook_sees_each_streams_results_in_order_and_its_events_become_records() {
+    let (hook, log) = counting(2, false);
+    let r = rig_with(PLAIN, "max_batch = 8", sums(), Some(hook));
+    assert!(
+        r.pipeline.serial(),
+        "a hook needs each stream's frames in order"
+    );
+    assert_eq!(r.pipeline.mode().batching, Batching::One);
+    let (frames, replies): (Vec<_>, Vec<_>) = ["a", "a", "b", "a"]
+        .into_iter()
+        .map(|s| frame(s, [1.0; 4]))
+        .unzip();
+    r.pipeline.process(frames, 0);
+    let recs = r.sink.records();
+    assert_eq!(
+        ns(&recs),
+        vec![
+            ("a".into(), serde_json::json!(1)),
+            ("a".into(), serde_json::json!(2)),
+            ("a".into(), serde_json::json!({"event": "every", "n": 2})),
+            ("b".into(), serde_json::json!(1)),
+            ("a".into(), serde_json::json!(3)),
+        ]
+    );
+    // The hook changed the record (`n`) and kept what the model gave.
+    assert_eq!(y_of(&recs[0]), vec![4.0, 1.0]);
+    // The frame with the event is answered with both records.
+    let answers: Vec<_> = replies.into_iter().map(answer).collect();
+    assert_eq!(answers, vec![Ok(1), Ok(2), Ok(1), Ok(1)]);
+    assert_eq!(
+        *log.lock().unwrap(),
+        vec!["start a None".to_string(), "start b None".to_string()]
+    );
+    assert_eq!(r.pipeline.streams_held().held, 2);
+}
+
+#[test]
+fn events_only_keeps_the_frames_own_records_out_of_the_outbox() {
+    let (hook, _) = counting(2, true);
+    let r = rig_with(PLAIN, "", sums(), Some(hook));
+    let (frames, replies): (Vec<_>, Vec<_>) = (0..4).map(|_| frame("a", [1.0; 4])).unzip();
+    r.pipeline.process(frames, 0);
+    assert_eq!(
+        ns(&r.sink.records()),
+        vec![
+            ("a".into(), serde_json::json!({"event": "every", "n": 2})),
+            ("a".into(), serde_json::json!({"event": "every", "n": 4})),
+        ]
+    );
+    let answers: Vec<_> = replies.into_iter().map(answer).collect();
+    assert_eq!(answers, vec![Ok(0), Ok(1), Ok(0), Ok(1)]);
+    assert_eq!(r.pipeline.stats.drops().len(), 0, "skipping is no drop");
+}
+
+#[test]
+fn an_evicted_stream_ends_its_hook_state_and_starts_over_when_it_comes_back() {
+    let (hook, log) = counting(100, false);
+    let r = rig_with(PLAIN, "max_streams = 1", sums(), Some(hook));
+    for s in ["a", "a", "b", "a"] {
+        r.pipeline.process(vec![frame(s, [1.0; 4]).0], 0);
+    }
+    assert_eq!(
+        ns(&r.sink.records()),
+        vec![
+            ("a".into(), serde_json::json!(1)),
+            ("a".into(), serde_json::json!(2)),
+            // `b` takes `a`'s place: `a` ends before `b`'s first record.
+            (
+                "a".into(),
+                serde_json::json!({"event": "end", "n": 2, "why": "Lru"})
+            ),
+            ("b".into(), serde_json::json!(1)),
+            (
+                "b".into(),
+                serde_json::json!({"event": "end", "n": 1, "why": "Lru"})
+            ),
+            ("a".into(), serde_json::json!(1)),
+        ]
+    );
+    let held = r.pipeline.streams_held();
+    assert_eq!((held.held, held.evicted_lru), (1, 2));
+    assert_eq!(log.lock().unwrap().len(), 5, "{:?}", log.lock().unwrap());
+}
+
+#[test]
+fn idle_streams_end_their_hook_state_without_new_frames() {
+    let (hook, _) = counting(100, false);
+    let r = rig_with(PLAIN, "stream_idle = \"20ms\"", sums(), Some(hook));
+    r.pipeline.process(vec![frame("a", [1.0; 4]).0], 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while r.pipeline.expire_idle_streams() == 0 {
+        assert!(std::time::Instant::now() < deadline, "never expired");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let recs = r.sink.records();
+    assert_eq!(
+        recs[1].outputs,
+        serde_json::json!({"event": "end", "n": 1, "why": "Idle"})
+    );
+    assert_eq!(recs[1].stream, "a");
+    assert_eq!(r.pipeline.streams_held().evicted_idle, 1);
+}
+
+#[test]
+fn a_reload_keeps_hook_state_only_when_the_pipelines_config_is_unchanged() {
+    let (hook, _) = counting(100, false);
+    let old = rig_with(PLAIN, "", sums(), Some(hook));
+    for _ in 0..2 {
+        old.pipeline.process(vec![frame("a", [1.0; 4]).0], 0);
+    }
+    // Same config: `a` goes on counting in the new pipeline, nothing ends.
+    let (hook, _) = counting(100, false);
+    let same = rig_with(PLAIN, "", sums(), Some(hook));
+    assert_eq!(same.pipeline.adopt_streams(&old.pipeline), 1);
+    same.pipeline.process(vec![frame("a", [1.0; 4]).0], 0);
+    assert_eq!(
+        ns(&same.sink.records()),
+        vec![("a".into(), serde_json::json!(3))]
+    );
+    assert_eq!(old.sink.records().len(), 2, "no end event");
+    // Another config: the states end in the old pipeline, the new starts over.
+    let (hook, _) = counting(100, false);
+    let other = rig_with(PLAIN, "queue = 10", sums(), Some(hook));
+    assert_eq!(other.pipeline.adopt_streams(&same.pipeline), 0);
+    other.pipeline.process(vec![frame("a", [1.0; 4]).0], 0);
+    assert_eq!(
+        ns(&same.sink.records())[1],
+        (
+            "a".into(),
+            serde_json::json!({"event": "end", "n": 3, "why": "Closed"})
+        )
+    );
+    assert_eq!(
+        ns(&other.sink.records()),
+        vec![("a".into(), serde_json::json!(1))]
+    );
 }

@@ -407,30 +407,14 @@ impl Source for CameraSource {
     }
 }
 
-/// Appends a `camera_up` / `camera_down` status record to the outbox.
-pub fn store_event(ctx: &SourceCtx, camera: &str, event: &str, error: Option<&str>) {
-    let (Some(outbox), Some(ids)) = (&ctx.outbox, &ctx.ids) else {
+/// Stores a `camera_up` / `camera_down` status record (beside the results).
+pub fn store_event(ctx: &SourceCtx, event: crate::record::Event) {
+    let Some(events) = &ctx.events else {
         return;
     };
-    let (id, seq) = ids.next();
-    let mut rec = serde_json::json!({
-        "id": id,
-        "device": ids.device,
-        "pipeline": ctx.pipeline,
-        "stream": ctx.pipeline,
-        "seq": seq,
-        "ts": crate::record::rfc3339(SystemTime::now()),
-        "event": event,
-        "camera": camera,
-    });
-    if let (Some(e), Some(o)) = (error, rec.as_object_mut()) {
-        o.insert("error".into(), e.into());
-    }
-    let stored = serde_json::to_vec(&rec)
-        .map_err(|e| e.to_string())
-        .and_then(|b| outbox.append(&ctx.pipeline, &b).map_err(|e| e.to_string()));
-    if let Err(e) = stored {
-        tracing::warn!(pipeline = %ctx.pipeline, event, error = %e, "camera status record not stored");
+    let name = event.name();
+    if let Err(e) = events.emit(&ctx.pipeline, &ctx.pipeline, event) {
+        tracing::warn!(pipeline = %ctx.pipeline, event = name, error = %e, "camera status record not stored");
     }
 }
 

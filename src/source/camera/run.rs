@@ -20,6 +20,7 @@ use super::{
     reconnect_backoff, store_event,
 };
 use crate::preprocess::raw::{RawFormat, RawImage};
+use crate::record::Event;
 use crate::source::{Frame, SourceCtx, SourceError};
 
 /// How often free heap memory goes back to the system while cameras run.
@@ -170,7 +171,7 @@ fn supervise(cfg: &CameraConfig, url: Option<&CameraUrl>, sh: &Arc<Shared>) {
             "camera down; reconnecting"
         );
         if reported != Some(false) {
-            store_event(&sh.ctx, &sh.state.camera, "camera_down", Some(&error));
+            store_event(&sh.ctx, Event::camera_down(&sh.state.camera, &error));
             reported = Some(false);
         }
         let until = Instant::now() + delay;
@@ -277,7 +278,7 @@ fn watch(
             sh.ctx.set_state("streaming");
             tracing::info!(pipeline = %sh.ctx.pipeline, camera = %sh.state.camera, "camera streaming");
             if *reported != Some(true) {
-                store_event(&sh.ctx, &sh.state.camera, "camera_up", None);
+                store_event(&sh.ctx, Event::camera_up(&sh.state.camera));
                 *reported = Some(true);
             }
         }

@@ -1,17 +1,27 @@
 //! The MQTT uplink: QoS 1 publishes to the fleet broker, one outbox ack per
 //! PUBACK.
 //!
+//! What to publish, when, and what to ack is decided by the I/O-free
+//! [`Session`] (`session/`); this file is its driver: the rumqttc event
+//! loop, the outbox calls, the timers and the stop.
+//!
 //! One connection = one fresh rumqttc event loop, polled by its own task
 //! that forwards events over a channel (so no `poll()` future is ever
-//! cancelled halfway), and one [`InFlight`] table. When the connection
-//! drops, the event loop, the table and the prepared messages are thrown
-//! away and the next connection reads the outbox again from its oldest
-//! record: whatever was in flight goes again (the fleet drops duplicates by
-//! `id`), nothing is skipped. The session stays persistent on the broker
-//! (clean_session = false, stable client id) as the fleet expects; for a
-//! publisher that holds no broker state worth resuming at QoS 1.
+//! cancelled halfway). When the connection drops, the event loop and the
+//! session's state of that connection (in-flight table, prepared messages)
+//! are thrown away and the next connection reads the outbox again from its
+//! oldest record: whatever was in flight goes again (the fleet drops
+//! duplicates by `id`), nothing is skipped. The session stays persistent on
+//! the broker (clean_session = false, stable client id) as the fleet
+//! expects; for a publisher that holds no broker state worth resuming at
+//! QoS 1.
+//!
+//! Only a broker-side failure ([`UplinkError::Broker`]) ends a connection;
+//! a failed outbox operation ([`UplinkError::Outbox`]) is the session's to
+//! retry while the connection stays up.
 
-use std::collections::VecDeque;
+mod session;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,44 +29,57 @@ use rumqttc::{
     AsyncClient, ConnectionError, Event, LastWill, MqttOptions, NetworkOptions, Outgoing, Packet,
     QoS, TlsConfiguration, Transport,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
-mod sparkplug_conn;
-
-use super::inflight::InFlight;
-use super::message::{Batcher, Message, Template};
-use super::pace::TokenBucket;
-use super::sparkplug::{self, Bounds, Session, Topics};
+pub use self::session::StateError;
+use self::session::{Command, Next, Publish, Session, Settings};
+use super::message::{Batcher, Template};
+use super::sparkplug::{self, Bounds, Topics};
 use super::stats::UplinkStats;
-use super::{
-    MqttConfig, PayloadFormat, STATUS_VARS, TOPIC_VARS, UplinkError, sleep_or_stop, stopped, tls,
-};
+use super::{MqttConfig, PayloadFormat, STATUS_VARS, TOPIC_VARS, UplinkError, sleep_or_stop, tls};
 use crate::backoff::Backoff;
-use crate::outbox::{Key, Outbox};
+use crate::outbox::Outbox;
 use crate::telemetry::logging::RateLimitedLog;
 
 /// How long a stop waits for the PUBACKs of what is in flight and of the
 /// "offline" status before it disconnects.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
+/// Why a broker connection ended (or never came up).
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// The event loop's error; when the broker closed the connection while
+    /// something waited for its answer, the topic it may have refused.
+    #[error("{source}{}", refused.as_ref().map(|(topic, what)| format!(": the broker may refuse the topic `{topic}` ({what})")).unwrap_or_default())]
+    Connection {
+        source: Box<ConnectionError>,
+        refused: Option<(String, &'static str)>,
+    },
+    #[error("publish request refused: {0}")]
+    Publish(Box<rumqttc::ClientError>),
+    #[error("subscribe request refused: {0}")]
+    Subscribe(Box<rumqttc::ClientError>),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("the MQTT event loop ended")]
+    Ended,
+    #[error("the broker sent DISCONNECT")]
+    Disconnect,
+}
+
 struct Ctx {
     cfg: MqttConfig,
     outbox: Outbox,
     stats: Arc<UplinkStats>,
-    batcher: Batcher,
     status_topic: String,
     /// Where signed update commands arrive, and who takes them.
     commands: Option<(String, mpsc::Sender<Vec<u8>>)>,
     client_id: String,
     tls: Option<Arc<rustls::ClientConfig>>,
-    /// Records read from the outbox at a time.
-    page: usize,
     /// With `payload = "sparkplug_b"`: this edge node's topics.
     sparkplug: Option<Topics>,
-    /// How big Sparkplug births may grow and how often they may come.
-    bounds: Bounds,
-    /// Lines a flood could repeat (node commands, evictions, a refused
-    /// topic on every reconnect): one per reason and interval.
+    /// A refused topic on every reconnect: one line per interval.
     log: RateLimitedLog,
 }
 
@@ -70,7 +93,7 @@ pub(super) fn spawn(
     device: &str,
     stats: Arc<UplinkStats>,
     commands: Option<mpsc::Sender<Vec<u8>>>,
-    shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, UplinkError> {
     let tls = if cfg.tls {
         Some(Arc::new(tls::client_config(
@@ -106,54 +129,62 @@ pub(super) fn spawn(
         group: cfg.sparkplug_group.clone(),
         node: device.to_string(),
     });
-    let bounds = Bounds {
-        max_metrics: cfg.sparkplug_max_metrics_per_device,
-        max_payload: cfg.max_packet_bytes,
-        rebirth_interval: cfg.sparkplug_rebirth_interval,
-    };
     let ctx = Ctx {
         sparkplug,
-        bounds,
         log: RateLimitedLog::new(LOG_EVERY),
         client_id: cfg
             .client_id
             .clone()
             .unwrap_or_else(|| format!("outpost-{device}")),
-        page: (cfg.batch * 8).clamp(512, 8192),
         cfg,
         outbox,
         stats,
-        batcher,
         status_topic,
         commands,
         tls,
     };
-    Ok(tokio::spawn(run(ctx, shutdown)))
+    let settings = Settings {
+        max_inflight: ctx.cfg.max_inflight as usize,
+        page: (ctx.cfg.batch * 8).clamp(512, 8192),
+        batcher,
+        status_topic: ctx.status_topic.clone(),
+        subscriptions: ctx.subscriptions(),
+        sparkplug: ctx.sparkplug.clone(),
+        bounds: Bounds {
+            max_metrics: ctx.cfg.sparkplug_max_metrics_per_device,
+            max_payload: ctx.cfg.max_packet_bytes,
+            rebirth_interval: ctx.cfg.sparkplug_rebirth_interval,
+        },
+        max_bytes_per_s: ctx.cfg.max_bytes_per_s,
+        backoff_min: ctx.cfg.backoff_min,
+        backoff_max: ctx.cfg.backoff_max,
+    };
+    let session = Session::new(settings, ctx.stats.clone(), Instant::now());
+    Ok(tokio::spawn(run(ctx, session, shutdown)))
 }
 
 /// How a connection ended.
 enum End {
     Stopped,
-    Lost { connected: bool, reason: String },
+    Lost {
+        connected: bool,
+        reason: UplinkError,
+    },
 }
 
-async fn run(ctx: Ctx, mut shutdown: watch::Receiver<bool>) {
+async fn run(ctx: Ctx, mut session: Session, shutdown: CancellationToken) {
     let mut backoff = Backoff::new(ctx.cfg.backoff_min, ctx.cfg.backoff_max);
-    let mut bucket = TokenBucket::new(ctx.cfg.max_bytes_per_s, Instant::now());
     let broker = format!("{}:{}", ctx.cfg.host, ctx.port());
-    // Sparkplug's bdSeq: one more with every CONNECT (mod 256).
-    let mut bd_seq: u64 = 0;
     loop {
-        if *shutdown.borrow() {
+        if shutdown.is_cancelled() {
             break;
         }
-        let this = bd_seq;
-        bd_seq = (bd_seq + 1) % 256;
-        match connection(&ctx, &mut bucket, &mut shutdown, this).await {
+        match connection(&ctx, &mut session, &shutdown).await {
             End::Stopped => break,
             End::Lost { connected, reason } => {
                 ctx.stats.set_connected(false);
                 UplinkStats::add(&ctx.stats.disconnects_total, 1);
+                let reason = reason.to_string();
                 ctx.stats.error(reason.clone());
                 if connected {
                     backoff.reset();
@@ -164,7 +195,7 @@ async fn run(ctx: Ctx, mut shutdown: watch::Receiver<bool>) {
                 } else {
                     tracing::warn!(%broker, %reason, attempt = backoff.attempts(), retry_in = ?delay, "uplink: cannot connect to the fleet broker");
                 }
-                if sleep_or_stop(delay, &mut shutdown).await {
+                if sleep_or_stop(delay, &shutdown).await {
                     break;
                 }
             }
@@ -248,12 +279,8 @@ impl Drop for AbortOnDrop {
 type Events = mpsc::Receiver<Result<Event, ConnectionError>>;
 
 /// One connection, from CONNECT to its loss or a stop.
-async fn connection(
-    ctx: &Ctx,
-    bucket: &mut TokenBucket,
-    shutdown: &mut watch::Receiver<bool>,
-    bd_seq: u64,
-) -> End {
+async fn connection(ctx: &Ctx, session: &mut Session, shutdown: &CancellationToken) -> End {
+    let bd_seq = session.connecting();
     // Room for every message in flight plus what can go past the window:
     // a Sparkplug record's DDEATH, DBIRTH and DDATA go together (two over),
     // the subscriptions at CONNECT, offline and NDEATH at a stop; so
@@ -273,44 +300,44 @@ async fn connection(
             }
         }
     }));
-    let mut c = Conn {
-        sparkplug: ctx
-            .sparkplug
-            .clone()
-            .map(|t| Session::new(t, bd_seq, ctx.bounds)),
-        bd_seq,
-        ..Conn::default()
-    };
     let notify = ctx.outbox.notified();
-    loop {
-        let mut rate_wait = None;
-        if c.connected {
-            match c.fill(ctx, &client, bucket) {
-                Ok(w) => rate_wait = w,
-                Err(reason) => return c.lost(ctx, reason),
-            }
+    // The connection's state goes; the acks of PUBACKs that came before
+    // the loss still go to the outbox (and are kept for the next
+    // connection if that fails).
+    let lost = |session: &mut Session, e: BrokerError| {
+        let connected = session.is_connected();
+        session.disconnected();
+        let _ = drive(ctx, session, &client);
+        End::Lost {
+            connected,
+            reason: UplinkError::Broker(e),
         }
-        let idle = c.connected && c.caught_up && c.buf.is_empty();
+    };
+    loop {
+        let wait = match drive(ctx, session, &client) {
+            Ok(w) => w,
+            Err(e) => return lost(session, e),
+        };
+        let idle = session.waits_for_records();
         tokio::select! {
             ev = rx.recv() => {
                 // Everything the poller has ready is handled in one go (at
                 // load, a wake-up brings many PUBACKs), and their records
-                // leave the outbox in one ack.
-                let mut r = c.handle(ctx, &client, ev);
+                // leave the outbox in one ack (the next `drive`).
+                let mut r = handle(ctx, session, ev);
                 let mut more = EVENTS_PER_WAKE;
                 while r.is_ok() && more > 0 {
                     let Ok(ev) = rx.try_recv() else { break };
-                    r = c.handle(ctx, &client, Some(ev));
+                    r = handle(ctx, session, Some(ev));
                     more -= 1;
                 }
-                let acked = c.flush_acks(ctx);
-                if let Err(reason) = r.and(acked) {
-                    return c.lost(ctx, reason);
+                if let Err(e) = r {
+                    return lost(session, e);
                 }
             }
-            _ = notify.notified(), if idle => c.caught_up = false,
-            _ = tokio::time::sleep(rate_wait.unwrap_or_default()), if rate_wait.is_some() => {}
-            _ = stopped(shutdown) => return c.close(ctx, &client, &mut rx).await,
+            _ = notify.notified(), if idle => session.appended(),
+            _ = tokio::time::sleep(wait.unwrap_or_default()), if wait.is_some() => {}
+            _ = shutdown.cancelled() => return close(ctx, session, &client, &mut rx).await,
         }
     }
 }
@@ -319,175 +346,80 @@ async fn connection(
 /// the outbox and its stop again.
 const EVENTS_PER_WAKE: usize = 256;
 
-/// The state of one connection.
-#[derive(Default)]
-struct Conn {
-    /// Records the broker acknowledged, not yet removed from the outbox
-    /// (removed together after each round of events).
-    acked: Vec<Key>,
-    connected: bool,
-    flight: InFlight,
-    /// Messages built from the outbox, not yet published.
-    buf: VecDeque<Message>,
-    /// The last key read from the outbox by this connection.
-    cursor: Option<Key>,
-    /// The last read found nothing newer: wait for an append.
-    caught_up: bool,
-    /// Sparkplug B births and sequence numbers of this connection.
-    sparkplug: Option<Session>,
-    bd_seq: u64,
-    /// Sparkplug births to publish before anything else (the NBIRTH of the
-    /// connection, those of a rebirth), within the in-flight window and
-    /// the byte cap.
-    births: VecDeque<sparkplug::Out>,
-    /// NCMD rebirths asked for and not yet done (folded into one).
-    rebirths_asked: u64,
+/// Carries out what the session asks until it says wait (and how long).
+/// Publishes go to rumqttc in the order given; a refused one ends the
+/// connection. Outbox operations are answered at once; their failures are
+/// the session's to retry and never end the connection.
+fn drive(
+    ctx: &Ctx,
+    session: &mut Session,
+    client: &AsyncClient,
+) -> Result<Option<Duration>, BrokerError> {
+    loop {
+        let now = Instant::now();
+        match session.next(now, unix_ms()) {
+            Next::Wait(w) => return Ok(w),
+            Next::Do(Command::Publish(Publish {
+                topic,
+                payload,
+                retain,
+            })) => client
+                .try_publish(topic, QoS::AtLeastOnce, retain, payload)
+                .map_err(|e| BrokerError::Publish(Box::new(e)))?,
+            Next::Do(Command::Subscribe(topics)) => client
+                .try_subscribe_many(
+                    topics
+                        .into_iter()
+                        .map(|t| rumqttc::SubscribeFilter::new(t, QoS::AtLeastOnce)),
+                )
+                .map_err(|e| BrokerError::Subscribe(Box::new(e)))?,
+            Next::Do(Command::Read { after, limit }) => {
+                let page = ctx.outbox.pending(after, limit);
+                session.page(Instant::now(), page);
+            }
+            Next::Do(Command::Ack(keys)) => {
+                let r = ctx.outbox.ack(&keys);
+                session.ack_done(Instant::now(), &keys, r);
+            }
+            Next::Do(Command::DeadLetter { key, reason }) => {
+                let r = ctx.outbox.dead_letter(key, &reason);
+                session.dead_letter_done(Instant::now(), key, r);
+            }
+        }
+    }
 }
 
-impl Conn {
-    fn lost(&self, ctx: &Ctx, reason: String) -> End {
-        // What was in flight goes again on the next connection.
-        UplinkStats::add(&ctx.stats.retries_total, self.flight.records() as u64);
-        End::Lost {
-            connected: self.connected,
-            reason,
-        }
+/// One message from the poller: an event, its error, or its end.
+fn handle(
+    ctx: &Ctx,
+    session: &mut Session,
+    ev: Option<Result<Event, ConnectionError>>,
+) -> Result<(), BrokerError> {
+    match ev {
+        None => Err(BrokerError::Ended),
+        Some(Err(e)) => Err(lost_reason(ctx, session, e)),
+        Some(Ok(ev)) => on_event(ctx, session, ev),
     }
+}
 
-    fn set_inflight_gauge(&self, ctx: &Ctx) {
-        ctx.stats.inflight.store(
-            self.flight.records() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-    }
-
-    /// Publishes until the in-flight window is full, the outbox is drained
-    /// or the rate cap (or a Sparkplug rebirth's pacing) says wait
-    /// (returns how long).
-    fn fill(
-        &mut self,
-        ctx: &Ctx,
-        client: &AsyncClient,
-        bucket: &mut TokenBucket,
-    ) -> Result<Option<Duration>, String> {
-        let max = ctx.cfg.max_inflight as usize;
-        while self.flight.messages() < max {
-            let now = Instant::now();
-            if let Some(wait) = self.due_rebirth(ctx, now) {
-                return Ok(Some(wait));
-            }
-            if !self.births.is_empty() {
-                let wait = bucket.ready_in(now);
-                if !wait.is_zero() {
-                    return Ok(Some(wait));
-                }
-                let Some(b) = self.births.pop_front() else {
-                    break;
-                };
-                bucket.take(b.payload.len(), now);
-                self.publish_out(ctx, client, b, &mut None)?;
-                continue;
-            }
-            let Some(m) = self.buf.front() else {
-                if self.caught_up || !self.read(ctx)? {
-                    break;
-                }
-                continue;
-            };
-            let wait = bucket.ready_in(now);
-            if !wait.is_zero() {
-                return Ok(Some(wait));
-            }
-            if self.sparkplug.is_some() {
-                if let Some(wait) = self.send_sparkplug(ctx, client, bucket, now)? {
-                    return Ok(Some(wait));
-                }
-                continue;
-            }
-            let n = m.keys.len() as u64;
-            bucket.take(m.payload.len(), now);
-            let Some(m) = self.buf.pop_front() else {
-                break;
-            };
-            let bytes = m.payload.len() as u64;
-            self.publish(client, m.topic, m.payload, m.keys)?;
-            UplinkStats::add(&ctx.stats.sent_total, n);
-            UplinkStats::add(&ctx.stats.bytes_total, bytes);
-        }
-        self.set_inflight_gauge(ctx);
-        Ok(None)
-    }
-
-    /// One QoS 1 publish, booked in flight with the records it carries.
-    fn publish(
-        &mut self,
-        client: &AsyncClient,
-        topic: String,
-        payload: Vec<u8>,
-        keys: Vec<Key>,
-    ) -> Result<(), String> {
-        self.flight.requested(&topic, keys);
-        client
-            .try_publish(topic, QoS::AtLeastOnce, false, payload)
-            .map_err(|e| format!("publish request refused: {e}"))
-    }
-
-    /// Reads the next page of the outbox into `buf`; false when there is none.
-    fn read(&mut self, ctx: &Ctx) -> Result<bool, String> {
-        let page = ctx
-            .outbox
-            .pending(self.cursor, ctx.page)
-            .map_err(|e| format!("outbox read: {e}"))?;
-        let Some(last) = page.last() else {
-            self.caught_up = true;
-            return Ok(false);
-        };
-        self.cursor = Some(last.key);
-        let built = ctx.batcher.build(page);
-        for (key, reason) in built.rejected {
-            tracing::warn!(%key, %reason, "uplink: record can never be sent; moved to the dead letters");
-            ctx.outbox
-                .dead_letter(key, &reason)
-                .map_err(|e| format!("outbox dead letter: {e}"))?;
-            UplinkStats::add(&ctx.stats.dead_letters_total, 1);
-        }
-        self.buf.extend(built.messages);
-        Ok(true)
-    }
-
-    /// One message from the poller: an event, its error, or its end.
-    fn handle(
-        &mut self,
-        ctx: &Ctx,
-        client: &AsyncClient,
-        ev: Option<Result<Event, ConnectionError>>,
-    ) -> Result<(), String> {
-        match ev {
-            None => Err("the MQTT event loop ended".to_string()),
-            Some(Err(e)) => Err(self.lost_reason(ctx, &e)),
-            Some(Ok(ev)) => self.on_event(ctx, client, ev),
-        }
-    }
-
-    /// Why the connection ended. When the broker closed it while
-    /// something waited for its answer (the CONNECT and its will, or a
-    /// publish), that topic is named: a broker that refuses a topic closes
-    /// the connection on it (NATS's MQTT gateway refuses a `.`).
-    fn lost_reason(&self, ctx: &Ctx, e: &ConnectionError) -> String {
-        let reason = e.to_string();
-        if !closed_by_peer(e) {
-            return reason;
-        }
-        let (topic, what) = if !self.connected {
-            (
-                ctx.will_topic(),
-                "the will of the CONNECT (no CONNACK came)",
-            )
-        } else if let Some(t) = self.flight.oldest_unacked() {
-            (t.to_string(), "a publish not yet acknowledged")
-        } else {
-            return reason;
-        };
+/// Why the connection ended. When the broker closed it while something
+/// waited for its answer (the CONNECT and its will, or a publish), that
+/// topic is named: a broker that refuses a topic closes the connection on
+/// it (NATS's MQTT gateway refuses a `.`).
+fn lost_reason(ctx: &Ctx, session: &Session, e: ConnectionError) -> BrokerError {
+    let refused = if !closed_by_peer(&e) {
+        None
+    } else if !session.is_connected() {
+        Some((
+            ctx.will_topic(),
+            "the will of the CONNECT (no CONNACK came)",
+        ))
+    } else {
+        session
+            .oldest_unacked()
+            .map(|t| (t.to_string(), "a publish not yet acknowledged"))
+    };
+    if let Some((topic, what)) = &refused {
         let hint = if topic.contains('.') {
             "; NATS's MQTT gateway, for one, refuses topics with a '.' (Sparkplug B's spBv1.0/... cannot pass it)"
         } else {
@@ -500,170 +432,115 @@ impl Conn {
                 "uplink: the broker closed the connection on {what}: it may refuse that topic{hint}"
             );
         }
-        format!("{reason}: the broker may refuse the topic `{topic}` ({what})")
     }
+    BrokerError::Connection {
+        source: Box::new(e),
+        refused,
+    }
+}
 
-    /// Removes the acknowledged records from the outbox. One that fails
-    /// leaves them there: the next connection sends them again.
-    fn flush_acks(&mut self, ctx: &Ctx) -> Result<(), String> {
-        if self.acked.is_empty() {
-            return Ok(());
+fn on_event(ctx: &Ctx, session: &mut Session, ev: Event) -> Result<(), BrokerError> {
+    match ev {
+        Event::Incoming(Packet::ConnAck(ack)) => {
+            ctx.stats.set_connected(true);
+            UplinkStats::add(&ctx.stats.connects_total, 1);
+            tracing::info!(
+                broker = %format!("{}:{}", ctx.cfg.host, ctx.port()),
+                client_id = %ctx.client_id,
+                session_present = ack.session_present,
+                pending = ctx.outbox.stats().records,
+                "uplink: connected to the fleet broker"
+            );
+            session.connected(Instant::now(), unix_ms());
         }
-        let keys = std::mem::take(&mut self.acked);
-        ctx.outbox
-            .ack(&keys)
-            .map_err(|e| format!("outbox ack: {e}"))?;
-        UplinkStats::add(&ctx.stats.acked_total, keys.len() as u64);
-        Ok(())
-    }
-
-    fn on_event(&mut self, ctx: &Ctx, client: &AsyncClient, ev: Event) -> Result<(), String> {
-        match ev {
-            Event::Incoming(Packet::ConnAck(ack)) => {
-                self.connected = true;
-                ctx.stats.set_connected(true);
-                UplinkStats::add(&ctx.stats.connects_total, 1);
-                tracing::info!(
-                    broker = %format!("{}:{}", ctx.cfg.host, ctx.port()),
-                    client_id = %ctx.client_id,
-                    session_present = ack.session_present,
-                    pending = ctx.outbox.stats().records,
-                    "uplink: connected to the fleet broker"
-                );
-                self.flight.requested(&ctx.status_topic, Vec::new());
-                client
-                    .try_publish(ctx.status_topic.clone(), QoS::AtLeastOnce, true, "online")
-                    .map_err(|e| format!("publish request refused: {e}"))?;
-                // The NBIRTH goes first of all births, under the byte cap,
-                // once the subscription to NCMD below is on its way.
-                if let Some(sp) = self.sparkplug.as_mut() {
-                    self.births = VecDeque::from([sp.nbirth(Instant::now(), unix_ms())]);
-                }
-                let subs = ctx.subscriptions();
-                if !subs.is_empty() {
-                    client
-                        .try_subscribe_many(
-                            subs.into_iter()
-                                .map(|t| rumqttc::SubscribeFilter::new(t, QoS::AtLeastOnce)),
-                        )
-                        .map_err(|e| format!("subscribe request refused: {e}"))?;
-                }
-            }
-            Event::Incoming(Packet::SubAck(ack)) => {
-                // One SUBSCRIBE at CONNECT: a return code per topic, in order.
-                for (topic, code) in ctx.subscriptions().iter().zip(&ack.return_codes) {
-                    let what = if ctx.commands.as_ref().is_some_and(|(t, _)| t == topic) {
-                        "update commands"
-                    } else {
-                        "Sparkplug node commands"
-                    };
-                    if matches!(code, rumqttc::SubscribeReasonCode::Failure) {
-                        tracing::warn!(%topic, "uplink: the broker refused the subscription to {what}");
-                    } else {
-                        tracing::info!(%topic, "uplink: subscribed to {what}");
-                    }
-                }
-            }
-            Event::Incoming(Packet::Publish(p))
-                if ctx
-                    .sparkplug
-                    .as_ref()
-                    .is_some_and(|t| p.topic == t.node("NCMD")) =>
-            {
-                self.node_command(ctx, &p.topic, &p.payload);
-            }
-            Event::Incoming(Packet::Publish(p)) => {
-                if let Some((topic, tx)) = &ctx.commands
-                    && p.topic == *topic
-                {
-                    if tx.try_send(p.payload.to_vec()).is_err() {
-                        // A flood (junk, most likely): counted; a line per power of two.
-                        let n = ctx
-                            .stats
-                            .commands_dropped_total
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                            + 1;
-                        if n.is_power_of_two() {
-                            tracing::warn!(%topic, dropped_total = n, "uplink: update command dropped: the OTA agent has not taken the previous ones");
-                        }
-                    }
+        Event::Incoming(Packet::SubAck(ack)) => {
+            // One SUBSCRIBE at CONNECT: a return code per topic, in order.
+            for (topic, code) in ctx.subscriptions().iter().zip(&ack.return_codes) {
+                let what = if ctx.commands.as_ref().is_some_and(|(t, _)| t == topic) {
+                    "update commands"
                 } else {
-                    tracing::debug!(topic = %p.topic, "uplink: message on a topic not subscribed to");
+                    "Sparkplug node commands"
+                };
+                if matches!(code, rumqttc::SubscribeReasonCode::Failure) {
+                    tracing::warn!(%topic, "uplink: the broker refused the subscription to {what}");
+                } else {
+                    tracing::info!(%topic, "uplink: subscribed to {what}");
                 }
             }
-            Event::Outgoing(Outgoing::Publish(pkid)) => {
-                self.flight.sent(pkid).map_err(|e| e.to_string())?;
-            }
-            Event::Incoming(Packet::PubAck(ack)) => {
-                if let Some(keys) = self.flight.acked(ack.pkid) {
-                    self.acked.extend(keys);
-                }
-                self.set_inflight_gauge(ctx);
-            }
-            Event::Incoming(Packet::Disconnect) => {
-                return Err("the broker sent DISCONNECT".into());
-            }
-            _ => {}
         }
-        Ok(())
-    }
-
-    /// A stop: wait (bounded) for the PUBACKs in flight, say "offline"
-    /// (retained), disconnect cleanly so the broker does not fire the will.
-    async fn close(mut self, ctx: &Ctx, client: &AsyncClient, rx: &mut Events) -> End {
-        if !self.connected {
-            return End::Stopped;
+        Event::Incoming(Packet::Publish(p)) if session.is_node_command(&p.topic) => {
+            session.node_command(&p.topic, &p.payload);
         }
-        if client
-            .try_publish(ctx.status_topic.clone(), QoS::AtLeastOnce, true, "offline")
-            .is_ok()
-        {
-            self.flight.requested(&ctx.status_topic, Vec::new());
-        }
-        // Sparkplug: a clean disconnect fires no will, so say NDEATH.
-        if let Some(t) = &ctx.sparkplug
-            && client
-                .try_publish(
-                    t.node("NDEATH"),
-                    QoS::AtLeastOnce,
-                    false,
-                    sparkplug::ndeath(self.bd_seq, unix_ms()),
-                )
-                .is_ok()
-        {
-            self.flight.requested(&t.node("NDEATH"), Vec::new());
-        }
-        let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
-        while self.flight.messages() > 0 {
-            tokio::select! {
-                ev = rx.recv() => match ev {
-                    Some(Ok(ev)) => {
-                        if self.on_event(ctx, client, ev).is_err() {
-                            break;
-                        }
+        Event::Incoming(Packet::Publish(p)) => {
+            if let Some((topic, tx)) = &ctx.commands
+                && p.topic == *topic
+            {
+                if tx.try_send(p.payload.to_vec()).is_err() {
+                    // A flood (junk, most likely): counted; a line per power of two.
+                    let n = ctx
+                        .stats
+                        .commands_dropped_total
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                        + 1;
+                    if n.is_power_of_two() {
+                        tracing::warn!(%topic, dropped_total = n, "uplink: update command dropped: the OTA agent has not taken the previous ones");
                     }
-                    _ => break,
-                },
-                _ = tokio::time::sleep_until(deadline) => break,
+                }
+            } else {
+                tracing::debug!(topic = %p.topic, "uplink: message on a topic not subscribed to");
             }
         }
-        if let Err(reason) = self.flush_acks(ctx) {
-            tracing::warn!(%reason, "uplink: acknowledged records stay in the outbox and go again");
-        }
-        let _ = client.try_disconnect();
-        // Let the poller write the DISCONNECT (it ends with an error after).
-        while let Ok(Some(Ok(ev))) = tokio::time::timeout_at(deadline, rx.recv()).await {
-            if matches!(ev, Event::Outgoing(Outgoing::Disconnect)) {
-                break;
-            }
-        }
-        ctx.stats.set_connected(false);
-        tracing::info!(
-            unacknowledged = self.flight.records(),
-            "uplink: disconnected from the fleet broker (stop)"
-        );
-        End::Stopped
+        Event::Outgoing(Outgoing::Publish(pkid)) => session.sent(pkid)?,
+        Event::Incoming(Packet::PubAck(ack)) => session.puback(ack.pkid),
+        Event::Incoming(Packet::Disconnect) => return Err(BrokerError::Disconnect),
+        _ => {}
     }
+    Ok(())
+}
+
+/// A stop: wait (bounded) for the PUBACKs in flight, say "offline"
+/// (retained), disconnect cleanly so the broker does not fire the will.
+async fn close(ctx: &Ctx, session: &mut Session, client: &AsyncClient, rx: &mut Events) -> End {
+    if !session.is_connected() {
+        return End::Stopped;
+    }
+    session.close(unix_ms());
+    let handed = drive(ctx, session, client).is_ok();
+    let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
+    while handed && session.in_flight() > 0 {
+        tokio::select! {
+            ev = rx.recv() => match ev {
+                Some(Ok(ev)) => {
+                    if on_event(ctx, session, ev).is_err() {
+                        break;
+                    }
+                }
+                _ => break,
+            },
+            _ = tokio::time::sleep_until(deadline) => break,
+        }
+    }
+    // The acks of what was acknowledged (one try, whatever the backoff).
+    let _ = drive(ctx, session, client);
+    if session.unflushed() > 0 {
+        tracing::warn!(
+            records = session.unflushed(),
+            "uplink: acknowledged records stay in the outbox and go again"
+        );
+    }
+    let _ = client.try_disconnect();
+    // Let the poller write the DISCONNECT (it ends with an error after).
+    while let Ok(Some(Ok(ev))) = tokio::time::timeout_at(deadline, rx.recv()).await {
+        if matches!(ev, Event::Outgoing(Outgoing::Disconnect)) {
+            break;
+        }
+    }
+    ctx.stats.set_connected(false);
+    tracing::info!(
+        unacknowledged = session.in_flight_records(),
+        "uplink: disconnected from the fleet broker (stop)"
+    );
+    End::Stopped
 }
 
 /// The broker closed the connection (rather than a timeout or a refusal

@@ -68,7 +68,7 @@ fn bench(c: &mut Criterion) {
         Arc::new(spec()),
         Arc::new(TrackStats::default()),
         "gw/p/cam/".into(),
-        1,
+        Arc::new(1.into()),
     );
     // Warm: tracks exist and are confirmed before timing.
     for (f, d) in frames.iter().enumerate().take(30) {

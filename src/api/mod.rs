@@ -19,6 +19,7 @@ use arc_swap::ArcSwap;
 
 pub mod serve;
 pub mod status;
+pub mod track_metrics;
 
 use axum::Router;
 use axum::extract::State;

@@ -189,17 +189,17 @@ pub fn validate(
     } else {
         if !zones.is_empty() {
             p.push(format!(
-                "{at}.zones: zones need `[{at}.track]` (objects are placed by their tracks)"
+                "{at}.zones: zones need `[pipelines.track]` (objects are placed by their tracks)"
             ));
         }
         if !lines.is_empty() {
             p.push(format!(
-                "{at}.lines: lines need `[{at}.track]` (a crossing is a track's)"
+                "{at}.lines: lines need `[pipelines.track]` (a crossing is a track's)"
             ));
         }
         if emit == Some(Emit::Events) {
             p.push(format!(
-                "{at}.emit: `events` needs `[{at}.track]` (events are a track's)"
+                "{at}.emit: `events` needs `[pipelines.track]` (events are a track's)"
             ));
         }
     }

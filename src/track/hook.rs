@@ -9,6 +9,7 @@
 //! `emit = "events"` the frame's own record is not sent upstream.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::SystemTime;
 
 use serde_json::{Value, json};
@@ -27,7 +28,7 @@ pub struct PipelineTracking {
     emit: Emit,
     /// `{device}/{pipeline}/`.
     prefix: String,
-    first_n: u64,
+    numbers: Arc<AtomicU64>,
     default_label: String,
     snapshots: Option<Arc<SnapshotStore>>,
     /// URL path of a track's snapshot, before the escaped id.
@@ -65,9 +66,10 @@ pub struct TrackingSetup<'a> {
     pub emit: Option<Emit>,
     pub device: &'a str,
     pub pipeline: &'a str,
-    /// The first `{n}` of every stream's track ids: past any earlier run's
-    /// (the boot counter times a million), so ids never repeat.
-    pub first_n: u64,
+    /// Gives each track its `{n}`: shared by the pipeline's streams and
+    /// kept across reloads, starting past any earlier boot's (the boot
+    /// counter times a million), so ids never repeat.
+    pub numbers: Arc<AtomicU64>,
     /// The label of boxes without `label` or `class` (MTCNN faces, text boxes).
     pub default_label: &'a str,
     pub snapshots: Option<Arc<SnapshotStore>>,
@@ -80,7 +82,7 @@ impl PipelineTracking {
             stats: Arc::new(TrackStats::default()),
             emit: s.emit.unwrap_or_default(),
             prefix: format!("{}/{}/", s.device, s.pipeline),
-            first_n: s.first_n,
+            numbers: s.numbers,
             default_label: s.default_label.to_string(),
             snapshots: s.snapshots,
             snapshot_base: format!("/v1/pipelines/{}/tracks/", s.pipeline),
@@ -106,7 +108,7 @@ impl PipelineTracking {
                 Arc::clone(&self.spec),
                 Arc::clone(&self.stats),
                 format!("{}{stream}/", self.prefix),
-                self.first_n,
+                Arc::clone(&self.numbers),
             ),
         }
     }
@@ -194,7 +196,7 @@ mod tests {
             emit,
             device: "gw",
             pipeline: "gate",
-            first_n: 7_000_001,
+            numbers: Arc::new(7_000_001.into()),
             default_label: "face",
             snapshots,
         })

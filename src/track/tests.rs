@@ -27,7 +27,7 @@ fn tracker(cfg: TrackConfig, zones: &[ZoneConfig], lines: &[LineConfig]) -> Stre
         spec,
         Arc::new(TrackStats::default()),
         "gw/gate/cam/".into(),
-        1,
+        Arc::new(1.into()),
     )
 }
 
@@ -39,7 +39,12 @@ fn tracker_stats(
     let spec = Arc::new(TrackingSpec::new(cfg, zones, lines));
     let stats = Arc::new(TrackStats::default());
     (
-        StreamTracker::new(spec, Arc::clone(&stats), "gw/gate/cam/".into(), 1),
+        StreamTracker::new(
+            spec,
+            Arc::clone(&stats),
+            "gw/gate/cam/".into(),
+            Arc::new(1.into()),
+        ),
         stats,
     )
 }

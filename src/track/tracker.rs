@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use trackforge::trackers::byte_track::{ByteTrack, ByteTrackParams};
@@ -174,7 +175,8 @@ pub struct StreamTracker {
     stats: Arc<TrackStats>,
     /// `{device}/{pipeline}/{stream}/`.
     prefix: String,
-    next_n: u64,
+    /// The next `{n}`, shared by the pipeline's streams.
+    numbers: Arc<AtomicU64>,
     next_key: u64,
     frame: u64,
     labels: Vec<(String, ByteTrack)>,
@@ -184,19 +186,19 @@ pub struct StreamTracker {
 
 impl StreamTracker {
     /// `prefix` begins every track id (`{device}/{pipeline}/{stream}/`);
-    /// `first_n` is the first `{n}` (a caller keeps ids unique across
-    /// restarts by starting past the last run's).
+    /// `numbers` gives each confirmed track its `{n}` (a counter the caller
+    /// shares between streams and keeps past earlier runs, so ids never repeat).
     pub fn new(
         spec: Arc<TrackingSpec>,
         stats: Arc<TrackStats>,
         prefix: String,
-        first_n: u64,
+        numbers: Arc<AtomicU64>,
     ) -> Self {
         StreamTracker {
             spec,
             stats,
             prefix,
-            next_n: first_n,
+            numbers,
             next_key: 0,
             frame: 0,
             labels: Vec::new(),
@@ -212,7 +214,7 @@ impl StreamTracker {
 
     /// The `{n}` the next confirmed track gets.
     pub fn next_n(&self) -> u64 {
-        self.next_n
+        self.numbers.load(Ordering::Relaxed)
     }
 
     fn label_index(&mut self, label: &str) -> Option<u16> {
@@ -442,8 +444,7 @@ impl StreamTracker {
     }
 
     fn confirm(&mut self, key: u64) {
-        let n = self.next_n;
-        self.next_n += 1;
+        let n = self.numbers.fetch_add(1, Ordering::Relaxed);
         let Some(t) = self.tracks.get_mut(&key) else {
             return;
         };

@@ -1,0 +1,50 @@
+//! Tracking plugged into a pipeline: [`crate::track::PipelineTracking`] as
+//! the pipeline's stream hook. The hook's per-stream state is a stream's
+//! tracker, so it lives in (and is bounded by) the pipeline's stream table;
+//! a stream that leaves it ends its tracks (`stream_end`), and a pipeline
+//! that stops or is replaced by another config ends them with `restart`.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde_json::Value;
+
+use super::hook::{FrameMeta, HookOutput, StreamEnd, StreamHook};
+use crate::track::{EndReason, PipelineTracking, StreamState};
+
+pub struct TrackingHook {
+    tracking: Arc<PipelineTracking>,
+}
+
+impl TrackingHook {
+    pub fn new(tracking: Arc<PipelineTracking>) -> Self {
+        TrackingHook { tracking }
+    }
+}
+
+impl StreamHook for TrackingHook {
+    type State = StreamState;
+
+    fn start(&self, meta: &FrameMeta<'_>) -> StreamState {
+        self.tracking.stream(meta.stream)
+    }
+
+    fn frame(&self, st: &mut StreamState, meta: &FrameMeta<'_>, value: &mut Value) -> HookOutput {
+        let step = self.tracking.frame(st, meta.time, value);
+        HookOutput {
+            skip_record: !step.send_frame,
+            events: step.events.into_iter().collect(),
+        }
+    }
+
+    fn end(&self, _stream: &str, mut st: StreamState, why: StreamEnd) -> Vec<Value> {
+        let reason = match why {
+            StreamEnd::Lru | StreamEnd::Idle => EndReason::StreamEnd,
+            StreamEnd::Closed => EndReason::Restart,
+        };
+        self.tracking
+            .end(&mut st, reason, SystemTime::now())
+            .into_iter()
+            .collect()
+    }
+}

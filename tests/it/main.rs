@@ -30,6 +30,7 @@ mod sparkplug;
 mod state;
 mod stream_bounds;
 mod streams;
+mod tracking;
 mod udp_kernel_drops;
 mod uplink;
 mod uplink_outbox_fault;

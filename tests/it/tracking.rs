@@ -151,6 +151,24 @@ points = [[160, 0], [160, 240]]
     let b_cross = frame_where(&|f| b0.0 - 7.0 * f < 160.0);
     let b_zone = frame_where(&|f| b0.1 + 3.0 * f > 150.0);
 
+    // The counts in /v1/status and /metrics.
+    let st = d.status();
+    let t = &st["pipelines"][0]["tracking"];
+    assert_eq!(t["tracks_open"], 2, "{t}");
+    assert_eq!(t["zones"]["yard"]["object"]["inside"], 1, "{t}");
+    assert_eq!(t["zones"]["yard"]["object"]["entered"], 1, "{t}");
+    assert_eq!(t["lines"]["gate"]["in"]["object"], 1, "{t}");
+    assert_eq!(t["lines"]["gate"]["out"]["object"], 1, "{t}");
+    let (_, m) = http("GET", &d.api, "/metrics", b"").unwrap();
+    let m = String::from_utf8(m).unwrap();
+    for line in [
+        r#"outpost_zone_objects{pipeline="gate",zone="yard",label="object"} 1.0"#,
+        r#"outpost_line_crossings_total{pipeline="gate",line="gate",direction="in",label="object"} 1"#,
+        r#"outpost_tracks_started_total{pipeline="gate"} 2"#,
+    ] {
+        assert!(m.lines().any(|l| l == line), "{line} not in:\n{m}");
+    }
+
     // SIGTERM: the open tracks end with `restart`, B leaving the yard first.
     let st = d.terminate();
     assert!(st.success(), "{st}\n{}", d.log());
@@ -236,4 +254,43 @@ points = [[160, 0], [160, 240]]
         assert_eq!(e["label"], "object", "{e}");
         assert_eq!(e["box"].as_array().map(Vec::len), Some(4), "{e}");
     }
+}
+
+#[test]
+fn check_names_an_invalid_zone_polygon_and_a_line_without_length() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("outpost.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"model_dir = "{}"
+[[pipelines]]
+name = "gate"
+model = "mtcnn_pnet"
+source = {{ type = "http" }}
+[pipelines.track]
+[[pipelines.zones]]
+name = "bow"
+polygon = [[0, 0], [100, 100], [100, 0], [0, 100]]
+[[pipelines.lines]]
+name = "dot"
+points = [[5, 5], [5, 5]]
+"#,
+            model_dir().display()
+        ),
+    )
+    .unwrap();
+    let o = run(outpost().arg("check").arg(&cfg));
+    assert_fails(&o, 2, "2 problem(s)");
+    let err = stderr(&o);
+    assert!(
+        err.contains(
+            "line 9: pipeline \"gate\" (line 2), zones#1.polygon: edges 0 and 2 cross each other"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("line 12: pipeline \"gate\" (line 2), lines#1.points: the two points must be at least 1 px apart"),
+        "{err}"
+    );
 }

@@ -240,6 +240,8 @@ high_score = 0.5             # weaker detections only continue tracks (second pa
 stationary_after = "10s"     # still this long: stationary (a parked vehicle)
 stationary_max_age = "10m"   # how long a stationary object survives missed detections
 max_tracks = 256             # open tracks per stream, at most
+snapshot_bytes = "16 MiB"    # best crop per track on disk, all within this; GET /v1/pipelines/gate-faces/tracks/{id}/snapshot.jpg
+snapshot_max_bytes = 20000   # one crop's JPEG at most
 [[pipelines.zones]]
 name = "yard"
 polygon = [[0, 240], [640, 240], [640, 480], [0, 480]]   # source-frame pixels

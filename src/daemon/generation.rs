@@ -62,6 +62,26 @@ fn list(refused: &[Refused]) -> String {
         .join("\n  ")
 }
 
+/// The folder of a tracking pipeline's best crops; without one (a budget
+/// of 0, or a folder that cannot be made) tracks keep no snapshot.
+fn track_snapshots(
+    data_dir: &Path,
+    pipeline: &str,
+    budget: u64,
+) -> Option<Arc<crate::track::snapshots::SnapshotStore>> {
+    if budget == 0 {
+        return None;
+    }
+    let dir = data_dir.join("tracks").join(pipeline);
+    match crate::track::snapshots::SnapshotStore::open(&dir, budget) {
+        Ok(s) => Some(Arc::new(s)),
+        Err(e) => {
+            tracing::warn!(pipeline, dir = %dir.display(), error = %e, "track snapshots not kept");
+            None
+        }
+    }
+}
+
 /// Everything that lives as long as the process.
 pub(super) struct Core {
     pub(super) device: String,
@@ -205,7 +225,11 @@ impl Core {
                             pipeline: &p.name,
                             numbers,
                             default_label: "object",
-                            snapshots: None,
+                            snapshots: track_snapshots(
+                                &cfg.data_dir,
+                                &p.name,
+                                track.snapshot_bytes,
+                            ),
                         });
                     Pipeline::tracked(
                         p.clone(),

@@ -10,6 +10,7 @@ use std::time::SystemTime;
 use serde_json::Value;
 
 use super::hook::{FrameMeta, HookOutput, StreamEnd, StreamHook};
+use super::snapshot::thumbnail;
 use crate::track::{EndReason, PipelineTracking, StreamState};
 
 pub struct TrackingHook {
@@ -31,6 +32,19 @@ impl StreamHook for TrackingHook {
 
     fn frame(&self, st: &mut StreamState, meta: &FrameMeta<'_>, value: &mut Value) -> HookOutput {
         let step = self.tracking.frame(st, meta.time, value);
+        if let (Some(store), Some(picture)) = (self.tracking.snapshots(), meta.picture) {
+            for (name, b) in &step.best_crops {
+                let [x0, y0, x1, y1] = b.map(|v| v.round() as i64);
+                let crop = picture.crop(x0, y0, x1.max(x0 + 1), y1.max(y0 + 1));
+                let Some(jpeg) = thumbnail(&crop, self.tracking.snapshot_max_bytes()) else {
+                    continue;
+                };
+                // A snapshot is a convenience: a full disk costs it, not the frame.
+                if let Err(e) = store.put(name, &jpeg) {
+                    tracing::warn!(pipeline = meta.pipeline, error = %e, "track snapshot not kept");
+                }
+            }
+        }
         HookOutput {
             skip_record: !step.send_frame,
             events: step.events.into_iter().collect(),

@@ -29,6 +29,12 @@ fn default_stationary_max_age() -> Duration {
 fn default_max_tracks() -> usize {
     256
 }
+fn default_snapshot_bytes() -> u64 {
+    16 << 20
+}
+fn default_snapshot_max_bytes() -> usize {
+    20_000
+}
 fn default_inertia() -> u32 {
     3
 }
@@ -82,6 +88,17 @@ pub struct TrackConfig {
     /// early (reason `evicted`).
     #[serde(default = "default_max_tracks")]
     pub max_tracks: usize,
+    /// The best crops of the pipeline's tracks on disk, all of them within
+    /// this many bytes (the least recently written go first); 0: none kept.
+    /// Crops come from pipelines that decode their frames (with stages).
+    #[serde(default = "default_snapshot_bytes", with = "crate::bytesize")]
+    pub snapshot_bytes: u64,
+    /// One crop's JPEG at most (lower quality, then smaller, until it fits).
+    #[serde(
+        default = "default_snapshot_max_bytes",
+        with = "crate::bytesize::usize"
+    )]
+    pub snapshot_max_bytes: usize,
 }
 
 impl Default for TrackConfig {
@@ -94,6 +111,8 @@ impl Default for TrackConfig {
             stationary_after: default_stationary_after(),
             stationary_max_age: default_stationary_max_age(),
             max_tracks: default_max_tracks(),
+            snapshot_bytes: default_snapshot_bytes(),
+            snapshot_max_bytes: default_snapshot_max_bytes(),
         }
     }
 }
@@ -288,6 +307,12 @@ impl TrackConfig {
         if self.stationary_max_age < self.max_age {
             p.push(format!(
                 "{at}.stationary_max_age: must not be shorter than max_age"
+            ));
+        }
+        if self.snapshot_max_bytes < 1000 {
+            p.push(format!(
+                "{at}.snapshot_max_bytes: {} is below 1000 bytes",
+                self.snapshot_max_bytes
             ));
         }
         if self.max_tracks == 0 || self.max_tracks > 100_000 {

@@ -101,6 +101,16 @@ impl PipelineTracking {
         self.snapshots.as_ref()
     }
 
+    /// One crop's JPEG at most.
+    pub fn snapshot_max_bytes(&self) -> usize {
+        self.spec.config.snapshot_max_bytes
+    }
+
+    /// The kept snapshot of a track, by its id.
+    pub fn snapshot(&self, track_id: &str) -> Option<Vec<u8>> {
+        self.snapshots.as_ref()?.get(&snapshot_name(track_id))
+    }
+
     /// A new stream's state (its first frame is on its way).
     pub fn stream(&self, stream: &str) -> StreamState {
         StreamState {

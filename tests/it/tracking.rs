@@ -169,6 +169,32 @@ points = [[160, 0], [160, 240]]
         assert!(m.lines().any(|l| l == line), "{line} not in:\n{m}");
     }
 
+    // Each track's best crop, served while it is open.
+    let escape = |id: &str| id.replace('/', "%2F");
+    let mut snapshot_paths = Vec::new();
+    for id in [&a, &b] {
+        let path = format!("/v1/pipelines/gate/tracks/{}/snapshot.jpg", escape(id));
+        let (code, body) = http("GET", &d.api, &path, b"").unwrap();
+        assert_eq!(code, 200, "{path}: {}", String::from_utf8_lossy(&body));
+        assert_eq!(&body[..3], &[0xFF, 0xD8, 0xFF], "{path}: not a JPEG");
+        let img = image::load_from_memory(&body).unwrap();
+        assert!(
+            img.width() >= 30 && img.height() >= 30,
+            "{path}: {}x{}",
+            img.width(),
+            img.height()
+        );
+        snapshot_paths.push(path);
+    }
+    let (code, _) = http(
+        "GET",
+        &d.api,
+        "/v1/pipelines/gate/tracks/nope/snapshot.jpg",
+        b"",
+    )
+    .unwrap();
+    assert_eq!(code, 404);
+
     // SIGTERM: the open tracks end with `restart`, B leaving the yard first.
     let st = d.terminate();
     assert!(st.success(), "{st}\n{}", d.log());
@@ -248,6 +274,8 @@ points = [[160, 0], [160, 240]]
                 assert_eq!(e["lines"][0]["line"], "gate", "{e}");
                 let zones = if track == b { vec!["yard"] } else { vec![] };
                 assert_eq!(e["zones"], serde_json::json!(zones), "{e}");
+                let want = &snapshot_paths[usize::from(track == b)];
+                assert_eq!(e["snapshot"].as_str(), Some(want.as_str()), "{e}");
             }
             _ => {}
         }

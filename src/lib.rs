@@ -24,4 +24,5 @@ pub mod record;
 pub mod source;
 pub mod stream_table;
 pub mod telemetry;
+pub mod track;
 pub mod uplink;

@@ -414,6 +414,7 @@ fn pipeline_metrics(enc: &mut DescriptorEncoder, sched: &Scheduler) -> Result<()
         "Streams whose state was reset: lru = least recently seen when a new one needed room, idle = not seen for stream_idle",
         &evicted,
     )?;
+    super::track_metrics::encode(enc, pipes)?;
     let (mut sent, mut dropped, mut connected) = (Vec::new(), Vec::new(), Vec::new());
     let (mut readers, mut readers_refused) = (Vec::new(), Vec::new());
     for p in pipes {

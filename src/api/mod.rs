@@ -1,7 +1,8 @@
 //! The local HTTP API (axum), bound to loopback by default:
 //! `/healthz` (the process answers), `/readyz` (models warmed, outbox open,
 //! sources started), `/metrics` (OpenMetrics), `/v1/status` (pipelines, models, outbox,
-//! uplink, OTA, machine), `GET /v1/pipelines/{name}/snapshot.jpg` (the latest frame,
+//! uplink, OTA, machine), `GET /v1/pipelines/{name}/tracks/{id}/snapshot.jpg` (a track's best crop),
+//! `GET /v1/pipelines/{name}/snapshot.jpg` (the latest frame,
 //! annotated), the http source's `POST /v1/pipelines/{name}/infer`, and the local
 //! console (`GET /`, `/v1/events`, `/v1/pipelines/{name}/records`). Every
 //! request passes the [`guard`] first (Host names, cross-origin state
@@ -19,6 +20,7 @@ use arc_swap::ArcSwap;
 
 pub mod serve;
 pub mod status;
+pub mod track_metrics;
 
 use axum::Router;
 use axum::extract::State;
@@ -275,6 +277,39 @@ async fn snapshot(
     }
 }
 
+/// The best crop of a track (JPEG), its id percent-encoded as one path
+/// segment; 404 with a JSON error when none is kept.
+async fn track_snapshot(
+    State(s): State<ApiState>,
+    axum::extract::Path((name, id)): axum::extract::Path<(String, String)>,
+) -> axum::response::Response {
+    let err = |msg: String| {
+        (
+            StatusCode::NOT_FOUND,
+            axum::Json(serde_json::json!({ "error": msg })),
+        )
+            .into_response()
+    };
+    let sched = s.scheduler();
+    let Some(p) = sched.pipelines().iter().find(|p| p.name() == name).cloned() else {
+        return err(format!("no pipeline `{name}`"));
+    };
+    let Some(t) = p.tracking().cloned() else {
+        return err(format!("pipeline `{name}` does not track"));
+    };
+    match tokio::task::spawn_blocking(move || t.snapshot(&id)).await {
+        Ok(Some(jpeg)) => (
+            [
+                (axum::http::header::CONTENT_TYPE, "image/jpeg"),
+                (axum::http::header::CACHE_CONTROL, "no-store"),
+            ],
+            jpeg,
+        )
+            .into_response(),
+        _ => err(format!("pipeline `{name}` keeps no snapshot of that track")),
+    }
+}
+
 /// The API's routes, every one behind the [`guard`]. Starts the console's
 /// sampler (one for every console), so it is called inside the tokio runtime.
 pub fn router(state: ApiState, ingress: HttpIngress, guard: Arc<guard::Guard>) -> Router {
@@ -291,6 +326,10 @@ pub fn router(state: ApiState, ingress: HttpIngress, guard: Arc<guard::Guard>) -
         .route("/v1/pipelines/{name}/pause", post(pause))
         .route("/v1/pipelines/{name}/resume", post(resume))
         .route("/v1/pipelines/{name}/snapshot.jpg", get(snapshot))
+        .route(
+            "/v1/pipelines/{name}/tracks/{id}/snapshot.jpg",
+            get(track_snapshot),
+        )
         .with_state(state)
         .merge(infer_routes)
         .merge(console::routes(live))

@@ -81,6 +81,9 @@ pub struct PipelineStatus {
     pub frame_age: LatencySummary,
     /// None: not a camera pipeline.
     pub camera: Option<CameraReport>,
+    /// Tracks, zone and line counts; absent without `[pipelines.track]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tracking: Option<crate::track::TrackCounts>,
 }
 
 /// A frame's way through a pipeline, step by step.
@@ -295,6 +298,7 @@ impl PipelineStatus {
                 .collect(),
             frame_age: st.frame_age_us.summary(),
             camera: st.camera.as_ref().map(|c| c.status()),
+            tracking: p.tracking().map(|t| t.stats().snapshot()),
         }
     }
 }

@@ -239,6 +239,40 @@ priority = "realtime"
 source = { type = "camera", camera = "gate", fps = 10, queue = 1 }
 # Or a camera of its own, inline (the keys of a [[cameras]] entry but `name`):
 # source = { type = "camera", url = "rtsp://192.0.2.8:554/stream1", width = 1280, height = 720, fps = 15, transport = "tcp", stall_timeout = "5s", decode = "all", queue = 1 }
+
+# Faces at a gate, tracked (docs/tracking.md): the outbox gets what happened
+# (track_start, zone_enter, zone_leave, loiter, line_cross, track_end), not a
+# record per frame; local outputs still get every frame with its track ids.
+[[pipelines]]
+name = "gate-faces"
+model = "mtcnn_pnet"
+source = { type = "camera", url = "rtsp://192.0.2.8:554/stream1", fps = 10 }
+emit = "events"              # the default with [pipelines.track]; "frames": a record per frame
+[[pipelines.stages]]
+model = "mtcnn_rnet"
+[[pipelines.stages]]
+model = "mtcnn_onet"
+[pipelines.track]
+min_hits = 3                 # frames before a track is announced
+max_age = "1s"               # unseen this long: track_end
+iou = 0.3                    # overlap a detection needs with the predicted box
+high_score = 0.5             # weaker detections only continue tracks (second pass)
+stationary_after = "10s"     # still this long: stationary (a parked vehicle)
+stationary_max_age = "10m"   # how long a stationary object survives missed detections
+max_tracks = 256             # open tracks per stream, at most
+snapshot_bytes = "16 MiB"    # best crop per track on disk, all within this; GET /v1/pipelines/gate-faces/tracks/{id}/snapshot.jpg
+snapshot_max_bytes = 20000   # one crop's JPEG at most
+[[pipelines.zones]]
+name = "yard"
+polygon = [[0, 240], [640, 240], [640, 480], [0, 480]]   # source-frame pixels
+inertia = 3                  # frames in (or out) before zone_enter (zone_leave)
+loiter = "30s"               # one loiter event per visit this long
+classes = []                 # labels counted (empty: all)
+[[pipelines.lines]]
+name = "gate"
+points = [[320, 0], [320, 480]]   # crossing from the left side to the right is "in"
+inertia = 2                  # frames on the new side before a crossing counts
+classes = []
 "#;
 
 const MQTT: &str = r#"# Results to the fleet broker: QoS 1, deleted from the outbox on PUBACK.

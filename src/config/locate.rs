@@ -34,7 +34,7 @@ pub fn line_of(text: &str, offset: usize) -> usize {
 
 /// Top-level keys of the config: a message starting with one of them names
 /// its key; any other first word is prose.
-const TOP_KEYS: [&str; 13] = [
+const TOP_KEYS: [&str; 14] = [
     "device",
     "data_dir",
     "model_dir",

@@ -62,6 +62,26 @@ fn list(refused: &[Refused]) -> String {
         .join("\n  ")
 }
 
+/// The folder of a tracking pipeline's best crops; without one (a budget
+/// of 0, or a folder that cannot be made) tracks keep no snapshot.
+fn track_snapshots(
+    data_dir: &Path,
+    pipeline: &str,
+    budget: u64,
+) -> Option<Arc<crate::track::snapshots::SnapshotStore>> {
+    if budget == 0 {
+        return None;
+    }
+    let dir = data_dir.join("tracks").join(pipeline);
+    match crate::track::snapshots::SnapshotStore::open(&dir, budget) {
+        Ok(s) => Some(Arc::new(s)),
+        Err(e) => {
+            tracing::warn!(pipeline, dir = %dir.display(), error = %e, "track snapshots not kept");
+            None
+        }
+    }
+}
+
 /// Everything that lives as long as the process.
 pub(super) struct Core {
     pub(super) device: String,
@@ -80,6 +100,9 @@ pub(super) struct Core {
     pub(super) lifecycle: Lifecycle,
     /// The descriptors unix output readers share, across generations.
     pub(super) reader_fds: Arc<tokio::sync::Semaphore>,
+    /// Each tracking pipeline's next track number, across generations: a
+    /// pipeline rebuilt by a reload goes on counting, so no track id repeats.
+    pub(super) track_numbers: HashMap<String, Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// One config's pipelines, workers and sources.
@@ -181,16 +204,53 @@ impl Core {
             else {
                 continue;
             };
-            match Pipeline::new(
-                p.clone(),
-                model.clone(),
-                &cfg.model_dir,
-                workers,
-                self.sink.clone(),
-                self.ids.clone(),
-            )
-            .and_then(|pl| pl.with_stages(&stage_models))
-            {
+            let built = match &p.track {
+                Some(track) => {
+                    // Numbers past every earlier boot's: a million per boot.
+                    let boot = self.ids.boot;
+                    let numbers = self
+                        .track_numbers
+                        .entry(p.name.clone())
+                        .or_insert_with(|| {
+                            Arc::new(boot.saturating_mul(1_000_000).saturating_add(1).into())
+                        })
+                        .clone();
+                    let tracking =
+                        crate::track::PipelineTracking::new(crate::track::TrackingSetup {
+                            track,
+                            zones: &p.zones,
+                            lines: &p.lines,
+                            emit: p.emit,
+                            device: &self.device,
+                            pipeline: &p.name,
+                            numbers,
+                            default_label: "object",
+                            snapshots: track_snapshots(
+                                &cfg.data_dir,
+                                &p.name,
+                                track.snapshot_bytes,
+                            ),
+                        });
+                    Pipeline::tracked(
+                        p.clone(),
+                        model.clone(),
+                        &cfg.model_dir,
+                        workers,
+                        self.sink.clone(),
+                        self.ids.clone(),
+                        Arc::new(tracking),
+                    )
+                }
+                None => Pipeline::new(
+                    p.clone(),
+                    model.clone(),
+                    &cfg.model_dir,
+                    workers,
+                    self.sink.clone(),
+                    self.ids.clone(),
+                ),
+            };
+            match built.and_then(|pl| pl.with_stages(&stage_models)) {
                 Ok(pl) => pipelines.push(Arc::new(pl)),
                 Err(e) => {
                     tracing::error!(error = %e, "pipeline not started");

@@ -146,6 +146,7 @@ impl Daemon {
             realtime: realtime.clone(),
             lifecycle,
             reader_fds: Arc::new(tokio::sync::Semaphore::new(reader_fds as usize)),
+            track_numbers: HashMap::new(),
         };
 
         notify(&[NotifyState::Status("loading and warming models")]);

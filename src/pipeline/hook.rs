@@ -22,7 +22,7 @@ use serde_json::Value;
 use crate::stream_table::Reason;
 
 /// What a hook knows of the frame a result came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct FrameMeta<'a> {
     pub pipeline: &'a str,
     pub stream: &'a str,
@@ -30,6 +30,9 @@ pub struct FrameMeta<'a> {
     pub time: SystemTime,
     /// The source frame's width and height in pixels (image pipelines).
     pub size: Option<(u32, u32)>,
+    /// The decoded source frame, where the pipeline decodes one anyway (a
+    /// pipeline with stages crops its boxes from it).
+    pub picture: Option<&'a crate::preprocess::crop::Rgb>,
 }
 
 /// What a hook makes of one result.

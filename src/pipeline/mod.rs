@@ -14,6 +14,7 @@ pub mod realtime;
 pub mod scheduler;
 pub mod snapshot;
 pub mod stages;
+pub mod tracking;
 pub mod worker;
 
 use std::collections::BTreeMap;
@@ -95,6 +96,19 @@ pub struct PipelineConfig {
     /// other frames arrive or not.
     #[serde(default = "default_stream_idle", with = "humantime_serde")]
     pub stream_idle: Duration,
+    /// What reaches the outbox: `events` (the default with `track`) or
+    /// `frames` (a record per frame, as without tracking).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emit: Option<crate::track::Emit>,
+    /// Multi-object tracking per stream (`[pipelines.track]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub track: Option<crate::track::TrackConfig>,
+    /// Zones objects enter, leave and loiter in (`[[pipelines.zones]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub zones: Vec<crate::track::ZoneConfig>,
+    /// Lines objects cross (`[[pipelines.lines]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lines: Vec<crate::track::LineConfig>,
 }
 
 fn default_queue() -> usize {
@@ -186,6 +200,13 @@ impl PipelineConfig {
                     .map(|e| format!("{at}.postprocess: {e}")),
             );
         }
+        p.extend(crate::track::config::validate(
+            at,
+            self.track.as_ref(),
+            &self.zones,
+            &self.lines,
+            self.emit,
+        ));
         p
     }
 }

@@ -92,6 +92,8 @@ pub struct Pipeline {
     cascade: Option<Cascade>,
     /// The latest frame and outputs, for annotated snapshots.
     snapshot: Latest,
+    /// The tracking behind the hook, for its counts and snapshots.
+    tracking: Option<Arc<crate::track::PipelineTracking>>,
 }
 
 impl Pipeline {
@@ -244,7 +246,38 @@ impl Pipeline {
             log: RateLimitedLog::new(Duration::from_secs(5)),
             cascade,
             snapshot,
+            tracking: None,
         })
+    }
+
+    /// A pipeline of a config with `[pipelines.track]`: its tracking as the
+    /// stream hook (see `tracking.rs`), reachable for counts and snapshots.
+    pub fn tracked(
+        cfg: PipelineConfig,
+        model: Arc<LoadedModel>,
+        model_dir: &Path,
+        workers: usize,
+        sink: Arc<dyn RecordSink>,
+        ids: Arc<IdGen>,
+        tracking: Arc<crate::track::PipelineTracking>,
+    ) -> Result<Pipeline, PipelineError> {
+        let hook = super::tracking::TrackingHook::new(Arc::clone(&tracking));
+        let mut p = Pipeline::build(
+            cfg,
+            model,
+            model_dir,
+            workers,
+            sink,
+            ids,
+            Some(Box::new(hook)),
+        )?;
+        p.tracking = Some(tracking);
+        Ok(p)
+    }
+
+    /// The pipeline's tracking, when it tracks.
+    pub fn tracking(&self) -> Option<&Arc<crate::track::PipelineTracking>> {
+        self.tracking.as_ref()
     }
 
     /// Adds the configured stages with their loaded models (in stage order).

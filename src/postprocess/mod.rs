@@ -8,6 +8,7 @@
 mod angle;
 mod ctc;
 mod detections;
+mod layouts;
 mod mtcnn;
 mod raw;
 mod text_boxes;
@@ -24,7 +25,8 @@ use crate::preprocess::ItemMeta;
 
 pub use self::angle::AnglePostprocessor;
 pub use self::ctc::CtcTextPostprocessor;
-pub use self::detections::{BoxFormat, DetectionsPostprocessor, iou, nms};
+pub use self::detections::{BoxFormat, DetectionsConfig, DetectionsPostprocessor, iou, nms};
+pub use self::layouts::DetectionLayout;
 pub use self::mtcnn::{MtcnnProposalsPostprocessor, MtcnnRefinePostprocessor, NmsMode};
 pub use self::raw::RawPostprocessor;
 pub use self::text_boxes::{Connectivity, TextBoxesPostprocessor};
@@ -61,22 +63,10 @@ pub enum PostprocessConfig {
         #[serde(default)]
         already_probabilities: bool,
     },
-    /// Object detections `[N, 6]` rows (`[x1,y1,x2,y2,score,class]` or
-    /// `[cx,cy,w,h,score,class]`), thresholded, class-wise NMS, mapped back to
-    /// the original image.
-    Detections {
-        output: String,
-        #[serde(default)]
-        format: BoxFormat,
-        #[serde(default = "detections::default_score_threshold")]
-        score_threshold: f32,
-        #[serde(default = "detections::default_iou_threshold")]
-        iou_threshold: f32,
-        #[serde(default = "detections::default_max_detections")]
-        max_detections: usize,
-        #[serde(default)]
-        labels: Option<String>,
-    },
+    /// Object detections in one of the layouts detectors are exported in
+    /// (`layout`: rows, yolov8, yolov5, yolox, ssd, detr, rtdetr),
+    /// thresholded, class-wise NMS, mapped back to the original image.
+    Detections(DetectionsConfig),
     /// Axis-aligned text boxes from a DB text-detection probability map `[1, 1, H, W]`.
     TextBoxes {
         output: String,
@@ -164,7 +154,7 @@ impl PostprocessConfig {
         match self {
             PostprocessConfig::Threshold { output, .. }
             | PostprocessConfig::SoftmaxTopk { output, .. }
-            | PostprocessConfig::Detections { output, .. }
+            | PostprocessConfig::Detections(DetectionsConfig { output, .. })
             | PostprocessConfig::TextBoxes { output, .. }
             | PostprocessConfig::CtcText { output, .. }
             | PostprocessConfig::Angle { output, .. } => Some(output),
@@ -220,18 +210,7 @@ impl PostprocessConfig {
                     p.push("postprocess: `labels` must be a file path".into());
                 }
             }
-            PostprocessConfig::Detections {
-                score_threshold,
-                iou_threshold,
-                max_detections,
-                ..
-            } => {
-                unit(&mut p, "score_threshold", *score_threshold);
-                unit(&mut p, "iou_threshold", *iou_threshold);
-                if *max_detections == 0 {
-                    p.push("postprocess: `max_detections` must be at least 1".into());
-                }
-            }
+            PostprocessConfig::Detections(d) => d.validate(&mut p),
             PostprocessConfig::TextBoxes {
                 threshold,
                 box_threshold,
@@ -327,21 +306,7 @@ impl PostprocessConfig {
                 read_labels(base_dir, labels.as_deref())?,
                 *already_probabilities,
             )),
-            PostprocessConfig::Detections {
-                output,
-                format,
-                score_threshold,
-                iou_threshold,
-                max_detections,
-                labels,
-            } => Box::new(DetectionsPostprocessor {
-                output: output.clone(),
-                format: *format,
-                score_threshold: *score_threshold,
-                iou_threshold: *iou_threshold,
-                max_detections: *max_detections,
-                labels: read_labels(base_dir, labels.as_deref())?,
-            }),
+            PostprocessConfig::Detections(d) => Box::new(d.build(base_dir)?),
             PostprocessConfig::TextBoxes {
                 output,
                 threshold,

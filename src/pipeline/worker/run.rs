@@ -279,6 +279,7 @@ impl Pipeline {
             stream: &f.stream,
             time: f.captured.unwrap_or_else(|| arrival(f.received)),
             size: w.size,
+            picture: w.picture.as_ref(),
         };
         // The stream is in flight (`process` began it), so its entry stays
         // while the hook runs outside the table's lock.

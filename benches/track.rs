@@ -1,0 +1,93 @@
+//! Tracking, zones and lines per frame: 50 objects moving across a
+//! 1920x1080 frame, 3 zones and 2 lines, one stream. The figure is the cost
+//! of `StreamTracker::update` for one frame (the target is 50 µs).
+//!
+//! Run: `cargo bench --bench track`
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use outpost::track::{
+    Detection, LineConfig, StreamTracker, TrackConfig, TrackStats, TrackingSpec, ZoneConfig,
+};
+
+const OBJECTS: usize = 50;
+
+/// Frame `f`'s detections: objects on a 10x5 grid, each drifting on its own
+/// heading and wrapping around, so tracks also end and start.
+fn frame(f: u64) -> Vec<Detection> {
+    (0..OBJECTS)
+        .map(|i| {
+            let (gx, gy) = ((i % 10) as f32, (i / 10) as f32);
+            let vx = 2.0 + (i % 7) as f32;
+            let vy = ((i % 5) as f32 - 2.0) * 0.5;
+            let x = (gx * 180.0 + vx * f as f32) % 1800.0;
+            let y = (gy * 200.0 + 60.0 + vy * f as f32).rem_euclid(950.0);
+            Detection {
+                bbox: [x, y, x + 60.0, y + 120.0],
+                score: if i % 4 == 0 { 0.4 } else { 0.9 },
+                label: if i % 3 == 0 { "car" } else { "person" }.to_string(),
+                text: None,
+            }
+        })
+        .collect()
+}
+
+fn spec() -> TrackingSpec {
+    let zone = |name: &str, x: f32| ZoneConfig {
+        name: name.into(),
+        polygon: vec![
+            [x, 300.0],
+            [x + 500.0, 300.0],
+            [x + 560.0, 800.0],
+            [x + 250.0, 900.0],
+            [x - 60.0, 800.0],
+        ],
+        inertia: 3,
+        loiter: Some(Duration::from_secs(5)),
+        classes: vec![],
+    };
+    let line = |name: &str, x: f32| LineConfig {
+        name: name.into(),
+        points: [[x, 0.0], [x + 100.0, 1080.0]],
+        inertia: 2,
+        classes: vec![],
+    };
+    TrackingSpec::new(
+        TrackConfig::default(),
+        &[zone("a", 100.0), zone("b", 700.0), zone("c", 1300.0)],
+        &[line("l1", 600.0), line("l2", 1200.0)],
+    )
+}
+
+fn bench(c: &mut Criterion) {
+    let frames: Vec<Vec<Detection>> = (0..1000).map(frame).collect();
+    let mut tr = StreamTracker::new(
+        Arc::new(spec()),
+        Arc::new(TrackStats::default()),
+        "gw/p/cam/".into(),
+        Arc::new(1.into()),
+    );
+    // Warm: tracks exist and are confirmed before timing.
+    for (f, d) in frames.iter().enumerate().take(30) {
+        tr.update(UNIX_EPOCH + Duration::from_millis(f as u64 * 100), d);
+    }
+    let mut f = 30u64;
+    c.bench_function("track_50_objects_3_zones_2_lines", |b| {
+        b.iter(|| {
+            let d = &frames[(f % 1000) as usize];
+            let out = tr.update(UNIX_EPOCH + Duration::from_millis(f * 100), black_box(d));
+            f += 1;
+            black_box(out)
+        })
+    });
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(50).measurement_time(Duration::from_secs(5));
+    targets = bench
+}
+criterion_main!(benches);

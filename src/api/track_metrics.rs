@@ -1,0 +1,95 @@
+//! The tracking families of `/metrics`: tracks started, open and ended,
+//! objects in each zone and entries per zone and label, crossings per line,
+//! direction and label, events by kind. One row set per tracking pipeline.
+
+use prometheus_client::encoding::DescriptorEncoder;
+
+use crate::pipeline::Pipeline;
+use crate::telemetry::metrics::{Labels, counter, gauge};
+
+fn labels(p: &Pipeline, extra: &[(&'static str, &str)]) -> Labels {
+    let mut l: Labels = vec![("pipeline", p.name().to_string())];
+    l.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+    l
+}
+
+pub fn encode(
+    enc: &mut DescriptorEncoder,
+    pipes: &[std::sync::Arc<Pipeline>],
+) -> Result<(), std::fmt::Error> {
+    let (mut started, mut open, mut ended, mut events) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut inside, mut entered, mut crossed) = (Vec::new(), Vec::new(), Vec::new());
+    for p in pipes {
+        let Some(t) = p.tracking() else { continue };
+        let c = t.stats().snapshot();
+        started.push((labels(p, &[]), c.tracks_started));
+        open.push((labels(p, &[]), c.tracks_open as f64));
+        for (reason, n) in &c.tracks_ended {
+            ended.push((labels(p, &[("reason", reason)]), *n));
+        }
+        for (kind, n) in &c.events {
+            events.push((labels(p, &[("event", kind)]), *n));
+        }
+        for (zone, by_label) in &c.zones {
+            for (label, z) in by_label {
+                let l = labels(p, &[("zone", zone), ("label", label)]);
+                inside.push((l.clone(), z.inside as f64));
+                entered.push((l, z.entered));
+            }
+        }
+        for (line, by_dir) in &c.lines {
+            for (dir, by_label) in by_dir {
+                for (label, n) in by_label {
+                    let l = labels(p, &[("line", line), ("direction", dir), ("label", label)]);
+                    crossed.push((l, *n));
+                }
+            }
+        }
+    }
+    if started.is_empty() {
+        return Ok(());
+    }
+    counter(
+        enc,
+        "outpost_tracks_started",
+        "Tracks confirmed (min_hits) and announced",
+        &started,
+    )?;
+    gauge(
+        enc,
+        "outpost_tracks_open",
+        "Confirmed tracks open now",
+        &open,
+    )?;
+    counter(
+        enc,
+        "outpost_tracks_ended",
+        "Tracks ended, by reason: lost, evicted, stream_end, restart",
+        &ended,
+    )?;
+    counter(
+        enc,
+        "outpost_track_events",
+        "Tracking events, by kind",
+        &events,
+    )?;
+    gauge(
+        enc,
+        "outpost_zone_objects",
+        "Tracked objects in the zone now, by label",
+        &inside,
+    )?;
+    counter(
+        enc,
+        "outpost_zone_entries",
+        "Entries into the zone, by label",
+        &entered,
+    )?;
+    counter(
+        enc,
+        "outpost_line_crossings",
+        "Line crossings, by direction and label",
+        &crossed,
+    )
+}

@@ -1,0 +1,204 @@
+//! What happened to a tracked object: the events that become records.
+//! Every event names its track, label, box and score, and the time it
+//! happened (the frame it was first seen doing it, which can be up to
+//! `inertia` frames before the frame that made it certain).
+
+use std::time::SystemTime;
+
+use serde::{Serialize, Serializer};
+
+/// A crossing's direction (see `LineConfig`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    In,
+    Out,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::In => "in",
+            Direction::Out => "out",
+        }
+    }
+}
+
+/// Why a track ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// Not seen for `max_age` (`stationary_max_age` when parked).
+    Lost,
+    /// More open tracks than `max_tracks`: the longest unseen went.
+    Evicted,
+    /// Its stream left the pipeline's stream table (idle or least recently
+    /// seen among too many streams).
+    StreamEnd,
+    /// The daemon stopped or reloaded while the object was in view.
+    Restart,
+}
+
+impl EndReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::Lost => "lost",
+            EndReason::Evicted => "evicted",
+            EndReason::StreamEnd => "stream_end",
+            EndReason::Restart => "restart",
+        }
+    }
+}
+
+/// A line a track crossed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Crossing {
+    pub line: String,
+    pub direction: Direction,
+}
+
+/// What `track_end` tells of the whole track.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrackSummary {
+    pub reason: EndReason,
+    #[serde(serialize_with = "rfc3339")]
+    pub first_seen: SystemTime,
+    #[serde(serialize_with = "rfc3339")]
+    pub last_seen: SystemTime,
+    /// Frames the object was detected in.
+    pub frames: u64,
+    pub best_score: f32,
+    /// Box of the best-scoring frame (the snapshot's).
+    pub best_box: [f32; 4],
+    /// Zones entered, in the order of their first entry.
+    pub zones: Vec<String>,
+    pub lines: Vec<Crossing>,
+    /// Stationary when it ended (a parked vehicle).
+    pub stationary: bool,
+    /// The best crop's snapshot name, when one was kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// The text read most often across the track's frames (a text stage's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Share of the frames with a reading that read `text`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text_agreement: Option<f32>,
+    /// Frames with a reading.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text_reads: Option<u32>,
+}
+
+/// The kinds of events, with what each adds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum EventKind {
+    /// The object was matched in `min_hits` frames: it is real.
+    TrackStart {
+        #[serde(serialize_with = "rfc3339")]
+        first_seen: SystemTime,
+    },
+    ZoneEnter {
+        zone: String,
+    },
+    ZoneLeave {
+        zone: String,
+        /// Seconds between entering and leaving.
+        dwell_s: f64,
+    },
+    /// In the zone for its `loiter` time (once per visit).
+    Loiter {
+        zone: String,
+        dwell_s: f64,
+    },
+    LineCross {
+        line: String,
+        direction: Direction,
+    },
+    TrackEnd(Box<TrackSummary>),
+}
+
+impl EventKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::TrackStart { .. } => "track_start",
+            EventKind::ZoneEnter { .. } => "zone_enter",
+            EventKind::ZoneLeave { .. } => "zone_leave",
+            EventKind::Loiter { .. } => "loiter",
+            EventKind::LineCross { .. } => "line_cross",
+            EventKind::TrackEnd(_) => "track_end",
+        }
+    }
+}
+
+/// One event of one track.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Event {
+    #[serde(flatten)]
+    pub kind: EventKind,
+    /// `{device}/{pipeline}/{stream}/{n}`.
+    pub track: String,
+    pub label: String,
+    #[serde(rename = "box")]
+    pub bbox: [f32; 4],
+    pub score: f32,
+    /// When it happened.
+    #[serde(serialize_with = "rfc3339")]
+    pub ts: SystemTime,
+}
+
+fn rfc3339<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&humantime::format_rfc3339_millis(*t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn events_serialize_flat_with_their_kind() {
+        let e = Event {
+            kind: EventKind::LineCross {
+                line: "gate".into(),
+                direction: Direction::In,
+            },
+            track: "gw/p/cam/1".into(),
+            label: "face".into(),
+            bbox: [1.0, 2.0, 3.0, 4.0],
+            score: 0.5,
+            ts: UNIX_EPOCH + Duration::from_millis(1500),
+        };
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"event": "line_cross", "line": "gate", "direction": "in",
+                "track": "gw/p/cam/1", "label": "face", "box": [1.0, 2.0, 3.0, 4.0],
+                "score": 0.5, "ts": "1970-01-01T00:00:01.500Z"})
+        );
+        let end = Event {
+            kind: EventKind::TrackEnd(Box::new(TrackSummary {
+                reason: EndReason::Restart,
+                first_seen: UNIX_EPOCH,
+                last_seen: UNIX_EPOCH,
+                frames: 3,
+                best_score: 0.9,
+                best_box: [0.0; 4],
+                zones: vec![],
+                lines: vec![],
+                stationary: false,
+                snapshot: None,
+                text: Some("AB12".into()),
+                text_agreement: Some(0.75),
+                text_reads: Some(4),
+            })),
+            ..e
+        };
+        let v = serde_json::to_value(&end).unwrap();
+        assert_eq!(v["event"], "track_end");
+        assert_eq!(v["reason"], "restart");
+        assert_eq!(v["text"], "AB12");
+        assert!(v.get("snapshot").is_none());
+        assert_eq!(end.kind.name(), "track_end");
+    }
+}

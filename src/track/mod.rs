@@ -1,0 +1,33 @@
+//! From detections to events: multi-object tracking per stream, zones and
+//! lines, and the events a pipeline sends instead of a record per frame.
+//!
+//! `[pipelines.track]` builds one [`TrackingSpec`] per pipeline; each
+//! stream gets a [`StreamTracker`] fed each frame's detections (read from
+//! the postprocessed value by [`value::detections`]) with the frame's time.
+//! It answers with each detection's track id (written back into the value
+//! for local outputs by [`value::annotate`]) and the frame's [`Event`]s.
+//! The tracker does no I/O and reads no clock, so all of it is tested
+//! frame by frame; [`TrackStats`] holds the counts a pipeline reports.
+//!
+//! Association and the Kalman filter are trackforge's ByteTrack; see
+//! `tracker.rs` for what is added on top and its invariants, and `zones.rs`
+//! for those of zones and lines.
+
+pub mod config;
+pub mod events;
+pub mod geometry;
+pub mod hook;
+pub mod snapshots;
+pub mod stats;
+pub mod tracker;
+pub mod value;
+pub mod zones;
+
+pub use self::config::{Emit, LineConfig, TrackConfig, ZoneConfig};
+pub use self::events::{Direction, EndReason, Event, EventKind, TrackSummary};
+pub use self::hook::{PipelineTracking, Step, StreamState, TrackingSetup};
+pub use self::stats::{TrackCounts, TrackStats, ZoneCount};
+pub use self::tracker::{Detection, FrameOutput, StreamTracker, Tracked, TrackingSpec};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,569 @@
+//! The tracker frame by frame: ids, min_hits, max_age, stationary objects,
+//! zones and lines through whole tracks, bounded state, the text vote.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::*;
+
+const FPS: u64 = 10;
+
+fn t(frame: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(1_800_000_000) + Duration::from_millis(frame * 1000 / FPS)
+}
+
+fn det(x: f32, y: f32, w: f32, h: f32, score: f32, label: &str) -> Detection {
+    Detection {
+        bbox: [x, y, x + w, y + h],
+        score,
+        label: label.into(),
+        text: None,
+    }
+}
+
+fn tracker(cfg: TrackConfig, zones: &[ZoneConfig], lines: &[LineConfig]) -> StreamTracker {
+    let spec = Arc::new(TrackingSpec::new(cfg, zones, lines));
+    StreamTracker::new(
+        spec,
+        Arc::new(TrackStats::default()),
+        "gw/gate/cam/".into(),
+        Arc::new(1.into()),
+    )
+}
+
+fn tracker_stats(
+    cfg: TrackConfig,
+    zones: &[ZoneConfig],
+    lines: &[LineConfig],
+) -> (StreamTracker, Arc<TrackStats>) {
+    let spec = Arc::new(TrackingSpec::new(cfg, zones, lines));
+    let stats = Arc::new(TrackStats::default());
+    (
+        StreamTracker::new(
+            spec,
+            Arc::clone(&stats),
+            "gw/gate/cam/".into(),
+            Arc::new(1.into()),
+        ),
+        stats,
+    )
+}
+
+fn names(ev: &[Event]) -> Vec<&'static str> {
+    ev.iter().map(|e| e.kind.name()).collect()
+}
+
+#[test]
+fn a_track_is_announced_after_min_hits_and_a_flicker_never() {
+    let mut tr = tracker(TrackConfig::default(), &[], &[]);
+    // A one-frame false detection far away at frame 1 only.
+    let out = tr.update(
+        t(1),
+        &[
+            det(10.0, 10.0, 40.0, 40.0, 0.9, "face"),
+            det(400.0, 300.0, 30.0, 30.0, 0.9, "face"),
+        ],
+    );
+    assert!(out.events.is_empty());
+    assert!(out.objects.iter().all(|o| o.track.is_none()));
+    let out = tr.update(t(2), &[det(12.0, 10.0, 40.0, 40.0, 0.9, "face")]);
+    assert!(out.events.is_empty(), "{:?}", out.events);
+    let out = tr.update(t(3), &[det(14.0, 10.0, 40.0, 40.0, 0.9, "face")]);
+    assert_eq!(names(&out.events), vec!["track_start"]);
+    let e = &out.events[0];
+    assert_eq!(e.track, "gw/gate/cam/1");
+    assert_eq!(e.label, "face");
+    assert_eq!(e.kind, EventKind::TrackStart { first_seen: t(1) });
+    assert_eq!(out.objects[0].track.as_deref(), Some("gw/gate/cam/1"));
+    // Later frames carry the id, and no second start.
+    for f in 4..20 {
+        let out = tr.update(
+            t(f),
+            &[det(10.0 + 2.0 * f as f32, 10.0, 40.0, 40.0, 0.9, "face")],
+        );
+        assert!(out.events.is_empty());
+        assert_eq!(out.objects[0].track.as_deref(), Some("gw/gate/cam/1"));
+    }
+    // The flicker never got a number: the next track is 2.
+    assert_eq!(tr.next_n(), 2);
+}
+
+#[test]
+fn lost_for_less_than_max_age_keeps_its_id_longer_ends_it() {
+    let mut tr = tracker(TrackConfig::default(), &[], &[]);
+    let at = |f: u64| det(100.0 + 3.0 * f as f32, 100.0, 50.0, 50.0, 0.9, "car");
+    for f in 1..=10 {
+        tr.update(t(f), &[at(f)]);
+    }
+    // Missed for 8 frames (0.8 s < max_age 1 s), seen again where it went.
+    for f in 11..19 {
+        assert!(tr.update(t(f), &[]).events.is_empty());
+    }
+    let out = tr.update(t(19), &[at(19)]);
+    assert!(out.events.is_empty(), "{:?}", out.events);
+    assert_eq!(out.objects[0].track.as_deref(), Some("gw/gate/cam/1"));
+    // Then gone for good: track_end after max_age, dated when last seen.
+    let mut ends = Vec::new();
+    for f in 20..40 {
+        ends.extend(tr.update(t(f), &[]).events);
+    }
+    assert_eq!(names(&ends), vec!["track_end"]);
+    let EventKind::TrackEnd(s) = &ends[0].kind else {
+        unreachable!()
+    };
+    assert_eq!(s.reason, EndReason::Lost);
+    assert_eq!(s.frames, 11);
+    assert_eq!((s.first_seen, s.last_seen), (t(1), t(19)));
+    assert_eq!(ends[0].ts, t(19));
+    assert_eq!(tr.open_tracks(), 0);
+    // Back after that: a new track.
+    let mut ev = Vec::new();
+    for f in 40..44 {
+        ev.extend(tr.update(t(f), &[at(19)]).events);
+    }
+    assert_eq!(ev[0].track, "gw/gate/cam/2");
+}
+
+#[test]
+fn two_objects_passing_each_other_keep_their_ids() {
+    let mut tr = tracker(TrackConfig::default(), &[], &[]);
+    let mut ids_a = std::collections::BTreeSet::new();
+    let mut ids_b = std::collections::BTreeSet::new();
+    for f in 1..=60u64 {
+        // A goes right, B goes left, B a little lower; they overlap mid-way.
+        let xa = 20.0 + 8.0 * f as f32;
+        let xb = 500.0 - 8.0 * f as f32;
+        let out = tr.update(
+            t(f),
+            &[
+                det(xa, 100.0, 60.0, 60.0, 0.9, "face"),
+                det(xb, 115.0, 60.0, 60.0, 0.85, "face"),
+            ],
+        );
+        if let Some(a) = &out.objects[0].track {
+            ids_a.insert(a.clone());
+        }
+        if let Some(b) = &out.objects[1].track {
+            ids_b.insert(b.clone());
+        }
+    }
+    assert_eq!(ids_a.len(), 1, "{ids_a:?}");
+    assert_eq!(ids_b.len(), 1, "{ids_b:?}");
+    assert_ne!(ids_a, ids_b);
+}
+
+#[test]
+fn low_scores_continue_a_track_but_do_not_start_one() {
+    let mut tr = tracker(TrackConfig::default(), &[], &[]);
+    for f in 1..=5 {
+        tr.update(
+            t(f),
+            &[det(100.0 + f as f32, 100.0, 50.0, 50.0, 0.9, "car")],
+        );
+    }
+    // Scores below high_score (0.5): the second pass keeps the track.
+    for f in 6..=30 {
+        let out = tr.update(
+            t(f),
+            &[det(100.0 + f as f32, 100.0, 50.0, 50.0, 0.3, "car")],
+        );
+        assert_eq!(
+            out.objects[0].track.as_deref(),
+            Some("gw/gate/cam/1"),
+            "frame {f}"
+        );
+        assert!(out.events.is_empty());
+    }
+    // A weak detection alone never starts a track.
+    let mut tr = tracker(TrackConfig::default(), &[], &[]);
+    for f in 1..=10 {
+        let out = tr.update(t(f), &[det(100.0, 100.0, 50.0, 50.0, 0.3, "car")]);
+        assert!(out.events.is_empty() && out.objects[0].track.is_none());
+    }
+}
+
+#[test]
+fn labels_are_tracked_apart() {
+    let mut tr = tracker(TrackConfig::default(), &[], &[]);
+    let mut ev = Vec::new();
+    for f in 1..=5 {
+        ev.extend(
+            tr.update(
+                t(f),
+                &[
+                    det(100.0, 100.0, 50.0, 50.0, 0.9, "car"),
+                    det(100.0, 100.0, 50.0, 50.0, 0.8, "person"),
+                ],
+            )
+            .events,
+        );
+    }
+    assert_eq!(names(&ev), vec!["track_start", "track_start"]);
+    let labels: Vec<_> = ev.iter().map(|e| e.label.as_str()).collect();
+    assert!(labels.contains(&"car") && labels.contains(&"person"));
+}
+
+#[test]
+fn a_parked_truck_is_announced_once() {
+    let cfg = TrackConfig {
+        stationary_after: Duration::from_secs(2),
+        ..TrackConfig::default()
+    };
+    let mut tr = tracker(cfg, &[], &[]);
+    let truck = |jitter: f32| det(200.0 + jitter, 150.0, 120.0, 80.0, 0.9, "truck");
+    let mut ev = Vec::new();
+    let mut f = 1;
+    // Drives in.
+    for k in 0..10 {
+        ev.extend(
+            tr.update(
+                t(f),
+                &[det(
+                    60.0 + 14.0 * k as f32,
+                    150.0,
+                    120.0,
+                    80.0,
+                    0.9,
+                    "truck",
+                )],
+            )
+            .events,
+        );
+        f += 1;
+    }
+    // Parks for 5 s (small box jitter).
+    for k in 0..50 {
+        let out = tr.update(t(f), &[truck((k % 3) as f32)]);
+        ev.extend(out.events);
+        if k > 25 {
+            assert!(out.objects[0].stationary, "frame {f}");
+        }
+        f += 1;
+    }
+    // Occluded for 30 s: far beyond max_age (1 s), within stationary_max_age.
+    for _ in 0..300 {
+        ev.extend(tr.update(t(f), &[]).events);
+        f += 1;
+    }
+    // Seen again where it stood: same id, no new start.
+    for _ in 0..10 {
+        let out = tr.update(t(f), &[truck(1.0)]);
+        assert_eq!(
+            out.objects[0].track.as_deref(),
+            Some("gw/gate/cam/1"),
+            "frame {f}"
+        );
+        ev.extend(out.events);
+        f += 1;
+    }
+    assert_eq!(names(&ev), vec!["track_start"]);
+    // A moving car missed for as long is ended.
+    let mut tr = tracker(TrackConfig::default(), &[], &[]);
+    let mut ev = Vec::new();
+    for k in 0..10u64 {
+        ev.extend(
+            tr.update(
+                t(k),
+                &[det(60.0 + 14.0 * k as f32, 150.0, 120.0, 80.0, 0.9, "car")],
+            )
+            .events,
+        );
+    }
+    for k in 10..30 {
+        ev.extend(tr.update(t(k), &[]).events);
+    }
+    assert_eq!(names(&ev), vec!["track_start", "track_end"]);
+}
+
+#[test]
+fn ten_thousand_tracks_over_time_stay_bounded() {
+    let (mut tr, stats) = tracker_stats(TrackConfig::default(), &[], &[]);
+    let mut starts = 0;
+    let mut ends = 0;
+    let mut most_open = 0;
+    // Each object lives 4 frames at its own place, a new one every 2
+    // frames, over a 20x20 grid of places.
+    let mut f = 0u64;
+    for obj in 0..10_000u64 {
+        let (gx, gy) = ((obj % 20) as f32, ((obj / 20) % 20) as f32);
+        for _ in 0..2 {
+            f += 1;
+            let mut dets = vec![det(gx * 60.0, gy * 60.0, 30.0, 30.0, 0.9, "face")];
+            if obj > 0 {
+                let p = obj - 1;
+                let (px, py) = ((p % 20) as f32, ((p / 20) % 20) as f32);
+                dets.push(det(px * 60.0, py * 60.0, 30.0, 30.0, 0.9, "face"));
+            }
+            for e in tr.update(t(f), &dets).events {
+                match e.kind.name() {
+                    "track_start" => starts += 1,
+                    "track_end" => ends += 1,
+                    _ => {}
+                }
+            }
+            most_open = most_open.max(tr.open_tracks());
+        }
+    }
+    assert!(starts >= 9_990, "{starts}");
+    // Everything but the last few ended; state never grew.
+    assert!(ends >= starts - 30, "{starts} {ends}");
+    assert!(most_open <= 40, "{most_open} open tracks");
+    let s = stats.snapshot();
+    assert_eq!(s.tracks_started, starts);
+    assert_eq!(s.tracks_open, starts - ends);
+}
+
+#[test]
+fn max_tracks_evicts_the_longest_unseen() {
+    let cfg = TrackConfig {
+        max_tracks: 3,
+        min_hits: 1,
+        ..TrackConfig::default()
+    };
+    let mut tr = tracker(cfg, &[], &[]);
+    let mut ev = Vec::new();
+    for i in 0..5u64 {
+        ev.extend(
+            tr.update(
+                t(i + 1),
+                &[det(i as f32 * 100.0, 0.0, 50.0, 50.0, 0.9, "x")],
+            )
+            .events,
+        );
+    }
+    let evicted: Vec<_> = ev
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::TrackEnd(s) => Some((e.track.as_str(), s.reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        evicted,
+        vec![
+            ("gw/gate/cam/1", EndReason::Evicted),
+            ("gw/gate/cam/2", EndReason::Evicted)
+        ]
+    );
+    assert_eq!(tr.open_tracks(), 3);
+}
+
+fn yard() -> ZoneConfig {
+    ZoneConfig {
+        name: "yard".into(),
+        polygon: vec![[0.0, 240.0], [640.0, 240.0], [640.0, 480.0], [0.0, 480.0]],
+        inertia: 3,
+        loiter: Some(Duration::from_secs(2)),
+        classes: vec![],
+    }
+}
+
+fn gate() -> LineConfig {
+    LineConfig {
+        name: "gate".into(),
+        points: [[320.0, 0.0], [320.0, 480.0]],
+        inertia: 2,
+        classes: vec![],
+    }
+}
+
+#[test]
+fn a_walk_through_zone_and_line_gives_the_events_in_order() {
+    let (mut tr, stats) = tracker_stats(TrackConfig::default(), &[yard()], &[gate()]);
+    let mut ev = Vec::new();
+    // Walks right along y (bottom) = 200 then down into the yard, stays 3 s,
+    // leaves the picture.
+    let mut f = 0;
+    let mut step = |tr: &mut StreamTracker, x: f32, bottom: f32, ev: &mut Vec<Event>| {
+        f += 1;
+        ev.extend(
+            tr.update(
+                t(f),
+                &[det(x - 20.0, bottom - 60.0, 40.0, 60.0, 0.9, "person")],
+            )
+            .events,
+        );
+        f
+    };
+    for k in 0..30 {
+        step(&mut tr, 200.0 + 8.0 * k as f32, 200.0, &mut ev); // x 200..432, crosses 320 at k = 15
+    }
+    for k in 0..10 {
+        step(&mut tr, 432.0, 210.0 + 8.0 * k as f32, &mut ev); // bottom 210..282: in at 242
+    }
+    for _ in 0..30 {
+        step(&mut tr, 432.0, 290.0, &mut ev);
+    }
+    let s = stats.snapshot();
+    assert_eq!(s.zones["yard"]["person"].inside, 1);
+    for _ in 0..20 {
+        f += 1;
+        ev.extend(tr.update(t(f), &[]).events);
+    }
+    assert_eq!(
+        names(&ev),
+        vec![
+            "track_start",
+            "line_cross",
+            "zone_enter",
+            "loiter",
+            "zone_leave",
+            "track_end"
+        ]
+    );
+    let cross = &ev[1];
+    assert_eq!(
+        cross.kind,
+        EventKind::LineCross {
+            line: "gate".into(),
+            direction: Direction::In
+        }
+    );
+    // x = 200 + 8k first past 320 + margin 6 at k = 16 (x = 328): frame 17.
+    assert_eq!(cross.ts, t(17));
+    // The bottom first in the yard (> 240): 242 at frame 30 + 5 = 35.
+    assert_eq!(ev[2].ts, t(35));
+    let EventKind::TrackEnd(sum) = &ev[5].kind else {
+        unreachable!()
+    };
+    assert_eq!(sum.zones, vec!["yard".to_string()]);
+    assert_eq!(sum.lines.len(), 1);
+    assert!(
+        ev.iter()
+            .all(|e| e.track == "gw/gate/cam/1" && e.label == "person")
+    );
+    let s = stats.snapshot();
+    assert_eq!(
+        s.zones["yard"]["person"],
+        ZoneCount {
+            inside: 0,
+            entered: 1
+        }
+    );
+    assert_eq!(s.lines["gate"]["in"]["person"], 1);
+    assert_eq!(s.tracks_open, 0);
+}
+
+#[test]
+fn zone_classes_filter_labels() {
+    let zone = ZoneConfig {
+        classes: vec!["car".into()],
+        ..yard()
+    };
+    let mut tr = tracker(TrackConfig::default(), &[zone], &[]);
+    let mut ev = Vec::new();
+    for f in 1..20 {
+        ev.extend(
+            tr.update(t(f), &[det(100.0, 300.0, 50.0, 50.0, 0.9, "person")])
+                .events,
+        );
+    }
+    assert_eq!(names(&ev), vec!["track_start"]);
+}
+
+#[test]
+fn events_of_the_first_frames_wait_for_confirmation() {
+    // Starts inside the zone with inertia 1 and min_hits 3: the entry is
+    // told after track_start, dated at the first frame.
+    let zone = ZoneConfig {
+        inertia: 1,
+        loiter: None,
+        ..yard()
+    };
+    let mut tr = tracker(TrackConfig::default(), &[zone], &[]);
+    let mut ev = Vec::new();
+    for f in 1..=3 {
+        ev.extend(
+            tr.update(t(f), &[det(100.0, 300.0, 50.0, 50.0, 0.9, "car")])
+                .events,
+        );
+    }
+    assert_eq!(names(&ev), vec!["track_start", "zone_enter"]);
+    assert_eq!(ev[1].ts, t(1));
+}
+
+#[test]
+fn finish_ends_open_tracks_with_the_reason_and_leaves_zones() {
+    let (mut tr, stats) = tracker_stats(TrackConfig::default(), &[yard()], &[]);
+    for f in 1..=10 {
+        tr.update(
+            t(f),
+            &[
+                det(100.0, 300.0, 50.0, 50.0, 0.9, "car"),
+                det(400.0, 50.0, 50.0, 50.0, 0.9, "car"),
+            ],
+        );
+    }
+    assert_eq!(stats.snapshot().zones["yard"]["car"].inside, 1);
+    let ev = tr.finish(EndReason::Restart, t(11));
+    assert_eq!(names(&ev), vec!["zone_leave", "track_end", "track_end"]);
+    for e in &ev[1..] {
+        let EventKind::TrackEnd(s) = &e.kind else {
+            unreachable!()
+        };
+        assert_eq!(s.reason, EndReason::Restart);
+        assert_eq!(e.ts, t(11));
+    }
+    assert_eq!(tr.open_tracks(), 0);
+    assert!(
+        tr.finish(EndReason::Restart, t(12)).is_empty(),
+        "nothing twice"
+    );
+    let s = stats.snapshot();
+    assert_eq!(s.zones["yard"]["car"].inside, 0);
+    assert_eq!(s.tracks_ended["restart"], 2);
+}
+
+#[test]
+fn a_dropped_tracker_leaves_no_open_counts() {
+    let (mut tr, stats) = tracker_stats(TrackConfig::default(), &[yard()], &[]);
+    for f in 1..=10 {
+        tr.update(t(f), &[det(100.0, 300.0, 50.0, 50.0, 0.9, "car")]);
+    }
+    assert_eq!(stats.snapshot().tracks_open, 1);
+    drop(tr);
+    let s = stats.snapshot();
+    assert_eq!(s.tracks_open, 0);
+    assert_eq!(s.zones["yard"]["car"].inside, 0);
+}
+
+#[test]
+fn the_text_of_a_track_is_voted() {
+    let mut tr = tracker(TrackConfig::default(), &[], &[]);
+    for f in 1..=12u64 {
+        let mut d = det(
+            100.0 + f as f32,
+            100.0,
+            80.0,
+            20.0,
+            0.6 + f as f32 * 0.01,
+            "plate",
+        );
+        let text = if f % 4 == 0 { "A8123" } else { "AB123" };
+        d.text = Some((text.into(), 0.9));
+        tr.update(t(f), &[d]);
+    }
+    let ev = tr.finish(EndReason::StreamEnd, t(13));
+    let EventKind::TrackEnd(s) = &ev[0].kind else {
+        unreachable!()
+    };
+    assert_eq!(s.text.as_deref(), Some("AB123"));
+    assert_eq!(s.text_agreement, Some(0.75));
+    assert_eq!(s.text_reads, Some(12));
+    assert_eq!(s.frames, 12);
+    assert!((s.best_score - 0.72).abs() < 1e-6);
+    assert_eq!(s.best_box, [112.0, 100.0, 192.0, 120.0]);
+}
+
+#[test]
+fn the_best_frame_is_flagged_for_the_snapshot() {
+    let mut tr = tracker(TrackConfig::default(), &[], &[]);
+    let scores = [0.6, 0.7, 0.8, 0.75, 0.9, 0.85];
+    let mut best = Vec::new();
+    for (f, s) in scores.iter().enumerate() {
+        let out = tr.update(t(f as u64 + 1), &[det(100.0, 100.0, 50.0, 50.0, *s, "x")]);
+        best.push(out.objects[0].best);
+    }
+    // Confirmed at the third frame; from then on only new bests.
+    assert_eq!(best, vec![false, false, true, false, true, false]);
+}

@@ -1,0 +1,633 @@
+//! One stream's tracks: ByteTrack (trackforge) per label does the Kalman
+//! prediction and the two-pass IoU association; this file keeps what
+//! outpost adds on top: ids, `min_hits`, `max_age` in time, stationary
+//! objects, zones and lines, the best frame, the text vote, and the events.
+//!
+//! Invariants:
+//! - a track has an id (and appears in events) only once it was matched in
+//!   `min_hits` frames; a tentative track that misses a frame is dropped
+//!   without a word (ByteTrack's and SORT's rule for unconfirmed tracks);
+//! - every `track_start` is followed by exactly one `track_end` (lost,
+//!   evicted, stream end or restart), and a track inside a zone leaves it
+//!   before it ends, so zone occupancy returns to zero;
+//! - a stationary object missed for longer than `max_age` but less than
+//!   `stationary_max_age` keeps its id when it is detected again where it
+//!   stood: a parked truck is announced once;
+//! - state is bounded: open tracks by `max_tracks`, labels by
+//!   [`MAX_LABELS`], text readings by [`MAX_READINGS`] per track, and
+//!   ByteTrack's own lost tracks by its buffer.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use trackforge::trackers::byte_track::{ByteTrack, ByteTrackParams};
+use trackforge::trackers::common::CommonParams;
+
+use super::config::{LineConfig, TrackConfig, ZoneConfig};
+use super::events::{Crossing, EndReason, Event, EventKind, TrackSummary};
+use super::geometry::Point;
+use super::stats::TrackStats;
+use super::zones::{Line, LineState, Zone, ZoneChange, ZoneState, line_margin};
+
+/// Labels one stream tracks, at most (a detector's classes); detections of
+/// further labels pass untracked and are counted.
+pub const MAX_LABELS: usize = 256;
+/// Distinct text readings kept per track; later new ones only count in the
+/// total (a plate read 12 ways is noise).
+pub const MAX_READINGS: usize = 16;
+/// ByteTrack counts its lost-track buffer in frames; outpost ends tracks by
+/// time. The buffer is `max_age` at this many frames per second, and lost
+/// tracks it let go are picked up again by outpost's own re-association.
+const FPS_HINT: f64 = 30.0;
+/// A box moving less than this fraction of its height stays put.
+const STILL_FRACTION: f32 = 0.1;
+
+/// One detection of a frame, in source-frame pixels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Detection {
+    /// `[x1, y1, x2, y2]`.
+    pub bbox: [f32; 4],
+    pub score: f32,
+    pub label: String,
+    /// A text stage's reading of the box and its score.
+    pub text: Option<(String, f32)>,
+}
+
+/// What a pipeline's tracking is: built once from the config, shared by
+/// its streams.
+#[derive(Debug)]
+pub struct TrackingSpec {
+    pub config: TrackConfig,
+    pub zones: Vec<Zone>,
+    pub lines: Vec<Line>,
+}
+
+impl TrackingSpec {
+    pub fn new(config: TrackConfig, zones: &[ZoneConfig], lines: &[LineConfig]) -> Self {
+        TrackingSpec {
+            config,
+            zones: zones.iter().map(Zone::new).collect(),
+            lines: lines.iter().map(Line::new).collect(),
+        }
+    }
+
+    fn byte_params(&self) -> ByteTrackParams {
+        let c = &self.config;
+        let buffer = (c.max_age.as_secs_f64() * FPS_HINT).ceil().max(1.0) as usize;
+        ByteTrackParams {
+            common: CommonParams::new(buffer, c.min_hits as usize),
+            track_thresh: c.high_score,
+            // trackforge takes IoU distances (1 - IoU). The low-score pass
+            // asks for at least ByteTrack's reference overlap of 0.5.
+            match_thresh: 1.0 - c.iou,
+            det_thresh: c.high_score,
+            second_match_thresh: 1.0 - c.iou.max(0.5),
+        }
+    }
+}
+
+/// A detection's place in the tracks, aligned with the frame's detections.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Tracked {
+    /// The track id, once the track is confirmed.
+    pub track: Option<String>,
+    pub stationary: bool,
+    /// This frame is the track's best so far (highest score): the frame
+    /// whose crop is worth keeping as its snapshot.
+    pub best: bool,
+    /// The track's local number (`{n}` of its id), once confirmed.
+    pub n: Option<u64>,
+}
+
+/// What one frame did.
+#[derive(Debug, Default)]
+pub struct FrameOutput {
+    /// One per detection of the frame, in its order.
+    pub objects: Vec<Tracked>,
+    pub events: Vec<Event>,
+}
+
+#[derive(Debug, Default)]
+struct Votes {
+    readings: Vec<(String, u32, f32)>,
+    total: u32,
+}
+
+impl Votes {
+    fn add(&mut self, text: &str, score: f32) {
+        self.total = self.total.saturating_add(1);
+        if let Some(r) = self.readings.iter_mut().find(|r| r.0 == text) {
+            r.1 += 1;
+            r.2 += score;
+        } else if self.readings.len() < MAX_READINGS {
+            self.readings.push((text.to_string(), 1, score));
+        }
+    }
+
+    /// The most frequent reading (ties: the higher summed score) and its share.
+    fn winner(&self) -> Option<(String, f32, u32)> {
+        let best = self
+            .readings
+            .iter()
+            .max_by(|a, b| a.1.cmp(&b.1).then(a.2.total_cmp(&b.2)))?;
+        Some((
+            best.0.clone(),
+            best.1 as f32 / self.total as f32,
+            self.total,
+        ))
+    }
+}
+
+#[derive(Debug)]
+struct Track {
+    label: u16,
+    /// ByteTrack's id in the label's tracker.
+    crate_id: u64,
+    /// Set on confirmation.
+    n: Option<u64>,
+    hits: u32,
+    first_seen: SystemTime,
+    last_seen: SystemTime,
+    /// Frame number (per stream) of the last match.
+    last_frame: u64,
+    bbox: [f32; 4],
+    score: f32,
+    best_score: f32,
+    best_box: [f32; 4],
+    /// Where it stood still since when (bottom centre).
+    anchor: Point,
+    anchor_since: SystemTime,
+    stationary: bool,
+    zones: Vec<ZoneState>,
+    lines: Vec<LineState>,
+    visited: Vec<usize>,
+    crossed: Vec<Crossing>,
+    votes: Votes,
+    /// Events of a tentative track, told once it is confirmed.
+    held: Vec<(EventKind, [f32; 4], f32, SystemTime)>,
+}
+
+/// The tracks of one stream.
+pub struct StreamTracker {
+    spec: Arc<TrackingSpec>,
+    stats: Arc<TrackStats>,
+    /// `{device}/{pipeline}/{stream}/`.
+    prefix: String,
+    /// The next `{n}`, shared by the pipeline's streams.
+    numbers: Arc<AtomicU64>,
+    next_key: u64,
+    frame: u64,
+    labels: Vec<(String, ByteTrack)>,
+    tracks: HashMap<u64, Track>,
+    by_crate: HashMap<(u16, u64), u64>,
+}
+
+impl StreamTracker {
+    /// `prefix` begins every track id (`{device}/{pipeline}/{stream}/`);
+    /// `numbers` gives each confirmed track its `{n}` (a counter the caller
+    /// shares between streams and keeps past earlier runs, so ids never repeat).
+    pub fn new(
+        spec: Arc<TrackingSpec>,
+        stats: Arc<TrackStats>,
+        prefix: String,
+        numbers: Arc<AtomicU64>,
+    ) -> Self {
+        StreamTracker {
+            spec,
+            stats,
+            prefix,
+            numbers,
+            next_key: 0,
+            frame: 0,
+            labels: Vec::new(),
+            tracks: HashMap::new(),
+            by_crate: HashMap::new(),
+        }
+    }
+
+    /// Open tracks (tentative ones included).
+    pub fn open_tracks(&self) -> usize {
+        self.tracks.len()
+    }
+
+    /// The `{n}` the next confirmed track gets.
+    pub fn next_n(&self) -> u64 {
+        self.numbers.load(Ordering::Relaxed)
+    }
+
+    fn label_index(&mut self, label: &str) -> Option<u16> {
+        if let Some(i) = self.labels.iter().position(|(l, _)| l == label) {
+            return Some(i as u16);
+        }
+        if self.labels.len() >= MAX_LABELS {
+            return None;
+        }
+        self.labels.push((
+            label.to_string(),
+            ByteTrack::from_params(self.spec.byte_params()),
+        ));
+        Some((self.labels.len() - 1) as u16)
+    }
+
+    /// One frame's detections at time `at`.
+    pub fn update(&mut self, at: SystemTime, dets: &[Detection]) -> FrameOutput {
+        self.frame += 1;
+        let mut out = FrameOutput {
+            objects: vec![Tracked::default(); dets.len()],
+            events: Vec::new(),
+        };
+        // Per label: the detections' indices, then one ByteTrack step each
+        // (also for labels with none this frame, so their tracks age).
+        let mut per_label: Vec<Vec<usize>> = vec![Vec::new(); self.labels.len()];
+        for (i, d) in dets.iter().enumerate() {
+            if !(d.bbox.iter().all(|v| v.is_finite()) && d.score.is_finite()) {
+                self.stats.count_untracked("not_finite");
+                continue;
+            }
+            match self.label_index(&d.label) {
+                Some(l) => {
+                    if per_label.len() <= l as usize {
+                        per_label.resize(l as usize + 1, Vec::new());
+                    }
+                    per_label[l as usize].push(i);
+                }
+                None => self.stats.count_untracked("too_many_labels"),
+            }
+        }
+        let mut matched: Vec<(u16, u64, usize)> = Vec::new();
+        for (l, idx) in per_label.iter().enumerate() {
+            let input: Vec<([f32; 4], f32, i64)> = idx
+                .iter()
+                .map(|&i| {
+                    let b = dets[i].bbox;
+                    ([b[0], b[1], b[2] - b[0], b[3] - b[1]], dets[i].score, 0)
+                })
+                .collect();
+            for t in self.labels[l].1.update(input) {
+                if let Some(j) = t.det_ind.and_then(|j| idx.get(j)) {
+                    matched.push((l as u16, t.track_id, *j));
+                }
+            }
+        }
+        for (label, crate_id, i) in matched {
+            let key = match self.by_crate.get(&(label, crate_id)) {
+                Some(k) => *k,
+                None => self.adopt_or_create(label, crate_id, &dets[i], at),
+            };
+            let frame = self.frame;
+            let Some(t) = self.tracks.get_mut(&key) else {
+                continue;
+            };
+            let d = &dets[i];
+            t.hits = t.hits.saturating_add(1);
+            t.last_seen = at;
+            t.last_frame = frame;
+            t.bbox = d.bbox;
+            t.score = d.score;
+            let best = d.score > t.best_score;
+            if best {
+                t.best_score = d.score;
+                t.best_box = d.bbox;
+            }
+            if let Some((text, score)) = &d.text {
+                t.votes.add(text, *score);
+            }
+            let p = Point::bottom_centre(&d.bbox);
+            let still = (STILL_FRACTION * (d.bbox[3] - d.bbox[1]).abs()).max(1.0);
+            if p.distance(t.anchor) > still {
+                t.anchor = p;
+                t.anchor_since = at;
+                t.stationary = false;
+            } else if at.duration_since(t.anchor_since).unwrap_or_default()
+                >= self.spec.config.stationary_after
+            {
+                t.stationary = true;
+            }
+            self.areas(key, p, at);
+            if self.tracks.get(&key).is_some_and(|t| t.n.is_none())
+                && self.tracks[&key].hits >= self.spec.config.min_hits
+            {
+                self.confirm(key);
+            }
+            if let Some(t) = self.tracks.get(&key) {
+                out.objects[i] = Tracked {
+                    track: t.n.map(|n| format!("{}{n}", self.prefix)),
+                    stationary: t.stationary,
+                    best: best && t.n.is_some(),
+                    n: t.n,
+                };
+            }
+            self.flush_held(key, &mut out.events);
+        }
+        self.age(at, &mut out.events);
+        out
+    }
+
+    /// A new ByteTrack id: the continuation of a lost track of outpost's
+    /// that ByteTrack let go (a parked object missed for a while), or a new
+    /// tentative track.
+    fn adopt_or_create(&mut self, label: u16, crate_id: u64, d: &Detection, at: SystemTime) -> u64 {
+        let frame = self.frame;
+        let min_iou = self.spec.config.iou;
+        let lost = self
+            .tracks
+            .iter()
+            .filter(|(_, t)| t.label == label && t.n.is_some() && t.last_frame < frame)
+            .map(|(k, t)| (*k, crate::postprocess::iou(&t.bbox, &d.bbox)))
+            .filter(|(_, iou)| *iou >= min_iou)
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((key, _)) = lost {
+            if let Some(t) = self.tracks.get_mut(&key) {
+                self.by_crate.remove(&(t.label, t.crate_id));
+                t.crate_id = crate_id;
+            }
+            self.by_crate.insert((label, crate_id), key);
+            return key;
+        }
+        let key = self.next_key;
+        self.next_key += 1;
+        let p = Point::bottom_centre(&d.bbox);
+        self.tracks.insert(
+            key,
+            Track {
+                label,
+                crate_id,
+                n: None,
+                hits: 0,
+                first_seen: at,
+                last_seen: at,
+                last_frame: frame,
+                bbox: d.bbox,
+                score: d.score,
+                best_score: f32::NEG_INFINITY,
+                best_box: d.bbox,
+                anchor: p,
+                anchor_since: at,
+                stationary: false,
+                zones: vec![ZoneState::default(); self.spec.zones.len()],
+                lines: vec![LineState::default(); self.spec.lines.len()],
+                visited: Vec::new(),
+                crossed: Vec::new(),
+                votes: Votes::default(),
+                held: Vec::new(),
+            },
+        );
+        self.by_crate.insert((label, crate_id), key);
+        key
+    }
+
+    /// Zones and lines for a track seen at `p`.
+    fn areas(&mut self, key: u64, p: Point, at: SystemTime) {
+        let spec = Arc::clone(&self.spec);
+        let Some(t) = self.tracks.get_mut(&key) else {
+            return;
+        };
+        let label = self.labels[t.label as usize].0.as_str();
+        let (bbox, score) = (t.bbox, t.score);
+        for (zi, z) in spec.zones.iter().enumerate() {
+            if !z.counts(label) {
+                continue;
+            }
+            let kind = match t.zones[zi].step(z, p, at) {
+                None => continue,
+                Some(ZoneChange::Enter { at: when }) => {
+                    if !t.visited.contains(&zi) {
+                        t.visited.push(zi);
+                    }
+                    (
+                        EventKind::ZoneEnter {
+                            zone: z.name.clone(),
+                        },
+                        when,
+                    )
+                }
+                Some(ZoneChange::Leave { at: when, dwell }) => (
+                    EventKind::ZoneLeave {
+                        zone: z.name.clone(),
+                        dwell_s: dwell.as_secs_f64(),
+                    },
+                    when,
+                ),
+                Some(ZoneChange::Loiter { dwell }) => (
+                    EventKind::Loiter {
+                        zone: z.name.clone(),
+                        dwell_s: dwell.as_secs_f64(),
+                    },
+                    at,
+                ),
+            };
+            t.held.push((kind.0, bbox, score, kind.1));
+        }
+        let margin = line_margin(&bbox);
+        for (li, l) in spec.lines.iter().enumerate() {
+            if !l.counts(label) {
+                continue;
+            }
+            if let Some((direction, when)) = t.lines[li].step(l, p, margin, at) {
+                t.crossed.push(Crossing {
+                    line: l.name.clone(),
+                    direction,
+                });
+                t.held.push((
+                    EventKind::LineCross {
+                        line: l.name.clone(),
+                        direction,
+                    },
+                    bbox,
+                    score,
+                    when,
+                ));
+            }
+        }
+    }
+
+    fn confirm(&mut self, key: u64) {
+        let n = self.numbers.fetch_add(1, Ordering::Relaxed);
+        let Some(t) = self.tracks.get_mut(&key) else {
+            return;
+        };
+        t.n = Some(n);
+        let kind = EventKind::TrackStart {
+            first_seen: t.first_seen,
+        };
+        let (bbox, score, at) = (t.bbox, t.score, t.last_seen);
+        t.held.insert(0, (kind, bbox, score, at));
+        self.stats.track_started();
+    }
+
+    /// Tells a confirmed track's held events.
+    fn flush_held(&mut self, key: u64, events: &mut Vec<Event>) {
+        let Some(t) = self.tracks.get_mut(&key) else {
+            return;
+        };
+        let Some(n) = t.n else {
+            return;
+        };
+        if t.held.is_empty() {
+            return;
+        }
+        let label = &self.labels[t.label as usize].0;
+        for (kind, bbox, score, ts) in t.held.drain(..) {
+            self.stats.event(&kind, label);
+            events.push(Event {
+                kind,
+                track: format!("{}{n}", self.prefix),
+                label: label.clone(),
+                bbox,
+                score,
+                ts,
+            });
+        }
+    }
+
+    /// Ends what is too old and what is over `max_tracks`; drops tentative
+    /// tracks that missed this frame.
+    fn age(&mut self, at: SystemTime, events: &mut Vec<Event>) {
+        let frame = self.frame;
+        let c = &self.spec.config;
+        let (max_age, parked_age) = (c.max_age, c.stationary_max_age);
+        let mut gone: Vec<(u64, Option<EndReason>)> = Vec::new();
+        for (k, t) in &self.tracks {
+            if t.last_frame == frame {
+                continue;
+            }
+            if t.n.is_none() {
+                gone.push((*k, None));
+                continue;
+            }
+            let limit = if t.stationary { parked_age } else { max_age };
+            if at.duration_since(t.last_seen).unwrap_or_default() > limit {
+                gone.push((*k, Some(EndReason::Lost)));
+            }
+        }
+        let over = self.tracks.len().saturating_sub(gone.len());
+        if over > c.max_tracks {
+            let mut rest: Vec<(u64, SystemTime, u64)> = self
+                .tracks
+                .iter()
+                .filter(|(k, _)| !gone.iter().any(|g| g.0 == **k))
+                .map(|(k, t)| (*k, t.last_seen, t.last_frame))
+                .collect();
+            rest.sort_by(|a, b| a.1.cmp(&b.1).then(a.2.cmp(&b.2)));
+            for (k, _, _) in rest.into_iter().take(over - c.max_tracks) {
+                gone.push((k, Some(EndReason::Evicted)));
+            }
+        }
+        // Ends in a stable order (oldest number first) for readable records.
+        gone.sort_by_key(|(k, _)| self.tracks.get(k).and_then(|t| t.n).unwrap_or(0));
+        for (k, reason) in gone {
+            match reason {
+                None => {
+                    if let Some(t) = self.tracks.remove(&k) {
+                        self.by_crate.remove(&(t.label, t.crate_id));
+                    }
+                }
+                Some(r) => self.end(k, r, at, events),
+            }
+        }
+    }
+
+    fn end(&mut self, key: u64, reason: EndReason, at: SystemTime, events: &mut Vec<Event>) {
+        let Some(mut t) = self.tracks.remove(&key) else {
+            return;
+        };
+        self.by_crate.remove(&(t.label, t.crate_id));
+        let Some(n) = t.n else {
+            return;
+        };
+        let label = self.labels[t.label as usize].0.clone();
+        let track = format!("{}{n}", self.prefix);
+        // Leave the zones it is in, so occupancy returns to zero.
+        for (zi, z) in self.spec.zones.iter().enumerate() {
+            if t.zones[zi].inside() {
+                let dwell = t.zones[zi]
+                    .entered_at()
+                    .and_then(|e| t.last_seen.duration_since(e).ok())
+                    .unwrap_or(Duration::ZERO);
+                let kind = EventKind::ZoneLeave {
+                    zone: z.name.clone(),
+                    dwell_s: dwell.as_secs_f64(),
+                };
+                self.stats.event(&kind, &label);
+                events.push(Event {
+                    kind,
+                    track: track.clone(),
+                    label: label.clone(),
+                    bbox: t.bbox,
+                    score: t.score,
+                    ts: t.last_seen,
+                });
+            }
+        }
+        let vote = t.votes.winner();
+        let summary = TrackSummary {
+            reason,
+            first_seen: t.first_seen,
+            last_seen: t.last_seen,
+            frames: t.hits as u64,
+            best_score: t.best_score,
+            best_box: t.best_box,
+            zones: t
+                .visited
+                .iter()
+                .map(|&z| self.spec.zones[z].name.clone())
+                .collect(),
+            lines: std::mem::take(&mut t.crossed),
+            stationary: t.stationary,
+            snapshot: None,
+            text: vote.as_ref().map(|v| v.0.clone()),
+            text_agreement: vote.as_ref().map(|v| v.1),
+            text_reads: vote.as_ref().map(|v| v.2),
+        };
+        let kind = EventKind::TrackEnd(Box::new(summary));
+        self.stats.event(&kind, &label);
+        self.stats.track_ended(reason);
+        events.push(Event {
+            kind,
+            track,
+            label,
+            bbox: t.bbox,
+            score: t.score,
+            // A lost track ended when it was last seen; the others now.
+            ts: if reason == EndReason::Lost {
+                t.last_seen
+            } else {
+                at
+            },
+        });
+    }
+
+    /// Ends every open track (the stream left, or the daemon stops):
+    /// confirmed ones with `track_end` and `reason`, tentative ones silently.
+    pub fn finish(&mut self, reason: EndReason, at: SystemTime) -> Vec<Event> {
+        let mut keys: Vec<(u64, u64)> = self
+            .tracks
+            .iter()
+            .map(|(k, t)| (t.n.unwrap_or(0), *k))
+            .collect();
+        keys.sort_unstable();
+        let mut events = Vec::new();
+        for (_, k) in keys {
+            self.end(k, reason, at, &mut events);
+        }
+        self.by_crate.clear();
+        events
+    }
+}
+
+impl Drop for StreamTracker {
+    /// Keeps the gauges right when a tracker goes without `finish`.
+    fn drop(&mut self) {
+        for t in self.tracks.values().filter(|t| t.n.is_some()) {
+            let label = &self.labels[t.label as usize].0;
+            for (zi, z) in self.spec.zones.iter().enumerate() {
+                if t.zones[zi].inside() {
+                    self.stats.zone_forgotten(&z.name, label);
+                }
+            }
+            self.stats.track_forgotten();
+        }
+    }
+}

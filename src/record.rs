@@ -204,20 +204,39 @@ impl Event {
     }
 }
 
+/// The time an event is stamped with and, while the clock is not trusted,
+/// its mark (the daemon passes the clock's; this room stays a leaf).
+pub type StampFn = fn() -> (String, Option<ClockMark>);
+
+/// The system clock as it is, unmarked.
+pub fn plain_stamp() -> (String, Option<ClockMark>) {
+    (rfc3339(std::time::SystemTime::now()), None)
+}
+
 impl EventRecord {
     /// An event of `pipeline` on `stream`, with the next id and the time now.
     pub fn new(ids: &IdGen, pipeline: &str, stream: &str, event: Event) -> EventRecord {
+        EventRecord::stamped(ids, pipeline, stream, event, plain_stamp())
+    }
+
+    /// The same, with the time and mark a clock gave.
+    pub fn stamped(
+        ids: &IdGen,
+        pipeline: &str,
+        stream: &str,
+        event: Event,
+        stamp: (String, Option<ClockMark>),
+    ) -> EventRecord {
         let (id, seq) = ids.next();
-        let stamp = crate::clock::stamp();
         EventRecord {
             id,
             device: ids.device.clone(),
             pipeline: pipeline.to_string(),
             stream: stream.to_string(),
             seq,
-            ts: stamp.ts,
+            ts: stamp.0,
             event,
-            clock: stamp.mark,
+            clock: stamp.1,
         }
     }
 
@@ -249,13 +268,19 @@ pub trait EventSink: Send + Sync {
 pub struct Events {
     pub ids: Arc<IdGen>,
     pub sink: Arc<dyn EventSink>,
+    pub stamp: StampFn,
 }
 
 impl Events {
     /// Makes the record (next id, time now) and stores it.
     pub fn emit(&self, pipeline: &str, stream: &str, event: Event) -> Result<(), EventError> {
-        self.sink
-            .store_event(&EventRecord::new(&self.ids, pipeline, stream, event))
+        self.sink.store_event(&EventRecord::stamped(
+            &self.ids,
+            pipeline,
+            stream,
+            event,
+            (self.stamp)(),
+        ))
     }
 }
 
@@ -393,6 +418,7 @@ mod tests {
         let events = Events {
             ids,
             sink: keep.clone(),
+            stamp: plain_stamp,
         };
         events.emit("gate", "gate", Event::camera_up("c")).unwrap();
         let got = keep.0.lock().unwrap();

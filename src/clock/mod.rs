@@ -533,6 +533,12 @@ pub fn stamp() -> Stamp {
     global().stamp()
 }
 
+/// [`stamp`] as the event records take it.
+pub fn stamp_parts() -> (String, Option<ClockMark>) {
+    let s = global().stamp();
+    (s.ts, s.mark)
+}
+
 /// Sets `ts` (and the mark, while untrusted) of a `json!` record.
 pub fn stamp_json(record: &mut serde_json::Value) {
     global().stamp_json(record)

@@ -140,7 +140,11 @@ impl Daemon {
             outbox: outbox.clone(),
             ids: ids.clone(),
             sink: sink.clone(),
-            events: Events { ids, sink },
+            events: Events {
+                ids,
+                sink,
+                stamp: crate::clock::stamp_parts,
+            },
             models: HashMap::new(),
             broker_started: None,
             realtime: realtime.clone(),

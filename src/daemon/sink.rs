@@ -96,6 +96,7 @@ mod tests {
         let events = Events {
             ids: Arc::new(IdGen::new("gw".into(), 1)),
             sink: sink.clone(),
+            stamp: crate::record::plain_stamp,
         };
         events
             .emit("gate", "gate", Event::camera_down("cam", "refused"))

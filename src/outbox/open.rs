@@ -95,6 +95,9 @@ fn load_inner(dir: &Path, cfg: &OutboxConfig) -> Result<Loaded, Failure> {
         .cache_capacity(cfg.cache_capacity)
         // The group commit flushes; sled's own 500 ms flusher would only add I/O.
         .flush_every_ms(None)
+        // As the database was made (sled refuses the other setting); a new
+        // one as configured (see upgrade.rs).
+        .use_compression(super::upgrade::compressed_on_disk(dir).unwrap_or(cfg.compress))
         .open()
         .map_err(classify)?;
     let records = db.open_tree("records").map_err(classify)?;

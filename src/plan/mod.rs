@@ -43,6 +43,7 @@
 //! does not fit; the plan's verdict is its worst pool's.
 
 mod facts;
+pub mod flash;
 pub mod graph;
 pub mod target;
 

@@ -10,6 +10,11 @@ use std::sync::OnceLock;
 pub struct ProcessSample {
     pub resident_bytes: Option<u64>,
     pub cpu_seconds: Option<f64>,
+    /// Bytes this process caused to be written to storage (`write_bytes`
+    /// of /proc/self/io: pages it dirtied, counted again each time a page
+    /// written back is dirtied anew): what the flash takes, the outbox's
+    /// log above all. None where the kernel keeps no task I/O accounting.
+    pub written_bytes: Option<u64>,
 }
 
 /// Resident memory and CPU time of this process.
@@ -32,9 +37,15 @@ pub fn process() -> ProcessSample {
             let stime: f64 = f.get(12)?.parse().ok()?;
             Some((utime + stime) / clock_ticks())
         });
+    let written_bytes = std::fs::read_to_string("/proc/self/io").ok().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("write_bytes:"))
+            .and_then(|v| v.trim().parse().ok())
+    });
     ProcessSample {
         resident_bytes,
         cpu_seconds,
+        written_bytes,
     }
 }
 

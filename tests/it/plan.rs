@@ -168,3 +168,51 @@ fn plan_cpu_estimate_is_near_bench_peak_rss() {
         );
     }
 }
+
+/// `--records-per-second`: the flash's daily writes grow with the rate, a
+/// slower group commit (from the config) writes less, and the lifetime
+/// follows the flash's size; without a model or a rate it is a usage error.
+#[test]
+fn plan_gives_the_flash_writes_a_day_for_a_record_rate() {
+    let flash = |args: &[&str]| {
+        let mut a = vec!["plan", "--json"];
+        a.extend_from_slice(args);
+        json(&run(outpost().args(&a)))["flash"].clone()
+    };
+    let slow = flash(&["--records-per-second", "20"]);
+    let fast = flash(&["--records-per-second", "500", "--flash-size", "32GB"]);
+    let day = |f: &serde_json::Value| f["written_bytes_per_day"].as_f64().unwrap();
+    assert!(day(&fast) > day(&slow), "{fast} {slow}");
+    assert!(fast["lifetime_days"].as_f64().unwrap() > 100.0, "{fast}");
+    assert!(slow["lifetime_days"].is_null());
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("outpost.toml");
+    std::fs::write(&cfg, "[outbox]\nflush_interval = \"100ms\"\n").unwrap();
+    let v = json(&run(outpost().args([
+        "--config",
+        cfg.to_str().unwrap(),
+        "plan",
+        "--json",
+        "--records-per-second",
+        "500",
+    ])));
+    assert_eq!(v["flash"]["commits_per_second"], 10.0);
+    assert!(day(&v["flash"]) < day(&fast));
+    // With a model too, both plans in one object.
+    let both = json(&run(outpost().args([
+        "plan",
+        "--json",
+        "--model",
+        "classifier",
+        "--target",
+        "x86_64-cpu",
+        "--records-per-second",
+        "20",
+    ])));
+    assert!(
+        both["verdict"].is_string() && both["flash"].is_object(),
+        "{both}"
+    );
+    let o = run(outpost().args(["plan"]));
+    assert_fails(&o, 2, "records-per-second");
+}

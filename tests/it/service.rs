@@ -135,6 +135,14 @@ fn metrics_scraped_from_a_running_daemon_parse_and_count() {
             &[]
         ) > 1e6
     );
+    // The records' commits reached the disk: the flash's writes are counted.
+    assert!(
+        value(
+            "outpost_process_written_bytes",
+            "outpost_process_written_bytes_total",
+            &[]
+        ) > 0.0
+    );
     // No GPU here: GPU families are absent, not zero.
     assert!(m.get("outpost_gpu_utilization_ratio").is_none());
 }

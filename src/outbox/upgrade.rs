@@ -1,0 +1,293 @@
+//! Converting the on-disk layout: a database written without compression
+//! (every outbox made before compressed logs) is copied, tree by tree, into
+//! a compressed one at the daemon's open and swapped in by two renames; and
+//! back, when `compress = false` is set.
+//!
+//! sled keeps `use_compression` in its `conf` file and refuses to open a
+//! database with the other setting, so a database is always opened the way
+//! its `conf` says ([`compressed_on_disk`]); the conversion only decides
+//! which one that is.
+//!
+//! Crash safety. The copy goes to `<dir>.copy`; only once it is complete
+//! and durable (sled flush, fdatasync of its log, the `boot` sidecar copied,
+//! a `complete` marker written and the folder fsynced) is the old folder
+//! renamed to `<dir>.old` and the copy renamed to `<dir>`, then the old one
+//! removed. [`resume`], called first at every open, finishes or discards
+//! whatever a crash left: an incomplete copy is removed (the old database
+//! is still in place), a complete copy with no `<dir>` left is renamed in,
+//! and a `<dir>.old` beside a working `<dir>` is removed. A failed
+//! conversion (a full disk, say: the copy needs room for a second database)
+//! leaves the old database in place and in use; it is tried again at the
+//! next start.
+
+use std::path::{Path, PathBuf};
+
+use super::commit::sync_dir;
+use super::open::BOOT_FILE;
+
+const COMPLETE: &str = "complete";
+
+/// Whether the database in `dir` was made with compression; None when there
+/// is none yet (a new database is made compressed).
+pub fn compressed_on_disk(dir: &Path) -> Option<bool> {
+    let raw = std::fs::read(dir.join("conf")).ok()?;
+    let text = String::from_utf8_lossy(&raw);
+    text.lines()
+        .find_map(|l| l.strip_prefix("use_compression:"))
+        .map(|v| v.trim() == "true")
+}
+
+fn sibling(dir: &Path, suffix: &str) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(suffix);
+    dir.with_file_name(name)
+}
+
+fn parent(dir: &Path) -> PathBuf {
+    match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Finishes or discards an upgrade that a crash interrupted.
+pub fn resume(dir: &Path) -> std::io::Result<()> {
+    let copy = sibling(dir, ".copy");
+    let old = sibling(dir, ".old");
+    if copy.exists() {
+        if copy.join(COMPLETE).is_file() && !dir.join("db").is_file() {
+            if dir.exists() {
+                std::fs::remove_dir_all(dir)?;
+            }
+            std::fs::rename(&copy, dir)?;
+            sync_dir(&parent(dir)).map_err(std::io::Error::other)?;
+            tracing::info!(path = %dir.display(), "outbox: finished an interrupted conversion of its layout");
+        } else {
+            std::fs::remove_dir_all(&copy)?;
+        }
+    }
+    if old.exists() && dir.join("db").is_file() {
+        std::fs::remove_dir_all(&old)?;
+    }
+    Ok(())
+}
+
+/// Copies the database in `dir` into one of the layout `compress` names
+/// and swaps it in, when it is of the other one. Returns the records
+/// copied; Ok(None) when there was nothing to do.
+pub fn convert(dir: &Path, compress: bool, cache_capacity: u64) -> Result<Option<u64>, String> {
+    if compressed_on_disk(dir).is_none_or(|c| c == compress) {
+        return Ok(None);
+    }
+    let copy = sibling(dir, ".copy");
+    let old_dir = sibling(dir, ".old");
+    let n = copy_into(dir, &copy, cache_capacity, compress).inspect_err(|_| {
+        let _ = std::fs::remove_dir_all(&copy);
+    })?;
+    let step = |what: &str, e: std::io::Error| format!("{what}: {e}");
+    std::fs::rename(dir, &old_dir).map_err(|e| step("move the old database aside", e))?;
+    std::fs::rename(&copy, dir).map_err(|e| step("move the copy in", e))?;
+    sync_dir(&parent(dir)).map_err(|e| e.to_string())?;
+    std::fs::remove_dir_all(&old_dir).map_err(|e| step("remove the old database", e))?;
+    Ok(Some(n))
+}
+
+/// Copies the database in `dir` (opened as it was made) into `copy`, made
+/// with `compress`; durable and marked complete when it returns.
+fn copy_into(dir: &Path, copy: &Path, cache_capacity: u64, compress: bool) -> Result<u64, String> {
+    let open = |path: &Path, compress: bool| {
+        sled::Config::new()
+            .path(path)
+            .cache_capacity(cache_capacity)
+            .flush_every_ms(None)
+            .use_compression(compress)
+            .open()
+    };
+    if copy.exists() {
+        std::fs::remove_dir_all(copy).map_err(|e| format!("remove an old copy: {e}"))?;
+    }
+    let old = open(dir, compressed_on_disk(dir).unwrap_or(false))
+        .map_err(|e| format!("open the old database: {e}"))?;
+    let new = open(copy, compress).map_err(|e| format!("create the copy: {e}"))?;
+    let mut records = 0u64;
+    for name in old.tree_names() {
+        let from = old
+            .open_tree(&name)
+            .map_err(|e| format!("open a tree: {e}"))?;
+        let to = new
+            .open_tree(&name)
+            .map_err(|e| format!("create a tree: {e}"))?;
+        let mut batch = sled::Batch::default();
+        let mut in_batch = 0;
+        for kv in from.iter() {
+            let (k, v) = kv.map_err(|e| format!("read: {e}"))?;
+            batch.insert(k, v);
+            in_batch += 1;
+            if name == b"records".as_slice() {
+                records += 1;
+            }
+            if in_batch == 4096 {
+                to.apply_batch(std::mem::take(&mut batch))
+                    .map_err(|e| format!("write: {e}"))?;
+                in_batch = 0;
+            }
+        }
+        to.apply_batch(batch).map_err(|e| format!("write: {e}"))?;
+    }
+    new.flush().map_err(|e| format!("flush the copy: {e}"))?;
+    // sled's flush does not reach the disk (see commit.rs): fdatasync its log.
+    std::fs::File::open(copy.join("db"))
+        .and_then(|f| f.sync_data())
+        .map_err(|e| format!("fsync the copy: {e}"))?;
+    drop(new);
+    drop(old);
+    let sidecar = dir.join(BOOT_FILE);
+    if sidecar.is_file() {
+        std::fs::copy(&sidecar, copy.join(BOOT_FILE))
+            .map_err(|e| format!("copy {BOOT_FILE}: {e}"))?;
+    }
+    for f in [BOOT_FILE, "conf"] {
+        if let Ok(h) = std::fs::File::open(copy.join(f)) {
+            h.sync_all().map_err(|e| format!("fsync {f}: {e}"))?;
+        }
+    }
+    let done =
+        std::fs::File::create(copy.join(COMPLETE)).map_err(|e| format!("mark complete: {e}"))?;
+    done.sync_all().map_err(|e| format!("mark complete: {e}"))?;
+    sync_dir(copy).map_err(|e| e.to_string())?;
+    Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn old_db(dir: &Path, n: u64) {
+        let db = sled::Config::new()
+            .path(dir)
+            .use_compression(false)
+            .open()
+            .unwrap();
+        let t = db.open_tree("records").unwrap();
+        for i in 0..n {
+            t.insert(i.to_be_bytes(), format!("record {i}").as_bytes())
+                .unwrap();
+        }
+        db.open_tree("meta")
+            .unwrap()
+            .insert("boot", &3u64.to_be_bytes())
+            .unwrap();
+        db.flush().unwrap();
+        std::fs::write(dir.join(BOOT_FILE), "3\n").unwrap();
+    }
+
+    #[test]
+    fn an_uncompressed_database_is_copied_whole_and_swapped_in() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("outbox");
+        old_db(&dir, 5000);
+        assert_eq!(compressed_on_disk(&dir), Some(false));
+        assert_eq!(convert(&dir, true, 8 << 20).unwrap(), Some(5000));
+        assert_eq!(compressed_on_disk(&dir), Some(true));
+        assert!(!sibling(&dir, ".copy").exists());
+        assert!(!sibling(&dir, ".old").exists());
+        assert_eq!(std::fs::read_to_string(dir.join(BOOT_FILE)).unwrap(), "3\n");
+        let db = sled::Config::new()
+            .path(&dir)
+            .use_compression(true)
+            .open()
+            .unwrap();
+        let t = db.open_tree("records").unwrap();
+        assert_eq!(t.len(), 5000);
+        assert_eq!(
+            t.get(4321u64.to_be_bytes()).unwrap().unwrap(),
+            b"record 4321".as_slice()
+        );
+        // Nothing more to do the second time.
+        drop(t);
+        drop(db);
+        assert_eq!(convert(&dir, true, 8 << 20).unwrap(), None);
+        // And back, when compression is turned off.
+        assert_eq!(convert(&dir, false, 8 << 20).unwrap(), Some(5000));
+        assert_eq!(compressed_on_disk(&dir), Some(false));
+    }
+
+    /// An outbox of the first layout (the same records, trees and sidecar,
+    /// uncompressed): the daemon's open upgrades it and serves every record,
+    /// dead letter and boot number as they were.
+    #[test]
+    fn an_outbox_of_the_first_layout_opens_with_every_record_in_order() {
+        use crate::outbox::{Outbox, OutboxConfig};
+        let tmp = tempfile::tempdir().unwrap();
+        let made = tmp.path().join("made");
+        let ob = Outbox::open(&made, OutboxConfig::default()).unwrap();
+        let keys: Vec<_> = (0..300)
+            .map(|i| {
+                ob.append(&format!("s{}", i % 3), format!("record {i}").as_bytes())
+                    .unwrap()
+            })
+            .collect();
+        ob.dead_letter(keys[7], "refused by the fleet").unwrap();
+        ob.ack(&keys[..5]).unwrap();
+        ob.close().unwrap();
+        // The same database as the first layout wrote it.
+        let dir = tmp.path().join("outbox");
+        copy_into(&made, &dir, 8 << 20, false).unwrap();
+        std::fs::remove_file(dir.join(COMPLETE)).unwrap();
+        assert_eq!(compressed_on_disk(&dir), Some(false));
+
+        let ob = Outbox::open(&dir, OutboxConfig::default()).unwrap();
+        assert_eq!(compressed_on_disk(&dir), Some(true));
+        assert_eq!(ob.boot(), 2, "the boot counter carried over");
+        let pending = ob.pending(None, 1000).unwrap();
+        let want: Vec<_> = keys[5..]
+            .iter()
+            .filter(|k| **k != keys[7])
+            .copied()
+            .collect();
+        assert_eq!(pending.iter().map(|e| e.key).collect::<Vec<_>>(), want);
+        assert_eq!(pending[0].record, b"record 5");
+        assert_eq!(pending[0].stream, "s2");
+        let dead = ob.dead_letters(None, 10).unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].reason, "refused by the fleet");
+        let st = ob.stats();
+        assert_eq!((st.records, st.dead_letters), (294, 1));
+        // New appends follow the old keys.
+        let k = ob.append("s0", b"after the upgrade").unwrap();
+        assert!(k > *keys.last().unwrap());
+        ob.close().unwrap();
+    }
+
+    #[test]
+    fn a_copy_interrupted_before_it_was_complete_is_discarded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("outbox");
+        old_db(&dir, 10);
+        let copy = sibling(&dir, ".copy");
+        std::fs::create_dir_all(&copy).unwrap();
+        std::fs::write(copy.join("db"), b"half a copy").unwrap();
+        resume(&dir).unwrap();
+        assert!(!copy.exists());
+        assert_eq!(
+            compressed_on_disk(&dir),
+            Some(false),
+            "the old database stays"
+        );
+    }
+
+    #[test]
+    fn a_complete_copy_left_between_the_renames_is_moved_in() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("outbox");
+        old_db(&dir, 10);
+        let copy = sibling(&dir, ".copy");
+        copy_into(&dir, &copy, 8 << 20, true).unwrap();
+        // The crash: the old one moved aside, the copy not yet in.
+        std::fs::rename(&dir, sibling(&dir, ".old")).unwrap();
+        resume(&dir).unwrap();
+        assert_eq!(compressed_on_disk(&dir), Some(true));
+        assert!(!sibling(&dir, ".old").exists());
+        assert!(!copy.exists());
+    }
+}

@@ -200,8 +200,11 @@ pub(super) fn add_decode_probe(parser: &gst::Element, sh: &Arc<Shared>) -> Resul
 }
 
 /// Counts decoded frames and asks each reader's fps gate about them, before
-/// colour conversion: a frame no reader wants goes no further.
-pub(super) fn add_gate_probe(pad: &gst::Pad, sh: &Arc<Shared>) {
+/// colour conversion: a frame no reader wants goes no further. With `drop`
+/// false (the gate on the appsink's own pad: a custom pipeline) such a
+/// frame is let through and `on_sample` passes it by: GStreamer 1.22 unrefs
+/// a buffer dropped there twice (a GStreamer-CRITICAL per dropped frame).
+pub(super) fn add_gate_probe(pad: &gst::Pad, sh: &Arc<Shared>, drop: bool) {
     let g = sh.clone();
     pad.add_probe(gst::PadProbeType::BUFFER, move |_, info| {
         g.add(|s| &s.frames_in);
@@ -223,7 +226,7 @@ pub(super) fn add_gate_probe(pad: &gst::Pad, sh: &Arc<Shared>) {
                 a
             })
             .collect();
-        if !admitted.contains(&true) {
+        if drop && !admitted.contains(&true) {
             return gst::PadProbeReturn::Drop;
         }
         *lock(&g.admitted) = Some((pts, admitted));
@@ -253,6 +256,9 @@ pub(super) fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Samp
             _ => sh.readers.iter().collect(),
         }
     };
+    if takers.is_empty() {
+        return;
+    }
     let bad = |detail: &str| {
         for r in &takers {
             r.ctx.count_drop("bad_frame", detail);

@@ -400,12 +400,14 @@ fn build(
         .and_then(|e| e.downcast::<gst_app::AppSink>().ok())
         .ok_or("the pipeline has no `appsink name=outpost`")?;
     // The fps gates sit before colour conversion when there is one of ours.
-    let gate_pad = pipeline
+    let ours = pipeline
         .by_name("outpost_convert")
-        .and_then(|c| c.static_pad("sink"))
+        .and_then(|c| c.static_pad("sink"));
+    let dropping = ours.is_some();
+    let gate_pad = ours
         .or_else(|| sink.static_pad("sink"))
         .ok_or("the appsink has no sink pad")?;
-    add_gate_probe(&gate_pad, sh);
+    add_gate_probe(&gate_pad, sh, dropping);
     // I420 straight from a software decoder (videoconvert passes it
     // through), RGB from anything else: see `preprocess::raw`.
     sink.set_caps(Some(

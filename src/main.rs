@@ -6,6 +6,7 @@ use clap::Parser;
 use outpost::backend::ort::RuntimeError;
 use outpost::cli::{self, Cli, infer::BadInput};
 use outpost::config::ConfigError;
+use outpost::daemon::DaemonError;
 use outpost::model::registry::ModelError;
 
 /// Exit codes scripts can rely on.
@@ -27,7 +28,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            let code = if e.is::<RuntimeError>() {
+            let runtime = matches!(e.downcast_ref::<DaemonError>(), Some(DaemonError::Runtime(_)));
+            let code = if e.is::<RuntimeError>() || runtime {
                 EXIT_RUNTIME
             } else if e.is::<ModelError>() {
                 EXIT_MODEL

@@ -65,6 +65,19 @@ impl ApiState {
     }
 }
 
+/// Why the API's state changes could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("api.token_file {}", .path.display())]
+    TokenFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("api.token_file {}: the token must be at least 16 characters", .path.display())]
+    TokenTooShort { path: std::path::PathBuf },
+}
+
 /// Requests that change the daemon's state: a bearer token guards them.
 #[derive(Clone)]
 pub struct Control {
@@ -77,17 +90,16 @@ impl Control {
     pub fn from_config(
         cfg: &crate::config::ApiConfig,
         reload: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<Result<(), String>>>,
-    ) -> anyhow::Result<Control> {
+    ) -> Result<Control, ControlError> {
         let token = match &cfg.token_file {
             Some(p) => {
-                let t = std::fs::read_to_string(p)
-                    .map_err(|e| anyhow::anyhow!("api.token_file {}: {e}", p.display()))?;
+                let t = std::fs::read_to_string(p).map_err(|source| ControlError::TokenFile {
+                    path: p.clone(),
+                    source,
+                })?;
                 let t = t.trim().to_string();
                 if t.len() < 16 {
-                    anyhow::bail!(
-                        "api.token_file {}: the token must be at least 16 characters",
-                        p.display()
-                    );
+                    return Err(ControlError::TokenTooShort { path: p.clone() });
                 }
                 Some(Arc::new(t))
             }

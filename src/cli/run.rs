@@ -37,5 +37,6 @@ pub fn run(cli: &super::Cli, a: &RunArgs) -> anyhow::Result<()> {
             config_path: Some(path.clone()),
             model_dir_override,
         },
-    )
+    )?;
+    Ok(())
 }

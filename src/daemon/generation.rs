@@ -24,7 +24,7 @@ use super::lifecycle::{GenerationStop, Lifecycle};
 
 /// Why a generation could not be built or started.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum GenerationError {
+pub enum GenerationError {
     /// Every pipeline was refused (one that starts is enough to serve).
     #[error("no pipeline could start:\n  {}", list(.0))]
     NoPipeline(Vec<Refused>),
@@ -41,7 +41,7 @@ pub(super) enum GenerationError {
 
 /// A model or pipeline left out of a generation (its pipelines do not run).
 #[derive(Debug, thiserror::Error)]
-pub(super) enum Refused {
+pub enum Refused {
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error("model {model}: {source}")]

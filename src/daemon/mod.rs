@@ -34,12 +34,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::Context;
 use sd_notify::NotifyState;
 
 use crate::config::Config;
 use crate::pipeline::realtime::RealtimeStats;
 
+mod error;
 mod generation;
 mod lifecycle;
 mod model_host;
@@ -47,6 +47,7 @@ mod process;
 mod reload;
 mod sink;
 
+pub use error::{DaemonError, GenerationError, Refused};
 pub use model_host::DaemonModelHost;
 use process::{Daemon, ReloadReply};
 use reload::ReloadError;
@@ -69,7 +70,7 @@ fn notify(states: &[NotifyState]) {
     }
 }
 /// Runs the daemon until SIGTERM or SIGINT.
-pub fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
+pub fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     // Camera frames: allocator settings before any thread exists (see camera/run.rs).
     #[cfg(feature = "camera")]
     if cfg
@@ -92,7 +93,7 @@ pub fn run(cfg: Config, opts: RunOptions) -> anyhow::Result<()> {
         let stats = realtime.clone();
         builder.on_thread_start(move || crate::pipeline::realtime::fifo_io_thread(p, &stats));
     }
-    let rt = builder.build().context("tokio runtime")?;
+    let rt = builder.build().map_err(DaemonError::AsyncRuntime)?;
     let exit = rt.block_on(run_async(cfg, opts, realtime))?;
     drop(rt);
     if exit == Exit::Restart {
@@ -127,7 +128,7 @@ async fn run_async(
     cfg: Config,
     opts: RunOptions,
     realtime: Arc<RealtimeStats>,
-) -> anyhow::Result<Exit> {
+) -> Result<Exit, DaemonError> {
     // A new daemon slot on trial must say READY in time.
     let deadline = cfg
         .ota
@@ -242,7 +243,7 @@ impl Daemon {
     /// Sources stop taking frames, workers finish every queued frame, then
     /// the API, the OTA agent and the uplink stop, and the outbox is
     /// flushed and fsynced.
-    async fn stop(self) -> anyhow::Result<()> {
+    async fn stop(self) -> Result<(), DaemonError> {
         tracing::info!("stopping: sources first, then the queued frames, then the outbox");
         notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
         self.ready.store(false, Ordering::SeqCst);
@@ -261,7 +262,7 @@ impl Daemon {
         let outbox = self.core.outbox.clone();
         tokio::task::spawn_blocking(move || outbox.close())
             .await?
-            .context("closing the outbox")?;
+            .map_err(DaemonError::CloseOutbox)?;
         tracing::info!("stopped");
         Ok(())
     }

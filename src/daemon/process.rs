@@ -8,7 +8,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use anyhow::Context;
 use arc_swap::ArcSwap;
 use sd_notify::NotifyState;
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -29,6 +28,7 @@ use crate::source::http::HttpIngress;
 use crate::telemetry::metrics::MetricSource;
 use crate::uplink::{self, Uplink};
 
+use super::error::DaemonError;
 use super::generation::{Core, Generation, session_options};
 use super::lifecycle::Lifecycle;
 use super::model_host::DaemonModelHost;
@@ -72,11 +72,14 @@ pub(super) struct Signals {
 }
 
 impl Signals {
-    fn new() -> anyhow::Result<Signals> {
+    fn new() -> Result<Signals, DaemonError> {
+        let handler = |kind, what| {
+            signal(kind).map_err(|source| DaemonError::Signal { what, source })
+        };
         Ok(Signals {
-            term: signal(SignalKind::terminate()).context("SIGTERM handler")?,
-            int: signal(SignalKind::interrupt()).context("SIGINT handler")?,
-            hup: signal(SignalKind::hangup()).context("SIGHUP handler")?,
+            term: handler(SignalKind::terminate(), "SIGTERM")?,
+            int: handler(SignalKind::interrupt(), "SIGINT")?,
+            hup: handler(SignalKind::hangup(), "SIGHUP")?,
         })
     }
 }
@@ -109,17 +112,22 @@ impl Daemon {
         cfg: Config,
         opts: RunOptions,
         realtime: Arc<RealtimeStats>,
-    ) -> anyhow::Result<Daemon> {
+    ) -> Result<Daemon, DaemonError> {
         let device = cfg.device_name();
         let runtime = Runtime::load(cfg.runtime.onnxruntime.as_deref())?;
-        std::fs::create_dir_all(&cfg.data_dir)
-            .with_context(|| format!("data_dir {}", cfg.data_dir.display()))?;
+        std::fs::create_dir_all(&cfg.data_dir).map_err(|source| DaemonError::DataDir {
+            path: cfg.data_dir.clone(),
+            source,
+        })?;
         notify(&[NotifyState::Status("opening the outbox")]);
         let outbox_dir = cfg.data_dir.join("outbox");
         let (od, oc) = (outbox_dir.clone(), cfg.outbox.clone());
         let outbox = tokio::task::spawn_blocking(move || Outbox::open(&od, oc))
             .await?
-            .with_context(|| format!("outbox {}", outbox_dir.display()))?;
+            .map_err(|source| DaemonError::Outbox {
+                path: outbox_dir.clone(),
+                source,
+            })?;
         // Whatever way this function or the daemon returns, dropping the
         // lifecycle stops what had started.
         let lifecycle = Lifecycle::new();
@@ -249,7 +257,10 @@ impl Daemon {
         };
         let listener = tokio::net::TcpListener::bind(cfg.api.listen)
             .await
-            .with_context(|| format!("API listen {}", cfg.api.listen))?;
+            .map_err(|source| DaemonError::Listen {
+                addr: cfg.api.listen,
+                source,
+            })?;
         // The address bound (port 0 in the config: the one the system chose).
         let api_addr = listener.local_addr().unwrap_or(cfg.api.listen);
         let app = api::router(

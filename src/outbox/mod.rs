@@ -234,7 +234,7 @@ impl Outbox {
                     "outbox: converted to the {want} layout"
                 ),
                 // Held by another process: the open below says so.
-                Err(e) if e.contains("could not acquire lock") => {}
+                Err(e) if e.in_use() => {}
                 Err(e) => tracing::warn!(
                     path = %dir.display(),
                     error = %e,

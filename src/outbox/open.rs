@@ -80,6 +80,16 @@ fn panic_text(p: Box<dyn Any + Send>) -> String {
     }
 }
 
+/// Whether the database in `dir` was made with compression; None when there
+/// is none yet (a new database is made compressed).
+pub fn compressed_on_disk(dir: &Path) -> Option<bool> {
+    let raw = std::fs::read(dir.join("conf")).ok()?;
+    let text = String::from_utf8_lossy(&raw);
+    text.lines()
+        .find_map(|l| l.strip_prefix("use_compression:"))
+        .map(|v| v.trim() == "true")
+}
+
 /// Opens sled at `dir` and scans it. sled 0.34 can panic on some damaged
 /// files instead of returning an error: that is caught and called damage.
 pub fn load(dir: &Path, cfg: &OutboxConfig) -> Result<Loaded, Failure> {
@@ -97,7 +107,7 @@ fn load_inner(dir: &Path, cfg: &OutboxConfig) -> Result<Loaded, Failure> {
         .flush_every_ms(None)
         // As the database was made (sled refuses the other setting); a new
         // one as configured (see upgrade.rs).
-        .use_compression(super::upgrade::compressed_on_disk(dir).unwrap_or(cfg.compress))
+        .use_compression(compressed_on_disk(dir).unwrap_or(cfg.compress))
         .open()
         .map_err(classify)?;
     let records = db.open_tree("records").map_err(classify)?;

@@ -23,18 +23,49 @@
 use std::path::{Path, PathBuf};
 
 use super::commit::sync_dir;
-use super::open::BOOT_FILE;
+use super::open::{BOOT_FILE, compressed_on_disk};
 
 const COMPLETE: &str = "complete";
 
-/// Whether the database in `dir` was made with compression; None when there
-/// is none yet (a new database is made compressed).
-pub fn compressed_on_disk(dir: &Path) -> Option<bool> {
-    let raw = std::fs::read(dir.join("conf")).ok()?;
-    let text = String::from_utf8_lossy(&raw);
-    text.lines()
-        .find_map(|l| l.strip_prefix("use_compression:"))
-        .map(|v| v.trim() == "true")
+/// Why a conversion failed, with the step it was at.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    #[error("{step}: {source}")]
+    Io {
+        step: &'static str,
+        source: std::io::Error,
+    },
+    #[error("{step}: {source}")]
+    Db {
+        step: &'static str,
+        source: sled::Error,
+    },
+    #[error("{step}: {source}")]
+    Sync {
+        step: &'static str,
+        source: super::OutboxError,
+    },
+}
+
+impl ConvertError {
+    /// The old database is held by another process (sled's file lock): the
+    /// open that follows reports that.
+    pub fn in_use(&self) -> bool {
+        matches!(self, ConvertError::Db { source: sled::Error::Io(e), .. }
+            if e.to_string().contains("could not acquire lock"))
+    }
+}
+
+fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> ConvertError {
+    move |source| ConvertError::Io { step, source }
+}
+
+fn db(step: &'static str) -> impl FnOnce(sled::Error) -> ConvertError {
+    move |source| ConvertError::Db { step, source }
+}
+
+fn synced(step: &'static str) -> impl FnOnce(super::OutboxError) -> ConvertError {
+    move |source| ConvertError::Sync { step, source }
 }
 
 fn sibling(dir: &Path, suffix: &str) -> PathBuf {
@@ -75,7 +106,11 @@ pub fn resume(dir: &Path) -> std::io::Result<()> {
 /// Copies the database in `dir` into one of the layout `compress` names
 /// and swaps it in, when it is of the other one. Returns the records
 /// copied; Ok(None) when there was nothing to do.
-pub fn convert(dir: &Path, compress: bool, cache_capacity: u64) -> Result<Option<u64>, String> {
+pub fn convert(
+    dir: &Path,
+    compress: bool,
+    cache_capacity: u64,
+) -> Result<Option<u64>, ConvertError> {
     if compressed_on_disk(dir).is_none_or(|c| c == compress) {
         return Ok(None);
     }
@@ -84,17 +119,21 @@ pub fn convert(dir: &Path, compress: bool, cache_capacity: u64) -> Result<Option
     let n = copy_into(dir, &copy, cache_capacity, compress).inspect_err(|_| {
         let _ = std::fs::remove_dir_all(&copy);
     })?;
-    let step = |what: &str, e: std::io::Error| format!("{what}: {e}");
-    std::fs::rename(dir, &old_dir).map_err(|e| step("move the old database aside", e))?;
-    std::fs::rename(&copy, dir).map_err(|e| step("move the copy in", e))?;
-    sync_dir(&parent(dir)).map_err(|e| e.to_string())?;
-    std::fs::remove_dir_all(&old_dir).map_err(|e| step("remove the old database", e))?;
+    std::fs::rename(dir, &old_dir).map_err(io("move the old database aside"))?;
+    std::fs::rename(&copy, dir).map_err(io("move the copy in"))?;
+    sync_dir(&parent(dir)).map_err(synced("fsync the parent folder"))?;
+    std::fs::remove_dir_all(&old_dir).map_err(io("remove the old database"))?;
     Ok(Some(n))
 }
 
 /// Copies the database in `dir` (opened as it was made) into `copy`, made
 /// with `compress`; durable and marked complete when it returns.
-fn copy_into(dir: &Path, copy: &Path, cache_capacity: u64, compress: bool) -> Result<u64, String> {
+fn copy_into(
+    dir: &Path,
+    copy: &Path,
+    cache_capacity: u64,
+    compress: bool,
+) -> Result<u64, ConvertError> {
     let open = |path: &Path, compress: bool| {
         sled::Config::new()
             .path(path)
@@ -104,23 +143,19 @@ fn copy_into(dir: &Path, copy: &Path, cache_capacity: u64, compress: bool) -> Re
             .open()
     };
     if copy.exists() {
-        std::fs::remove_dir_all(copy).map_err(|e| format!("remove an old copy: {e}"))?;
+        std::fs::remove_dir_all(copy).map_err(io("remove an old copy"))?;
     }
-    let old = open(dir, compressed_on_disk(dir).unwrap_or(false))
-        .map_err(|e| format!("open the old database: {e}"))?;
-    let new = open(copy, compress).map_err(|e| format!("create the copy: {e}"))?;
+    let old =
+        open(dir, compressed_on_disk(dir).unwrap_or(false)).map_err(db("open the old database"))?;
+    let new = open(copy, compress).map_err(db("create the copy"))?;
     let mut records = 0u64;
     for name in old.tree_names() {
-        let from = old
-            .open_tree(&name)
-            .map_err(|e| format!("open a tree: {e}"))?;
-        let to = new
-            .open_tree(&name)
-            .map_err(|e| format!("create a tree: {e}"))?;
+        let from = old.open_tree(&name).map_err(db("open a tree"))?;
+        let to = new.open_tree(&name).map_err(db("create a tree"))?;
         let mut batch = sled::Batch::default();
         let mut in_batch = 0;
         for kv in from.iter() {
-            let (k, v) = kv.map_err(|e| format!("read: {e}"))?;
+            let (k, v) = kv.map_err(db("read"))?;
             batch.insert(k, v);
             in_batch += 1;
             if name == b"records".as_slice() {
@@ -128,33 +163,31 @@ fn copy_into(dir: &Path, copy: &Path, cache_capacity: u64, compress: bool) -> Re
             }
             if in_batch == 4096 {
                 to.apply_batch(std::mem::take(&mut batch))
-                    .map_err(|e| format!("write: {e}"))?;
+                    .map_err(db("write"))?;
                 in_batch = 0;
             }
         }
-        to.apply_batch(batch).map_err(|e| format!("write: {e}"))?;
+        to.apply_batch(batch).map_err(db("write"))?;
     }
-    new.flush().map_err(|e| format!("flush the copy: {e}"))?;
+    new.flush().map_err(db("flush the copy"))?;
     // sled's flush does not reach the disk (see commit.rs): fdatasync its log.
     std::fs::File::open(copy.join("db"))
         .and_then(|f| f.sync_data())
-        .map_err(|e| format!("fsync the copy: {e}"))?;
+        .map_err(io("fsync the copy"))?;
     drop(new);
     drop(old);
     let sidecar = dir.join(BOOT_FILE);
     if sidecar.is_file() {
-        std::fs::copy(&sidecar, copy.join(BOOT_FILE))
-            .map_err(|e| format!("copy {BOOT_FILE}: {e}"))?;
+        std::fs::copy(&sidecar, copy.join(BOOT_FILE)).map_err(io("copy the boot file"))?;
     }
     for f in [BOOT_FILE, "conf"] {
         if let Ok(h) = std::fs::File::open(copy.join(f)) {
-            h.sync_all().map_err(|e| format!("fsync {f}: {e}"))?;
+            h.sync_all().map_err(io("fsync the copy's files"))?;
         }
     }
-    let done =
-        std::fs::File::create(copy.join(COMPLETE)).map_err(|e| format!("mark complete: {e}"))?;
-    done.sync_all().map_err(|e| format!("mark complete: {e}"))?;
-    sync_dir(copy).map_err(|e| e.to_string())?;
+    let done = std::fs::File::create(copy.join(COMPLETE)).map_err(io("mark the copy complete"))?;
+    done.sync_all().map_err(io("mark the copy complete"))?;
+    sync_dir(copy).map_err(synced("fsync the copy's folder"))?;
     Ok(records)
 }
 

@@ -6,10 +6,35 @@ use gstreamer::prelude::*;
 
 use super::plan::{CapsPlan, ElementPlan, Prop};
 
+/// Why GStreamer could not make or wire a camera's pipeline: an element or
+/// plugin missing, a property it lacks, a description it cannot parse. The
+/// text is what the camera's status and log show.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub(super) struct SetupError(pub String);
+
+impl From<String> for SetupError {
+    fn from(s: String) -> Self {
+        SetupError(s)
+    }
+}
+
+impl From<&str> for SetupError {
+    fn from(s: &str) -> Self {
+        SetupError(s.to_string())
+    }
+}
+
+impl From<SetupError> for String {
+    fn from(e: SetupError) -> Self {
+        e.0
+    }
+}
+
 /// Makes a plan's elements in a new pipeline and links them in order. An
 /// element whose source pad appears only once the stream is known
 /// (`decodebin`) is linked when it appears.
-pub(super) fn from_plan(plan: &[ElementPlan]) -> Result<gst::Pipeline, String> {
+pub(super) fn from_plan(plan: &[ElementPlan]) -> Result<gst::Pipeline, SetupError> {
     let p = gst::Pipeline::new();
     let mut prev: Option<gst::Element> = None;
     for ep in plan {
@@ -23,7 +48,7 @@ pub(super) fn from_plan(plan: &[ElementPlan]) -> Result<gst::Pipeline, String> {
     Ok(p)
 }
 
-pub(super) fn make(ep: &ElementPlan) -> Result<gst::Element, String> {
+pub(super) fn make(ep: &ElementPlan) -> Result<gst::Element, SetupError> {
     let mut b = gst::ElementFactory::make(ep.factory);
     if let Some(n) = ep.name {
         b = b.name(n);
@@ -121,7 +146,7 @@ fn link(a: &gst::Element, b: &gst::Element) -> Result<(), String> {
     Ok(())
 }
 
-pub(super) fn launch(desc: &str) -> Result<gst::Pipeline, String> {
+pub(super) fn launch(desc: &str) -> Result<gst::Pipeline, SetupError> {
     let e = gst::parse::launch(desc).map_err(|e| format!("pipeline `{desc}`: {e}"))?;
     match e.downcast::<gst::Pipeline>() {
         Ok(p) => Ok(p),

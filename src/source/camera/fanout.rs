@@ -159,7 +159,10 @@ impl Shared {
 
 /// Drops delta frames at the parser's source pad while keyframes alone
 /// serve every reader, and counts what the decoder gets.
-pub(super) fn add_decode_probe(parser: &gst::Element, sh: &Arc<Shared>) -> Result<(), String> {
+pub(super) fn add_decode_probe(
+    parser: &gst::Element,
+    sh: &Arc<Shared>,
+) -> Result<(), super::elements::SetupError> {
     let pad = parser
         .static_pad("src")
         .ok_or("the parser has no source pad")?;

@@ -15,9 +15,10 @@ use serde_json::Value;
 
 use crate::common::*;
 
-const FRAMES: usize = 32;
+pub(crate) const FRAMES: usize = 32;
 
-fn render(dir: &Path) {
+/// Renders the scene's `FRAMES` frames as `f000.png`... into `dir`.
+pub(crate) fn render(dir: &Path) {
     let o = run(Command::new("python3")
         .arg(root().join("tests/vision/render_scene.py"))
         .arg(model_dir().join("images/astronaut.png"))

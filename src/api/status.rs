@@ -81,9 +81,19 @@ pub struct PipelineStatus {
     pub frame_age: LatencySummary,
     /// None: not a camera pipeline.
     pub camera: Option<CameraReport>,
-    /// Tracks, zone and line counts; absent without `[pipelines.track]`.
+    /// Tracks, zone and line counts, the zones' and lines' geometry and the
+    /// newest frame's tracked boxes; absent without `[pipelines.track]`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tracking: Option<crate::track::TrackCounts>,
+    pub tracking: Option<TrackingStatus>,
+}
+
+/// A pipeline's tracking: its counts, and what the console draws.
+#[derive(Debug, Serialize)]
+pub struct TrackingStatus {
+    #[serde(flatten)]
+    pub counts: crate::track::TrackCounts,
+    #[serde(flatten)]
+    pub view: crate::track::TrackingView,
 }
 
 /// A frame's way through a pipeline, step by step.
@@ -298,7 +308,10 @@ impl PipelineStatus {
                 .collect(),
             frame_age: st.frame_age_us.summary(),
             camera: st.camera.as_ref().map(|c| c.status()),
-            tracking: p.tracking().map(|t| t.stats().snapshot()),
+            tracking: p.tracking().map(|t| TrackingStatus {
+                counts: t.stats().snapshot(),
+                view: t.view(),
+            }),
         }
     }
 }

@@ -31,7 +31,7 @@ impl StreamHook for TrackingHook {
     }
 
     fn frame(&self, st: &mut StreamState, meta: &FrameMeta<'_>, value: &mut Value) -> HookOutput {
-        let step = self.tracking.frame(st, meta.time, value);
+        let step = self.tracking.frame(st, meta.time, meta.size, value);
         if let (Some(store), Some(picture)) = (self.tracking.snapshots(), meta.picture) {
             for (name, b) in &step.best_crops {
                 let [x0, y0, x1, y1] = b.map(|v| v.round() as i64);

@@ -147,7 +147,7 @@ pub struct Event {
     pub ts: SystemTime,
 }
 
-fn rfc3339<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+pub(super) fn rfc3339<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(&humantime::format_rfc3339_millis(*t))
 }
 

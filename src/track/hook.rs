@@ -8,18 +8,22 @@
 //! events come back as one record's outputs (`{"events": [...]}`), and with
 //! `emit = "events"` the frame's own record is not sent upstream.
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::config::{Emit, LineConfig, TrackConfig, ZoneConfig};
-use super::events::{EndReason, Event, EventKind};
+use super::events::{EndReason, Event, EventKind, rfc3339};
 use super::snapshots::{SnapshotStore, snapshot_name};
 use super::stats::TrackStats;
-use super::tracker::{StreamTracker, TrackingSpec};
+use super::tracker::{Detection, FrameOutput, StreamTracker, TrackingSpec};
 use super::value;
+
+/// Tracked boxes of the newest frame kept for the console, at most.
+pub const LIVE_BOXES: usize = 64;
 
 /// One pipeline's tracking.
 pub struct PipelineTracking {
@@ -33,11 +37,75 @@ pub struct PipelineTracking {
     snapshots: Option<Arc<SnapshotStore>>,
     /// URL path of a track's snapshot, before the escaped id.
     snapshot_base: String,
+    geometry: Geometry,
+    /// The newest frame's tracked boxes: written once a frame (a short
+    /// lock), read by the console's feed once a second.
+    live: Mutex<LiveSlot>,
 }
 
 /// One stream's tracks.
 pub struct StreamState {
     tracker: StreamTracker,
+    stream: String,
+}
+
+/// The zones and lines as configured, in source-frame pixels.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Geometry {
+    pub zones: Vec<ZoneShape>,
+    pub lines: Vec<LineShape>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ZoneShape {
+    pub name: String,
+    pub polygon: Vec<[f32; 2]>,
+}
+
+/// `points[0]` to `points[1]`; crossing from its left to its right (seen
+/// with the first point at the top) is `in`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LineShape {
+    pub name: String,
+    pub points: [[f32; 2]; 2],
+}
+
+#[derive(Debug, Default)]
+struct LiveSlot {
+    /// The source frame's width and height, from the newest frame that had one.
+    frame_size: Option<[u32; 2]>,
+    tracks: Option<LiveTracks>,
+}
+
+/// The tracked boxes of the pipeline's newest frame (of whichever stream).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LiveTracks {
+    pub stream: String,
+    #[serde(serialize_with = "rfc3339")]
+    pub ts: SystemTime,
+    /// At most [`LIVE_BOXES`], those with a track id only.
+    pub boxes: Vec<LiveBox>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LiveBox {
+    pub track: String,
+    pub label: String,
+    #[serde(rename = "box")]
+    pub bbox: [f32; 4],
+    pub score: f32,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub stationary: bool,
+}
+
+/// What the console draws of a pipeline's tracking.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrackingView {
+    pub geometry: Geometry,
+    /// `[width, height]` of the source frames; `null` before the first one.
+    pub frame_size: Option<[u32; 2]>,
+    /// `null` before the first frame and after its stream ended.
+    pub live: Option<LiveTracks>,
 }
 
 impl StreamState {
@@ -86,7 +154,74 @@ impl PipelineTracking {
             default_label: s.default_label.to_string(),
             snapshots: s.snapshots,
             snapshot_base: format!("/v1/pipelines/{}/tracks/", s.pipeline),
+            geometry: Geometry {
+                zones: s
+                    .zones
+                    .iter()
+                    .map(|z| ZoneShape {
+                        name: z.name.clone(),
+                        polygon: z.polygon.clone(),
+                    })
+                    .collect(),
+                lines: s
+                    .lines
+                    .iter()
+                    .map(|l| LineShape {
+                        name: l.name.clone(),
+                        points: l.points,
+                    })
+                    .collect(),
+            },
+            live: Mutex::new(LiveSlot::default()),
         }
+    }
+
+    fn live_slot(&self) -> std::sync::MutexGuard<'_, LiveSlot> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The zones, lines and the newest frame's tracked boxes.
+    pub fn view(&self) -> TrackingView {
+        let slot = self.live_slot();
+        TrackingView {
+            geometry: self.geometry.clone(),
+            frame_size: slot.frame_size,
+            live: slot.tracks.clone(),
+        }
+    }
+
+    fn keep_live(
+        &self,
+        stream: &str,
+        at: SystemTime,
+        size: Option<(u32, u32)>,
+        dets: &[Detection],
+        out: &FrameOutput,
+    ) {
+        let boxes: Vec<LiveBox> = out
+            .objects
+            .iter()
+            .zip(dets)
+            .filter_map(|(o, d)| {
+                Some(LiveBox {
+                    track: o.track.clone()?,
+                    label: d.label.clone(),
+                    bbox: d.bbox,
+                    score: d.score,
+                    stationary: o.stationary,
+                })
+            })
+            .take(LIVE_BOXES)
+            .collect();
+        let mut slot = self.live_slot();
+        if let Some((w, h)) = size {
+            slot.frame_size = Some([w, h]);
+        }
+        slot.tracks = Some(LiveTracks {
+            stream: stream.to_string(),
+            ts: at,
+            boxes,
+        });
     }
 
     pub fn stats(&self) -> &Arc<TrackStats> {
@@ -120,15 +255,24 @@ impl PipelineTracking {
                 format!("{}{stream}/", self.prefix),
                 Arc::clone(&self.numbers),
             ),
+            stream: stream.to_string(),
         }
     }
 
-    /// One frame of the stream, its value as postprocessing (and the
-    /// stages) left it; track ids are written into it.
-    pub fn frame(&self, st: &mut StreamState, at: SystemTime, v: &mut Value) -> Step {
+    /// One frame of the stream (`size`: the source frame's width and
+    /// height, when known), its value as postprocessing (and the stages)
+    /// left it; track ids are written into it.
+    pub fn frame(
+        &self,
+        st: &mut StreamState,
+        at: SystemTime,
+        size: Option<(u32, u32)>,
+        v: &mut Value,
+    ) -> Step {
         let (dets, at_idx) = value::detections(v, &self.default_label);
         let out = st.tracker.update(at, &dets);
         value::annotate(v, &at_idx, &out);
+        self.keep_live(&st.stream, at, size, &dets, &out);
         let best_crops = out
             .objects
             .iter()
@@ -147,6 +291,11 @@ impl PipelineTracking {
     /// its open tracks end.
     pub fn end(&self, st: &mut StreamState, reason: EndReason, at: SystemTime) -> Option<Value> {
         let ev = st.tracker.finish(reason, at);
+        let mut slot = self.live_slot();
+        if slot.tracks.as_ref().is_some_and(|t| t.stream == st.stream) {
+            slot.tracks = None;
+        }
+        drop(slot);
         self.events(ev)
     }
 
@@ -230,7 +379,7 @@ mod tests {
         let mut records = Vec::new();
         for f in 1..=10 {
             let mut v = face(10.0 + f as f64, 0.5 + f as f64 * 0.01);
-            let step = p.frame(&mut st, t(f), &mut v);
+            let step = p.frame(&mut st, t(f), Some((320, 240)), &mut v);
             assert!(!step.send_frame);
             if f >= 3 {
                 assert_eq!(v["boxes"][0]["track"], "gw/gate/cam/7000001");
@@ -242,6 +391,16 @@ mod tests {
         }
         assert_eq!(records.len(), 1);
         assert_eq!(records[0]["events"][0]["event"], "track_start");
+        // The newest frame's tracked boxes, for the console.
+        let view = p.view();
+        assert_eq!(view.frame_size, Some([320, 240]));
+        let live = view.live.as_ref().unwrap();
+        assert_eq!(live.stream, "cam");
+        assert_eq!(live.ts, t(10));
+        assert_eq!(live.boxes.len(), 1);
+        assert_eq!(live.boxes[0].track, "gw/gate/cam/7000001");
+        assert_eq!(live.boxes[0].label, "face");
+        assert_eq!(live.boxes[0].bbox, [20.0, 10.0, 60.0, 60.0]);
         let end = p.end(&mut st, EndReason::Restart, t(11)).unwrap();
         let e = &end["events"][0];
         assert_eq!(e["event"], "track_end");
@@ -251,6 +410,9 @@ mod tests {
             "/v1/pipelines/gate/tracks/gw%2Fgate%2Fcam%2F7000001/snapshot.jpg"
         );
         assert!(p.end(&mut st, EndReason::Restart, t(12)).is_none());
+        // The stream is gone: its boxes are no longer shown.
+        assert!(p.view().live.is_none());
+        assert_eq!(p.view().frame_size, Some([320, 240]));
     }
 
     #[test]
@@ -260,7 +422,7 @@ mod tests {
         let mut st = p.stream("cam");
         for f in 1..=5 {
             let mut v = face(10.0, 0.9);
-            let step = p.frame(&mut st, t(f), &mut v);
+            let step = p.frame(&mut st, t(f), None, &mut v);
             assert!(step.send_frame && step.events.is_none());
         }
         assert_eq!(p.stats().snapshot().tracks_started, 1);

@@ -25,7 +25,9 @@ pub mod zones;
 
 pub use self::config::{Emit, LineConfig, TrackConfig, ZoneConfig};
 pub use self::events::{Direction, EndReason, Event, EventKind, TrackSummary};
-pub use self::hook::{PipelineTracking, Step, StreamState, TrackingSetup};
+pub use self::hook::{
+    Geometry, LiveBox, LiveTracks, PipelineTracking, Step, StreamState, TrackingSetup, TrackingView,
+};
 pub use self::stats::{TrackCounts, TrackStats, ZoneCount};
 pub use self::tracker::{Detection, FrameOutput, StreamTracker, Tracked, TrackingSpec};
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use serde_json::{Value, json};
 
-use crate::common::{Daemon, free_port, http, model_file};
+use crate::common::{Daemon, free_port, http, model_dir, model_file};
 
 const TOKEN: &str = "console-test-token-0123456789";
 
@@ -649,4 +649,171 @@ fn event_stream_refuses_past_its_bound_and_ends_on_stop() {
     // The stream ended with the daemon.
     let mut rest = Vec::new();
     let _ = s.read_to_end(&mut rest);
+}
+
+/// What the tracking pipeline's card shows: the overlay's shapes and the
+/// events list, once each has something.
+const TRACKING_VIEW: &str = r#"
+const c = document.querySelector('[data-pipeline="gate"]');
+const svg = c && c.querySelector('svg.overlay');
+if (!svg) return null;
+const all = (sel, f) => Array.from(svg.querySelectorAll(sel)).map(f);
+const out = {
+  viewBox: svg.getAttribute('viewBox'),
+  zones: all('polygon.zone', z => [z.dataset.name, z.getAttribute('points')]),
+  lines: all('line.line', l => [l.dataset.name,
+    ['x1', 'y1', 'x2', 'y2'].map(k => Number(l.getAttribute(k)))]),
+  in_sides: all('path.in-side', p => p.dataset.name),
+  in_labels: all('text.in-label', t => [t.textContent, Number(t.getAttribute('x'))]),
+  tracks: all('rect.track', r => [r.dataset.track,
+    ['x', 'y', 'width', 'height'].map(k => Number(r.getAttribute(k)))]),
+  track_labels: all('text.track-label', t => [t.dataset.track, t.textContent]),
+  events: Array.from(c.querySelectorAll('ol.events li[data-event]')).map(li =>
+    [li.dataset.event, li.dataset.track, li.textContent, Date.parse(li.dataset.ts)]),
+  snapshot: c.querySelector('img[data-field="snapshot"]').dataset.kind,
+};
+const ready = out.zones.length && out.lines.length && out.tracks.length
+  && out.events.some(e => e[0] === 'track_start');
+return ready ? out : null;
+"#;
+
+#[test]
+fn console_draws_zones_lines_live_tracks_and_events_of_a_tracking_pipeline() {
+    // The rendered scene of tracking.rs (two faces crossing the line, one
+    // into the yard), played by a real GStreamer pipeline, again at each
+    // end of the files, so tracks keep coming while the browser looks.
+    let scene = tempfile::tempdir().unwrap();
+    crate::tracking::render(scene.path());
+    let location = scene.path().join("f%03d.png");
+    let cfg = format!(
+        r#"data_dir = "{{DATA}}"
+model_dir = "{models}"
+[device]
+name = "gw"
+[api]
+listen = "{{API}}"
+[[pipelines]]
+name = "gate"
+model = "mtcnn_pnet"
+source = {{ type = "camera", queue = 64, pipeline = "multifilesrc location={location} index=0 stop-index={last} caps=image/png,framerate=10/1 ! pngdec ! videoconvert ! appsink name=outpost" }}
+[[pipelines.stages]]
+model = "mtcnn_rnet"
+[[pipelines.stages]]
+model = "mtcnn_onet"
+[pipelines.track]
+min_hits = 3
+max_age = "10s"
+[[pipelines.zones]]
+name = "yard"
+polygon = [[0, 150], [320, 150], [320, 240], [0, 240]]
+[[pipelines.lines]]
+name = "gate"
+points = [[160, 0], [160, 240]]
+"#,
+        models = model_dir().display(),
+        location = location.display(),
+        last = crate::tracking::FRAMES - 1,
+    );
+    let d = Daemon::start(&cfg);
+    let b = Browser::start();
+    b.go(&format!("http://{}/", d.api));
+    let v = b.wait_for(
+        "the overlay's zone, line and tracks, and a track_start listed",
+        Duration::from_secs(120),
+        TRACKING_VIEW,
+    );
+
+    // The status carries what is drawn, in source-frame pixels.
+    let st = d.status();
+    let t = &pipeline(&st, "gate")["tracking"];
+    assert_eq!(
+        t["geometry"]["zones"],
+        json!([{"name": "yard", "polygon": [[0.0, 150.0], [320.0, 150.0], [320.0, 240.0], [0.0, 240.0]]}]),
+        "{t}"
+    );
+    assert_eq!(
+        t["geometry"]["lines"],
+        json!([{"name": "gate", "points": [[160.0, 0.0], [160.0, 240.0]]}]),
+        "{t}"
+    );
+    assert_eq!(t["frame_size"], json!([320, 240]), "{t}");
+
+    // The overlay: the frame's pixels as its viewBox, the zone and the line
+    // where the config puts them, the line's "in" side to its right.
+    assert_eq!(v["viewBox"], "0 0 320 240", "{v}");
+    assert_eq!(
+        v["zones"],
+        json!([["yard", "0,150 320,150 320,240 0,240"]]),
+        "{v}"
+    );
+    assert_eq!(v["lines"], json!([["gate", [160, 0, 160, 240]]]), "{v}");
+    assert_eq!(v["in_sides"], json!(["gate"]), "{v}");
+    let in_label = &v["in_labels"][0];
+    assert_eq!(in_label[0], "in", "{v}");
+    assert!(
+        in_label[1].as_f64().unwrap() > 160.0,
+        "in is right of the line: {v}"
+    );
+
+    // Live tracks: boxes inside the frame, each named by its track id
+    // (`{device}/{pipeline}/{stream}/{n}`) and labelled with its number
+    // and label.
+    let tracks = v["tracks"].as_array().unwrap();
+    assert!(!tracks.is_empty() && tracks.len() <= 2, "{v}");
+    for tr in tracks {
+        let id = tr[0].as_str().unwrap();
+        let parts: Vec<&str> = id.split('/').collect();
+        assert!(
+            parts.len() == 4 && parts[..2] == ["gw", "gate"] && parts[3].parse::<u64>().is_ok(),
+            "track id {id}"
+        );
+        let g: Vec<f64> = tr[1]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert!(
+            g[0] >= -1.0
+                && g[1] >= -1.0
+                && g[2] > 5.0
+                && g[3] > 5.0
+                && g[0] + g[2] <= 321.0
+                && g[1] + g[3] <= 241.0,
+            "box of {id} off the frame: {g:?}"
+        );
+        let label = v["track_labels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l[0] == id)
+            .unwrap_or_else(|| panic!("no label for {id}: {v}"));
+        assert_eq!(label[1], format!("#{} object", parts[3]), "{v}");
+    }
+
+    // The events list: newest first, at most 20, each with its kind, track
+    // and label; the track_start of a track of this pipeline among them.
+    let events = v["events"].as_array().unwrap();
+    assert!(events.len() <= 20, "{v}");
+    let times: Vec<f64> = events.iter().map(|e| e[3].as_f64().unwrap()).collect();
+    assert!(
+        times.windows(2).all(|w| w[0] >= w[1]),
+        "not newest first: {v}"
+    );
+    let start = events
+        .iter()
+        .find(|e| e[0] == "track_start")
+        .unwrap_or_else(|| panic!("{v}"));
+    let id = start[1].as_str().unwrap();
+    assert!(id.starts_with("gw/gate/"), "{v}");
+    let text = start[2].as_str().unwrap();
+    assert!(
+        text.contains("track_start")
+            && text.contains("object")
+            && text.contains(id.rsplit('/').next().unwrap()),
+        "{text}"
+    );
+    b.screenshot("console-tracking.png");
+    let errs = errors(&b.console_log());
+    assert!(errs.is_empty(), "console errors: {errs:#?}");
 }

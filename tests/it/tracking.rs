@@ -18,13 +18,14 @@ use crate::common::*;
 // 50 frames, not fewer: the first two of each face are misses (the track
 // is not confirmed before its third), 4 of the 100 boxes, so MOTA can reach
 // 0.96; with 32 frames it could not exceed 0.9375.
-const FRAMES: usize = 50;
+pub(crate) const FRAMES: usize = 50;
 /// How far render_scene.py moves the patches each frame: A `DX` right, B
 /// `DX` left and `DY` down.
 const DX: f64 = 5.0;
 const DY: f64 = 2.0;
 
-fn render(dir: &Path) {
+/// Renders the scene's `FRAMES` frames as `f000.png`... into `dir`.
+pub(crate) fn render(dir: &Path) {
     let o = run(Command::new("python3")
         .arg(root().join("tests/vision/render_scene.py"))
         .arg(model_dir().join("images/astronaut.png"))

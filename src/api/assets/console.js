@@ -9,9 +9,13 @@
   const SNAPSHOT_EVERY_MS = 3000;
   const SNAPSHOT_RETRY_MS = 30000;
 
+  const EVENT_KINDS = ['track_start', 'zone_enter', 'zone_leave', 'line_cross', 'loiter', 'track_end'];
+  const EVENTS_SHOWN = 20;
+
   let points = [];
   let last = null;
   const cards = new Map();
+  let cardsSig = '';
 
   // ---- small helpers -------------------------------------------------
 
@@ -212,20 +216,218 @@
     card.appendChild(plots);
 
     let img = null;
+    let overlay = null;
+    let events = null;
     if (p.input === 'image') {
+      const view = el('div', 'view');
       img = el('img', 'snapshot');
       img.dataset.field = 'snapshot';
       img.width = 320;
       img.height = 180;
       placeholder(img, 'no snapshot yet');
-      card.appendChild(img);
+      view.appendChild(img);
+      if (p.tracking) {
+        // Zones, lines and the live tracks, in source-frame pixels: the
+        // viewBox is the frame's size, so the browser does the scaling.
+        overlay = document.createElementNS(SVGNS, 'svg');
+        overlay.setAttribute('class', 'overlay');
+        overlay.setAttribute('preserveAspectRatio', 'none');
+        overlay.setAttribute('role', 'img');
+        overlay.setAttribute('aria-label', 'zones, lines and tracks of ' + p.name);
+        overlay.dataset.field = 'overlay';
+        view.appendChild(overlay);
+      }
+      card.appendChild(view);
+    }
+    if (p.tracking) {
+      card.appendChild(el('h4', null, 'Last tracking events'));
+      events = el('ol', 'events');
+      events.dataset.field = 'events';
+      card.appendChild(events);
     }
 
     card.appendChild(el('h4', null, 'Latest records'));
     const recs = el('ol', 'records');
     recs.dataset.field = 'records_list';
     card.appendChild(recs);
-    return { card, fps, p99, img, snapAt: 0, snapFrames: -1, snapRetryAt: 0 };
+    const c = {
+      card, fps, p99, img, overlay, events, seen: new Map(), tracking: null,
+      snapAt: 0, snapFrames: -1, snapRetryAt: 0,
+    };
+    if (img && overlay) img.addEventListener('load', () => { if (c.tracking) drawOverlay(c, c.tracking); });
+    if (events) {
+      // The tick carries the newest records only: start from the last ones kept.
+      fetch('/v1/pipelines/' + encodeURIComponent(p.name) + '/records')
+        .then(r => (r.ok ? r.json() : []))
+        .then(recs => { if (cards.get(p.name) === c) { mergeEvents(c, recs); renderEvents(c); } })
+        .catch(() => {});
+    }
+    return c;
+  }
+
+  // ---- tracking: overlay and events ------------------------------------
+
+  function svgEl(tag, cls, attrs) {
+    const e = document.createElementNS(SVGNS, tag);
+    if (cls) e.setAttribute('class', cls);
+    for (const k of Object.keys(attrs || {})) e.setAttribute(k, String(attrs[k]));
+    return e;
+  }
+
+  function svgText(cls, x, y, size, text) {
+    const t = svgEl('text', cls, { x: x.toFixed(1), y: y.toFixed(1), 'font-size': size.toFixed(1) });
+    t.textContent = text;
+    return t;
+  }
+
+  function finite(...xs) { return xs.every(x => typeof x === 'number' && isFinite(x)); }
+
+  // `{device}/{pipeline}/{stream}/{n}`: its number is what tells tracks apart.
+  function shortId(id) {
+    const s = String(id || '');
+    const i = s.lastIndexOf('/');
+    return '#' + (i >= 0 ? s.slice(i + 1) : s);
+  }
+
+  function drawOverlay(c, t) {
+    const svg = c.overlay;
+    if (!svg) return;
+    // The snapshot is the whole source frame: its natural size is the
+    // frame's; before it loads, the size the daemon saw.
+    let size = null;
+    if (c.img && c.img.dataset.kind === 'snapshot' && c.img.naturalWidth > 0) {
+      size = [c.img.naturalWidth, c.img.naturalHeight];
+    } else if (Array.isArray(t.frame_size) && finite(t.frame_size[0], t.frame_size[1])) {
+      size = t.frame_size;
+    }
+    while (svg.firstChild) svg.removeChild(svg.firstChild);
+    if (!size || !(size[0] > 0 && size[1] > 0)) {
+      svg.dataset.tracks = '0';
+      return;
+    }
+    const [w, h] = size;
+    svg.setAttribute('viewBox', '0 0 ' + w + ' ' + h);
+    const fs = Math.max(w, h) / 28;
+    const geo = t.geometry || {};
+    for (const z of geo.zones || []) {
+      const pts = (z.polygon || []).filter(q => Array.isArray(q) && finite(q[0], q[1]));
+      if (pts.length < 3) continue;
+      const poly = svgEl('polygon', 'zone', {
+        points: pts.map(q => q[0] + ',' + q[1]).join(' '),
+        'vector-effect': 'non-scaling-stroke',
+      });
+      poly.dataset.name = String(z.name);
+      svg.appendChild(poly);
+      const top = pts.reduce((a, q) => (q[1] < a[1] || (q[1] === a[1] && q[0] < a[0]) ? q : a));
+      svg.appendChild(svgText('zone-name', top[0] + fs * 0.3, top[1] + fs * 1.1, fs, String(z.name)));
+    }
+    for (const l of geo.lines || []) {
+      const [a, b] = l.points || [];
+      if (!a || !b || !finite(a[0], a[1], b[0], b[1])) continue;
+      const line = svgEl('line', 'line', {
+        x1: a[0], y1: a[1], x2: b[0], y2: b[1], 'vector-effect': 'non-scaling-stroke',
+      });
+      line.dataset.name = String(l.name);
+      svg.appendChild(line);
+      // "in" is crossing from the left to the right with the first point at
+      // the top: the right-hand normal of a->b (y pointing down).
+      const dx = b[0] - a[0], dy = b[1] - a[1];
+      const len = Math.hypot(dx, dy) || 1;
+      const nx = dy / len, ny = -dx / len;
+      const mx = (a[0] + b[0]) / 2, my = (a[1] + b[1]) / 2;
+      const L = fs * 1.6, hw = fs * 0.5;
+      const tip = [mx + nx * L, my + ny * L];
+      const back = [mx + nx * L * 0.45, my + ny * L * 0.45];
+      const arrow = svgEl('path', 'in-side', {
+        d: 'M' + mx.toFixed(1) + ' ' + my.toFixed(1) + 'L' + back[0].toFixed(1) + ' ' + back[1].toFixed(1) +
+          'M' + (back[0] - ny * hw).toFixed(1) + ' ' + (back[1] + nx * hw).toFixed(1) +
+          'L' + tip[0].toFixed(1) + ' ' + tip[1].toFixed(1) +
+          'L' + (back[0] + ny * hw).toFixed(1) + ' ' + (back[1] - nx * hw).toFixed(1) + 'Z',
+        'vector-effect': 'non-scaling-stroke',
+      });
+      arrow.dataset.name = String(l.name);
+      svg.appendChild(arrow);
+      const inLabel = svgText('in-label', tip[0] + nx * fs * 0.4, tip[1] + ny * fs * 0.4 + fs * 0.35, fs, 'in');
+      inLabel.setAttribute('text-anchor', nx > 0.3 ? 'start' : nx < -0.3 ? 'end' : 'middle');
+      svg.appendChild(inLabel);
+      const first = a[1] <= b[1] ? a : b;
+      svg.appendChild(svgText('line-name', first[0] + fs * 0.3, first[1] + fs * 1.1, fs, String(l.name)));
+    }
+    let n = 0;
+    const boxes = t.live && Array.isArray(t.live.boxes) ? t.live.boxes : [];
+    for (const bx of boxes) {
+      const q = bx.box;
+      if (!Array.isArray(q) || !finite(q[0], q[1], q[2], q[3])) continue;
+      const rect = svgEl('rect', 'track' + (bx.stationary ? ' stationary' : ''), {
+        x: Math.min(q[0], q[2]), y: Math.min(q[1], q[3]),
+        width: Math.abs(q[2] - q[0]), height: Math.abs(q[3] - q[1]),
+        'vector-effect': 'non-scaling-stroke',
+      });
+      rect.dataset.track = String(bx.track);
+      svg.appendChild(rect);
+      const x0 = Math.min(q[0], q[2]), x1 = Math.max(q[0], q[2]), y0 = Math.min(q[1], q[3]);
+      const text = shortId(bx.track) + ' ' + String(bx.label === undefined ? '' : bx.label);
+      const ty = y0 > fs * 1.2 ? y0 - fs * 0.3 : y0 + fs;
+      // Kept inside the frame: near its right edge the label ends at the box's.
+      const right = x0 + text.length * fs * 0.62 > w;
+      const label = svgText('track-label', right ? x1 : x0, ty, fs, text);
+      if (right) label.setAttribute('text-anchor', 'end');
+      label.dataset.track = String(bx.track);
+      svg.appendChild(label);
+      n++;
+    }
+    svg.dataset.tracks = String(n);
+  }
+
+  // Events of the records, each once (by record id and place), newest first.
+  function mergeEvents(c, recs) {
+    for (const r of recs || []) {
+      const list = r && r.outputs && Array.isArray(r.outputs.events) ? r.outputs.events : [];
+      list.forEach((e, i) => {
+        if (!e || EVENT_KINDS.indexOf(e.event) < 0) return;
+        const key = String(r.id) + '#' + i;
+        if (c.seen.has(key)) return;
+        const t = Date.parse(e.ts);
+        c.seen.set(key, { e, stream: r.stream, t: isNaN(t) ? 0 : t, seq: Number(r.seq) || 0, i });
+      });
+    }
+    const all = Array.from(c.seen.entries());
+    all.sort((x, y) => (y[1].t - x[1].t) || (y[1].seq - x[1].seq) || (y[1].i - x[1].i));
+    c.seen = new Map(all.slice(0, EVENTS_SHOWN));
+  }
+
+  function eventDetail(e) {
+    const d = [];
+    if (e.zone !== undefined) d.push('zone ' + e.zone);
+    if (e.line !== undefined) d.push('line ' + e.line + (e.direction !== undefined ? ' ' + e.direction : ''));
+    if (typeof e.dwell_s === 'number') d.push(e.dwell_s.toFixed(1) + ' s');
+    if (e.reason !== undefined) d.push(String(e.reason));
+    if (e.text !== undefined && e.text !== null) d.push('“' + e.text + '”');
+    return d.join(', ');
+  }
+
+  function renderEvents(c) {
+    const list = c.events;
+    if (!list) return;
+    while (list.firstChild) list.removeChild(list.firstChild);
+    if (c.seen.size === 0) {
+      list.appendChild(el('li', 'none', 'none yet'));
+      return;
+    }
+    for (const { e } of c.seen.values()) {
+      const li = el('li');
+      li.dataset.event = String(e.event);
+      li.dataset.track = String(e.track);
+      li.dataset.ts = String(e.ts);
+      li.title = String(e.track);
+      li.appendChild(el('span', 'when', clockTime(e.ts)));
+      li.appendChild(el('span', 'kind', String(e.event)));
+      li.appendChild(el('span', 'track', shortId(e.track)));
+      li.appendChild(el('span', 'label', String(e.label === undefined ? '' : e.label)));
+      const detail = eventDetail(e);
+      if (detail) li.appendChild(el('span', 'detail', detail));
+      list.appendChild(li);
+    }
   }
 
   function placeholder(img, text) {
@@ -270,6 +472,9 @@
       parts.push(String(o.event) + (typeof o.t === 'number' ? ' at ' + o.t.toFixed(2) + ' s' : '') +
         (typeof o.duration_s === 'number' ? ', ' + o.duration_s.toFixed(2) + ' s long' : ''));
     }
+    if (Array.isArray(o.events)) {
+      parts.push(o.events.map(e => String(e && e.event) + (e && e.track ? ' ' + shortId(e.track) : '')).join(', '));
+    }
     for (const k of ['boxes', 'detections', 'faces', 'texts']) {
       if (Array.isArray(o[k])) parts.push(o[k].length + ' ' + k);
     }
@@ -298,7 +503,10 @@
   function renderPipelines(status, point, records) {
     const host = $('pipelines');
     const names = status.pipelines.map(p => p.name);
-    if (names.join('\n') !== Array.from(cards.keys()).join('\n')) {
+    // A card is built for what its pipeline is: its name, input and tracking.
+    const sig = status.pipelines.map(p => p.name + '\t' + p.input + '\t' + (p.tracking ? 't' : '')).join('\n');
+    if (sig !== cardsSig) {
+      cardsSig = sig;
       while (host.firstChild) host.removeChild(host.firstChild);
       cards.clear();
       for (const p of status.pipelines) {
@@ -334,6 +542,14 @@
       set(card, 'drops', drops.length ? drops.map(([r, n]) => r + ' ' + n).join(', ') : 'none');
       renderRecords(field(card, 'records_list'), records ? records[p.name] : null);
       refreshSnapshot(p.name, c, p.frames_done);
+      if (p.tracking) {
+        c.tracking = p.tracking;
+        drawOverlay(c, p.tracking);
+        if (c.events) {
+          mergeEvents(c, records ? records[p.name] : null);
+          renderEvents(c);
+        }
+      }
     }
   }
 

@@ -73,9 +73,8 @@ pub(super) struct Signals {
 
 impl Signals {
     fn new() -> Result<Signals, DaemonError> {
-        let handler = |kind, what| {
-            signal(kind).map_err(|source| DaemonError::Signal { what, source })
-        };
+        let handler =
+            |kind, what| signal(kind).map_err(|source| DaemonError::Signal { what, source });
         Ok(Signals {
             term: handler(SignalKind::terminate(), "SIGTERM")?,
             int: handler(SignalKind::interrupt(), "SIGINT")?,

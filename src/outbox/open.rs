@@ -90,6 +90,12 @@ pub fn compressed_on_disk(dir: &Path) -> Option<bool> {
         .map(|v| v.trim() == "true")
 }
 
+/// zstd's level for sled's log. sled compresses every log entry with a
+/// fresh context, whose tables level 1 keeps smallest: the cheapest per
+/// record, and records of one pipeline are alike enough that the higher
+/// levels save little more (benches/outbox.rs, benches/outbox_wear.rs).
+pub const COMPRESSION_LEVEL: i32 = 1;
+
 /// Opens sled at `dir` and scans it. sled 0.34 can panic on some damaged
 /// files instead of returning an error: that is caught and called damage.
 pub fn load(dir: &Path, cfg: &OutboxConfig) -> Result<Loaded, Failure> {
@@ -108,6 +114,7 @@ fn load_inner(dir: &Path, cfg: &OutboxConfig) -> Result<Loaded, Failure> {
         // As the database was made (sled refuses the other setting); a new
         // one as configured (see upgrade.rs).
         .use_compression(compressed_on_disk(dir).unwrap_or(cfg.compress))
+        .compression_factor(COMPRESSION_LEVEL)
         .open()
         .map_err(classify)?;
     let records = db.open_tree("records").map_err(classify)?;

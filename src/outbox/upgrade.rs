@@ -140,6 +140,7 @@ fn copy_into(
             .cache_capacity(cache_capacity)
             .flush_every_ms(None)
             .use_compression(compress)
+            .compression_factor(super::open::COMPRESSION_LEVEL)
             .open()
     };
     if copy.exists() {

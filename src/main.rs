@@ -28,7 +28,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            let runtime = matches!(e.downcast_ref::<DaemonError>(), Some(DaemonError::Runtime(_)));
+            let runtime = matches!(
+                e.downcast_ref::<DaemonError>(),
+                Some(DaemonError::Runtime(_))
+            );
             let code = if e.is::<RuntimeError>() || runtime {
                 EXIT_RUNTIME
             } else if e.is::<ModelError>() {

@@ -73,9 +73,8 @@ pub(super) struct Signals {
 
 impl Signals {
     fn new() -> Result<Signals, DaemonError> {
-        let handler = |kind, what| {
-            signal(kind).map_err(|source| DaemonError::Signal { what, source })
-        };
+        let handler =
+            |kind, what| signal(kind).map_err(|source| DaemonError::Signal { what, source });
         Ok(Signals {
             term: handler(SignalKind::terminate(), "SIGTERM")?,
             int: handler(SignalKind::interrupt(), "SIGINT")?,
@@ -217,12 +216,7 @@ impl Daemon {
             None => None,
         };
         let daemon_info = match &ota {
-            Some(a) => a
-                .stats
-                .daemon
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
+            Some(a) => a.stats.daemon.lock().clone(),
             None => (
                 env!("CARGO_PKG_VERSION").to_string(),
                 crate::ota::slots::running_slot().unwrap_or_else(|| "package".into()),

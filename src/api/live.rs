@@ -17,14 +17,15 @@
 //! inference (which runs on its own threads).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
+use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use super::ApiState;
@@ -172,7 +173,7 @@ impl Live {
         });
         let point: Arc<str> = point.to_string().into();
         {
-            let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+            let mut h = self.history.lock();
             if h.len() >= HISTORY_POINTS {
                 h.pop_front();
             }
@@ -207,7 +208,7 @@ impl Live {
 
     /// The history as one JSON array, oldest first.
     fn history_json(&self) -> String {
-        let h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+        let h = self.history.lock();
         let mut out = String::with_capacity(2 + h.iter().map(|p| p.len() + 1).sum::<usize>());
         out.push('[');
         for (i, p) in h.iter().enumerate() {

@@ -216,12 +216,7 @@ impl Daemon {
             None => None,
         };
         let daemon_info = match &ota {
-            Some(a) => a
-                .stats
-                .daemon
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
+            Some(a) => a.stats.daemon.lock().clone(),
             None => (
                 env!("CARGO_PKG_VERSION").to_string(),
                 crate::ota::slots::running_slot().unwrap_or_else(|| "package".into()),

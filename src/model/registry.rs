@@ -5,9 +5,10 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
 use super::manifest::{Manifest, ManifestError, compare_io};
@@ -77,7 +78,7 @@ impl LoadedModel {
     /// callers on other threads wait for the lock.
     pub fn run(&self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>, RunError> {
         check_inputs(&self.declared, inputs.iter().map(|(n, t)| (*n, *t)))?;
-        let mut s = self.session.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.session.lock();
         // The declared inputs were held to the model's own at load (compare_io).
         s.run_prechecked(inputs)
     }
@@ -85,7 +86,7 @@ impl LoadedModel {
     /// Exclusive access to the underlying ONNX Runtime session, for the
     /// benchmarks' hot loops; None when another engine serves the model.
     pub fn with_session<R>(&self, f: impl FnOnce(&mut OrtSession) -> R) -> Option<R> {
-        let mut s = self.session.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.session.lock();
         s.as_ort().map(f)
     }
 

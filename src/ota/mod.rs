@@ -265,7 +265,7 @@ pub fn start(
         .unwrap_or_default();
     let version = boot.version_of(running.as_deref());
     let stats = Arc::new(stats::OtaStats::default());
-    *stats.daemon.lock().unwrap_or_else(|p| p.into_inner()) = (
+    *stats.daemon.lock() = (
         version.clone(),
         running.clone().unwrap_or_else(|| "package".into()),
     );

@@ -2,9 +2,9 @@
 //! commands by outcome, and which daemon version and slot run.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use parking_lot::Mutex;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use crate::telemetry::metrics::{MetricSource, counter, gauge};
@@ -49,21 +49,11 @@ const RECENT_EVENTS: usize = 20;
 
 impl OtaStats {
     pub fn step(&self, step: &'static str) {
-        *self
-            .steps
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(step)
-            .or_default() += 1;
+        *self.steps.lock().entry(step).or_default() += 1;
     }
 
     pub fn command(&self, result: &'static str) {
-        *self
-            .commands
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(result)
-            .or_default() += 1;
+        *self.commands.lock().entry(result).or_default() += 1;
     }
 
     /// A polled manifest document, by result (`signed`, `plain`, or why refused).
@@ -77,7 +67,7 @@ impl OtaStats {
     }
 
     pub fn set_phase(&self, phase: &'static str) {
-        *self.phase.lock().unwrap_or_else(|p| p.into_inner()) = phase;
+        *self.phase.lock() = phase;
     }
 
     /// Keeps a status event (as sent upstream) among the recent ones.
@@ -89,7 +79,7 @@ impl OtaStats {
                 crate::record::rfc3339(std::time::SystemTime::now()).into(),
             );
         }
-        let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.recent.lock();
         if r.len() >= RECENT_EVENTS {
             r.pop_front();
         }
@@ -98,7 +88,7 @@ impl OtaStats {
 
     /// Phase, probation, the recent status events and the commands.
     pub fn summary(&self) -> OtaSummary {
-        let phase = *self.phase.lock().unwrap_or_else(|p| p.into_inner());
+        let phase = *self.phase.lock();
         let phase = if phase.is_empty() { "idle" } else { phase };
         OtaSummary {
             phase,
@@ -106,30 +96,18 @@ impl OtaStats {
             daemon_trial: self.daemon_trial.load(Ordering::Relaxed),
             download_bytes: self.download_bytes.load(Ordering::Relaxed),
             download_size: self.download_size.load(Ordering::Relaxed),
-            recent: self
-                .recent
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .cloned()
-                .collect(),
+            recent: self.recent.lock().iter().cloned().collect(),
             commands: self.commands(),
         }
     }
 
     pub fn commands(&self) -> BTreeMap<&'static str, u64> {
-        self.commands
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.commands.lock().clone()
     }
 }
 
 fn bump(m: &Mutex<BTreeMap<&'static str, u64>>, k: &'static str) {
-    *m.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .entry(k)
-        .or_default() += 1;
+    *m.lock().entry(k).or_default() += 1;
 }
 
 fn labelled(
@@ -137,7 +115,6 @@ fn labelled(
     label: &'static str,
 ) -> Vec<(Vec<(&'static str, String)>, u64)> {
     m.lock()
-        .unwrap_or_else(|p| p.into_inner())
         .iter()
         .map(|(k, v)| (vec![(label, k.to_string())], *v))
         .collect()
@@ -145,11 +122,7 @@ fn labelled(
 
 impl MetricSource for OtaStats {
     fn encode(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let (version, slot) = self
-            .daemon
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let (version, slot) = self.daemon.lock().clone();
         gauge(
             enc,
             "outpost_daemon_info",
@@ -171,7 +144,6 @@ impl MetricSource for OtaStats {
         let steps: Vec<_> = self
             .steps
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .iter()
             .map(|(k, v)| (vec![("step", k.to_string())], *v))
             .collect();

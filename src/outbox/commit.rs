@@ -17,8 +17,9 @@ use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
 
 use super::OutboxError;
 
@@ -81,12 +82,6 @@ struct State {
     stopped: bool,
 }
 
-/// Locks a mutex, ignoring poisoning: the state is plain counters, every
-/// update is a single assignment, so a panicking holder leaves it consistent.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Commit {
     pub fn new(interval: Duration, flush_records: usize) -> Commit {
         Commit {
@@ -109,14 +104,14 @@ impl Commit {
         if !self.broken.load(Ordering::Relaxed) {
             return None;
         }
-        lock(&self.state).broken.clone()
+        self.state.lock().broken.clone()
     }
 
     /// Marks the store broken (a write or a commit failed) and wakes the
     /// flusher to recover it. A reason that asks for a reopen is kept over
     /// one that does not.
     pub fn set_broken(&self, reason: String, reopen: bool) {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         let reopen = reopen || st.broken.as_ref().is_some_and(|b| b.reopen);
         st.broken = Some(Broken { reason, reopen });
         self.broken.store(true, Ordering::SeqCst);
@@ -146,7 +141,7 @@ impl Commit {
     }
 
     fn wake(&self) {
-        lock(&self.state).wake = true;
+        self.state.lock().wake = true;
         self.wake_flusher.notify_one();
     }
 
@@ -160,7 +155,7 @@ impl Commit {
     /// covers it, so many waiters cost no extra fsync.
     pub fn wait_durable(&self, early: bool) -> Result<(), OutboxError> {
         let target = self.ops.load(Ordering::SeqCst);
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         if st.durable >= target {
             return Ok(());
         }
@@ -189,13 +184,13 @@ impl Commit {
             if st.stopped {
                 return Err(OutboxError::Closed);
             }
-            st = self.flushed.wait(st).unwrap_or_else(|e| e.into_inner());
+            self.flushed.wait(&mut st);
         }
     }
 
     /// Asks the flusher for a last flush and to stop.
     pub fn shutdown(&self) {
-        lock(&self.state).shutdown = true;
+        self.state.lock().shutdown = true;
         self.wake_flusher.notify_one();
     }
 
@@ -206,17 +201,13 @@ impl Commit {
         let mut log = FailureLog::default();
         loop {
             let (shutdown, started, broken) = {
-                let mut st = lock(&self.state);
+                let mut st = self.state.lock();
                 while !st.wake && !st.shutdown {
                     let now = Instant::now();
                     if now >= next {
                         break;
                     }
-                    st = self
-                        .wake_flusher
-                        .wait_timeout(st, next - now)
-                        .map(|(g, _)| g)
-                        .unwrap_or_else(|e| e.into_inner().0);
+                    self.wake_flusher.wait_for(&mut st, next - now);
                 }
                 st.wake = false;
                 let target = self.ops.load(Ordering::SeqCst);
@@ -239,7 +230,7 @@ impl Commit {
             let r = target_store.commit(broken.as_ref());
             let took = t0.elapsed();
             next = Instant::now() + self.interval;
-            let mut st = lock(&self.state);
+            let mut st = self.state.lock();
             match r {
                 Attempt::Done => {
                     self.flushes_total.fetch_add(1, Ordering::Relaxed);

@@ -32,11 +32,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::ops::Bound;
 use std::path::Path;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::SystemTime;
 
-use super::commit::lock;
+use parking_lot::Mutex;
+
 use super::record::{self, Entry, KEY_LEN, Key};
 use super::{OutboxConfig, OutboxError, Shared, WhenFull, open, range_after};
 
@@ -197,7 +197,7 @@ impl Held {
         let Some(read_only) = kind(e) else {
             return;
         };
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.read_only = read_only;
         if !self.holding() {
             st.since = Some(SystemTime::now());
@@ -218,7 +218,7 @@ impl Held {
     /// `drop_oldest` the oldest held records make room.
     pub fn hold(&self, key: Key, value: sled::IVec) -> Result<Key, OutboxError> {
         let need = size(&value);
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         while st.bytes + need > self.max_bytes {
             let victim = match self.when_full {
                 WhenFull::DropOldest => st.records.pop_first(),
@@ -265,7 +265,7 @@ impl Held {
             // Copied out: appends wait on this lock, a read of the store may
             // wait on the disk.
             let (upto, skip) = {
-                let st = lock(&self.state);
+                let st = self.state.lock();
                 let mut skip = st.acked.above.clone();
                 skip.extend(st.dead.keys().copied());
                 (st.acked.upto, skip)
@@ -293,7 +293,7 @@ impl Held {
             }
         }
         let from = out.last().map(|e| e.key).or(from);
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         let mut bad = Vec::new();
         for (k, v) in st.records.range(after(from)) {
             if out.len() >= limit {
@@ -322,7 +322,7 @@ impl Held {
         let (mut n, mut bytes, mut all) = (0, 0, 0);
         for &k in keys {
             {
-                let mut st = lock(&self.state);
+                let mut st = self.state.lock();
                 if let Some(v) = st.records.remove(&k) {
                     st.bytes -= size(&v);
                     st.dead.remove(&k);
@@ -350,7 +350,7 @@ impl Held {
     ) -> Result<Option<u64>, OutboxError> {
         let reason = record::cut(reason, 64 << 10).to_string();
         {
-            let mut st = lock(&self.state);
+            let mut st = self.state.lock();
             if st.records.contains_key(&key) {
                 st.dead.insert(key, reason);
                 return Ok(None);
@@ -358,7 +358,7 @@ impl Held {
         }
         let left = self.mark_stored(store, key)?;
         if left.is_some() {
-            lock(&self.state).dead.insert(key, reason);
+            self.state.lock().dead.insert(key, reason);
         }
         Ok(left)
     }
@@ -369,7 +369,7 @@ impl Held {
         let Some(store) = store else {
             return Ok(None);
         };
-        if lock(&self.state).acked.contains(k) {
+        if self.state.lock().acked.contains(k) {
             return Ok(None);
         }
         let Some(v) = store
@@ -378,7 +378,7 @@ impl Held {
         else {
             return Ok(None);
         };
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         if !st.acked.above.insert(k) {
             return Ok(None);
         }
@@ -398,11 +398,11 @@ impl Held {
     /// Whether the database may be closed now: holding, still open, and
     /// no stored record left to send.
     pub fn may_close(&self, stored_records: u64) -> bool {
-        self.holding() && stored_records == 0 && !lock(&self.state).store_closed
+        self.holding() && stored_records == 0 && !self.state.lock().store_closed
     }
 
     pub fn store_closed(&self) {
-        lock(&self.state).store_closed = true;
+        self.state.lock().store_closed = true;
         tracing::warn!(
             "outbox: every stored record was sent; the database is closed so that the read-only disk can be unmounted, checked and mounted again (records stay in memory meanwhile)"
         );
@@ -414,7 +414,7 @@ impl Held {
     /// back). Nothing is cleared until `finish`: a reopen that fails later
     /// writes them again into the next try.
     pub fn write_into(&self, records: &sled::Tree) -> Result<Written, OutboxError> {
-        let st = lock(&self.state);
+        let st = self.state.lock();
         let mut w = Written::default();
         if !self.holding() {
             return Ok(w);
@@ -460,7 +460,7 @@ impl Held {
     /// The reopen that wrote the held records committed: stop holding.
     /// Returns the dead-letter moves to make now.
     pub fn finish(&self, w: &Written) -> Vec<(Key, String)> {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         if !self.holding() {
             return Vec::new();
         }
@@ -481,7 +481,7 @@ impl Held {
     }
 
     pub fn stats(&self) -> HeldStats {
-        let st = lock(&self.state);
+        let st = self.state.lock();
         HeldStats {
             holding: self.holding(),
             read_only: self.holding() && st.read_only,
@@ -658,7 +658,7 @@ mod tests {
         let (n, _, all) = h.ack(Some(&store), &[Key(1, 1), Key(1, 4)]).unwrap();
         assert_eq!((n, all), (1, 2));
         h.ack(Some(&store), &[Key(1, 0), Key(1, 0)]).unwrap();
-        assert_eq!(lock(&h.state).acked.upto, Some(Key(1, 1)));
+        assert_eq!(h.state.lock().acked.upto, Some(Key(1, 1)));
         assert!(
             h.refused(Some(&store), Key(1, 3), "too large")
                 .unwrap()

@@ -93,14 +93,15 @@ mod upgrade;
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
-use commit::{Commit, Disk, lock};
+use commit::{Commit, Disk};
 pub use config::{OutboxConfig, WhenFull};
 pub use degraded::HeldStats;
 pub use error::OutboxError;
@@ -416,11 +417,11 @@ impl Outbox {
                 max_bytes: s.cfg.max_bytes,
             });
         }
-        let mut seq = lock(&s.append);
+        let mut seq = s.append.lock();
         if s.held.holding() {
             return s.hold(&mut seq, value);
         }
-        let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
+        let guard = s.store.read();
         let st = guard.as_ref().ok_or_else(|| s.unavailable_now())?;
         s.make_room(st, size)?;
         let key = Key(s.boot, *seq);
@@ -438,7 +439,7 @@ impl Outbox {
             }
             return Err(e);
         }
-        lock(&s.unsaved).insert(key.1, value);
+        s.unsaved.lock().insert(key.1, value);
         *seq += 1;
         drop(guard);
         drop(seq);
@@ -469,7 +470,7 @@ impl Outbox {
     pub fn pending(&self, after: Option<Key>, limit: usize) -> Result<Vec<Entry>, OutboxError> {
         let s = self.s();
         {
-            let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
+            let guard = s.store.read();
             if s.held.holding() {
                 return s
                     .held
@@ -480,7 +481,7 @@ impl Outbox {
         let mut from = after;
         while out.len() < limit {
             let mut bad = None;
-            let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
+            let guard = s.store.read();
             let st = guard.as_ref().ok_or_else(|| s.unavailable_now())?;
             for kv in st.records.range(range_after(from)).take(limit - out.len()) {
                 let (k, v) = kv.map_err(OutboxError::db("read pending"))?;
@@ -510,7 +511,7 @@ impl Outbox {
     pub fn ack(&self, keys: &[Key]) -> Result<(), OutboxError> {
         let s = self.s();
         let mut n = 0;
-        let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
+        let guard = s.store.read();
         if s.held.holding() {
             return s.held_ack(guard.as_ref().map(|st| &st.records), keys);
         }
@@ -541,7 +542,7 @@ impl Outbox {
     pub fn dead_letter(&self, key: Key, reason: &str) -> Result<(), OutboxError> {
         let s = self.s();
         {
-            let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
+            let guard = s.store.read();
             if s.held.holding() {
                 return s.held_refused(guard.as_ref().map(|st| &st.records), key, reason);
             }
@@ -557,7 +558,7 @@ impl Outbox {
     ) -> Result<Vec<DeadLetter>, OutboxError> {
         let mut out = Vec::new();
         let s = self.s();
-        let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
+        let guard = s.store.read();
         let st = guard.as_ref().ok_or_else(|| s.unavailable_now())?;
         for kv in st.dead.range(range_after(after)).take(limit) {
             let (k, v) = kv.map_err(OutboxError::db("read dead letters"))?;
@@ -578,7 +579,7 @@ impl Outbox {
     pub fn purge(&self, what: Purge) -> Result<Purged, OutboxError> {
         let s = self.s();
         let mut p = Purged::default();
-        let guard = s.store.read().unwrap_or_else(|p| p.into_inner());
+        let guard = s.store.read();
         let st = guard.as_ref().ok_or_else(|| s.unavailable_now())?;
         while let Some((k, v)) = st.dead.pop_min().map_err(|e| s.write_failed("purge", e))? {
             s.dead_n.fetch_sub(1, Ordering::SeqCst);
@@ -633,7 +634,7 @@ impl Inner {
         let s = &self.shared;
         s.closed.store(true, Ordering::SeqCst);
         s.commit.shutdown();
-        let handle = lock(&self.flusher).take();
+        let handle = self.flusher.lock().take();
         match handle {
             None => Ok(()),
             Some(h) => {
@@ -730,7 +731,7 @@ impl Shared {
     /// Takes records that left the store out of the unsaved ones (a reopen
     /// must not put them back).
     fn forget_unsaved(&self, keys: impl IntoIterator<Item = Key>) {
-        let mut unsaved = lock(&self.unsaved);
+        let mut unsaved = self.unsaved.lock();
         if unsaved.is_empty() {
             return;
         }
@@ -755,8 +756,8 @@ impl Shared {
         let now = SystemTime::now();
         // The append lock, as in an append: make_room must not count space
         // this move is about to take.
-        let _seq = lock(&self.append);
-        let guard = self.store.read().unwrap_or_else(|p| p.into_inner());
+        let _seq = self.append.lock();
+        let guard = self.store.read();
         let st = guard.as_ref().ok_or_else(|| self.unavailable_now())?;
         let moved = (&st.records, &st.dead)
             .transaction(|(rec, dead)| {
@@ -839,17 +840,11 @@ impl Shared {
         // (on a full disk that can take long) /metrics and /v1/status still
         // answer, without the oldest record's age.
         let oldest_appended_at = match self.store.try_read() {
-            Ok(guard) => match guard.as_ref().map(|st| st.records.first()) {
+            Some(guard) => match guard.as_ref().map(|st| st.records.first()) {
                 Some(Ok(Some((_, v)))) => record::appended_at(&v).ok(),
                 _ => None,
             },
-            Err(std::sync::TryLockError::Poisoned(p)) => {
-                match p.into_inner().as_ref().map(|st| st.records.first()) {
-                    Some(Ok(Some((_, v)))) => record::appended_at(&v).ok(),
-                    _ => None,
-                }
-            }
-            Err(std::sync::TryLockError::WouldBlock) => None,
+            None => None,
         };
         let held = self.held.stats();
         let records = self.records_n.load(Ordering::SeqCst);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::commit::{Attempt, Broken, Disk, Target, lock};
+use super::commit::{Attempt, Broken, Disk, Target};
 use super::degraded;
 use super::record::{KEY_LEN, Key};
 use super::{OutboxError, Shared, entry_size, open};
@@ -57,11 +57,13 @@ impl Flusher {
     fn reopen(&mut self) -> Result<(), OutboxError> {
         let s = &*self.shared;
         // Appends wait on this lock; the order (append, then store) is theirs.
-        let seq = lock(&s.append);
-        let mut store = s.store.write().unwrap_or_else(|p| p.into_inner());
+        let seq = s.append.lock();
+        let mut store = s.store.write();
         // What the broken database held in memory only. Never read from
         // it: sled can spin for good there (see `Shared::unsaved`).
-        let unsaved: Vec<(sled::IVec, sled::IVec)> = lock(&s.unsaved)
+        let unsaved: Vec<(sled::IVec, sled::IVec)> = s
+            .unsaved
+            .lock()
             .iter()
             .map(|(seq, v)| {
                 (
@@ -107,7 +109,7 @@ impl Flusher {
         s.dead_n.store(loaded.dead_n, Ordering::SeqCst);
         s.dead_bytes.store(loaded.dead_bytes, Ordering::SeqCst);
         s.durable_seq.store(*seq, Ordering::SeqCst);
-        lock(&s.unsaved).clear();
+        s.unsaved.lock().clear();
         s.reopens_total.fetch_add(1, Ordering::Relaxed);
         *store = Some(Store {
             records: loaded.records,
@@ -130,7 +132,7 @@ impl Flusher {
         let s = &*self.shared;
         let e = degraded::probe(&s.dir).err()?;
         if self.disk.is_some() && s.held.may_close(s.records_n.load(Ordering::SeqCst)) {
-            let mut store = s.store.write().unwrap_or_else(|p| p.into_inner());
+            let mut store = s.store.write();
             close_in_background((store.take(), self.disk.take()));
             s.held.store_closed();
         }
@@ -179,7 +181,7 @@ impl Target for Flusher {
             self.move_dead_later();
         }
         // Every seq below this is in the flush that starts now.
-        let seq = *lock(&self.shared.append);
+        let seq = *self.shared.append.lock();
         let Some(disk) = self.disk.as_mut() else {
             let e = OutboxError::Unavailable("the database is closed".into());
             return self.failed(e, true);
@@ -193,7 +195,7 @@ impl Target for Flusher {
         self.shared.durable_seq.store(seq, Ordering::SeqCst);
         {
             // Everything below `seq` is on the disk now.
-            let mut unsaved = lock(&self.shared.unsaved);
+            let mut unsaved = self.shared.unsaved.lock();
             let rest = unsaved.split_off(&seq);
             *unsaved = rest;
         }

@@ -40,9 +40,10 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::record::ResultRecord;
@@ -209,32 +210,19 @@ pub struct OutputStats {
 
 impl OutputStats {
     pub fn drops(&self) -> BTreeMap<&'static str, u64> {
-        self.drops.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.drops.lock().clone()
     }
 
     pub fn readers_refused(&self) -> BTreeMap<&'static str, u64> {
-        self.readers_refused
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.readers_refused.lock().clone()
     }
 
     fn refuse_reader(&self, reason: &'static str) {
-        *self
-            .readers_refused
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(reason)
-            .or_default() += 1;
+        *self.readers_refused.lock().entry(reason).or_default() += 1;
     }
 
     fn add_drop(&self, reason: &'static str) {
-        *self
-            .drops
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(reason)
-            .or_default() += 1;
+        *self.drops.lock().entry(reason).or_default() += 1;
     }
 }
 

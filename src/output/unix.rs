@@ -17,10 +17,11 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{OutputStats, Sent};
@@ -200,7 +201,7 @@ impl UnixSink {
                                     continue;
                                     }
                                 };
-                                let mut g = readers.lock().unwrap_or_else(|p| p.into_inner());
+                                let mut g = readers.lock();
                                 g.push(Reader { stream, pending: Vec::new(), _fd: fd });
                                 stats.readers.store(g.len() as u64, Ordering::Relaxed);
                                 tracing::info!(path = %path.display(), readers = g.len(), "unix output: reader connected");
@@ -226,7 +227,7 @@ impl UnixSink {
             return Sent::Dropped("too_large");
         };
         let head = len.to_le_bytes();
-        let mut g = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.readers.lock();
         let mut outcome = if g.is_empty() {
             Sent::Dropped("no_reader")
         } else {
@@ -249,7 +250,7 @@ impl UnixSink {
 
     /// Readers connected now.
     pub fn readers(&self) -> usize {
-        self.readers.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.readers.lock().len()
     }
 }
 
@@ -263,7 +264,7 @@ fn admit(
     limits: &ReaderLimits,
 ) -> Result<OwnedSemaphorePermit, &'static str> {
     {
-        let mut g = readers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = readers.lock();
         if g.len() >= limits.max_readers {
             g.retain(|r| !r.hung_up());
         }

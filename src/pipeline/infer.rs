@@ -4,13 +4,14 @@
 //! a run's outputs reach its items by one rule
 //! ([`LoadedModel::split_outputs`]).
 
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use parking_lot::Mutex;
+
+use super::PipelineStats;
 use super::drops::{DropReason, Dropped};
 use super::mode::{Batching, Mode};
-use super::{PipelineStats, lock};
 use crate::backend::Tensor;
 use crate::model::registry::LoadedModel;
 use crate::model::state::StreamStates;
@@ -83,7 +84,7 @@ impl Engine<'_> {
         let inputs = self.inputs(job.tensor);
         let t0 = Instant::now();
         let out = if self.mode.stateful {
-            lock(self.states).run(self.model, job.stream, &inputs)
+            self.states.lock().run(self.model, job.stream, &inputs)
         } else {
             self.model.run(&inputs)
         };
@@ -147,7 +148,10 @@ impl Engine<'_> {
                 Ok(batch) => {
                     let inputs = self.inputs(&batch);
                     let t0 = Instant::now();
-                    let r = lock(self.states).run_batch(self.model, &streams, axes, &inputs);
+                    let r = self
+                        .states
+                        .lock()
+                        .run_batch(self.model, &streams, axes, &inputs);
                     let us = t0.elapsed().as_micros() as u64;
                     self.account(us, chunk.len());
                     match r {

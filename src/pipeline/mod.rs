@@ -19,9 +19,9 @@ pub mod worker;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 pub use self::drops::DropReason;
@@ -271,7 +271,7 @@ pub struct LatencySummary {
 
 impl LatencyHistogram {
     pub fn record(&self, us: u64) {
-        if let Some(h) = self.0.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        if let Some(h) = self.0.lock().as_mut() {
             h.saturating_record(us.max(1));
         }
     }
@@ -280,7 +280,7 @@ impl LatencyHistogram {
     /// ascending order: two of these taken apart give the latencies recorded
     /// in between (the console's p99 over time).
     pub fn recorded(&self) -> Vec<(u64, u64)> {
-        match self.0.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        match self.0.lock().as_ref() {
             Some(h) => h
                 .iter_recorded()
                 .map(|v| (v.value_iterated_to(), v.count_at_value()))
@@ -291,7 +291,7 @@ impl LatencyHistogram {
 
     /// The count and the quantiles (none while empty).
     pub fn summary(&self) -> LatencySummary {
-        match self.0.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        match self.0.lock().as_ref() {
             Some(h) if !h.is_empty() => LatencySummary {
                 count: h.len(),
                 p50_us: Some(h.value_at_quantile(0.50)),
@@ -308,7 +308,7 @@ impl LatencyHistogram {
     /// bucket, not cumulative (the encoder accumulates them); the last bucket
     /// is +Inf, so they add up to the count.
     pub fn buckets(&self, bounds: &[f64], scale: f64) -> (f64, u64, Vec<(f64, u64)>) {
-        let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let g = self.0.lock();
         let Some(h) = g.as_ref() else {
             return (
                 0.0,
@@ -335,7 +335,7 @@ impl LatencyHistogram {
     }
 
     pub fn reset(&self) {
-        if let Some(h) = self.0.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        if let Some(h) = self.0.lock().as_mut() {
             h.reset();
         }
     }
@@ -343,17 +343,17 @@ impl LatencyHistogram {
 
 impl PipelineStats {
     pub fn add_drop(&self, reason: DropReason) {
-        *lock(&self.drops).entry(reason.label()).or_default() += 1;
+        *self.drops.lock().entry(reason.label()).or_default() += 1;
     }
 
     /// Drops by reason label (`/v1/status` `drops`, `outpost_frames_dropped_total`).
     pub fn drops(&self) -> BTreeMap<&'static str, u64> {
-        lock(&self.drops).clone()
+        self.drops.lock().clone()
     }
 
     /// Drops counted under `reason`.
     pub fn drop_count(&self, reason: DropReason) -> u64 {
-        lock(&self.drops).get(reason.label()).copied().unwrap_or(0)
+        self.drops.lock().get(reason.label()).copied().unwrap_or(0)
     }
 
     pub fn get(a: &AtomicU64) -> u64 {
@@ -362,20 +362,14 @@ impl PipelineStats {
 
     /// Sets what the source says of itself (see [`PipelineStats::source_state`]).
     pub fn set_source_state(&self, state: &'static str) {
-        *self.source_state.lock().unwrap_or_else(|p| p.into_inner()) = state;
+        *self.source_state.lock() = state;
     }
 
     /// `started` once the daemon started the source, then what the source
     /// reports (`connected`, `reconnecting`, `streaming`, ...); empty before.
     pub fn source_state(&self) -> &'static str {
-        *self.source_state.lock().unwrap_or_else(|p| p.into_inner())
+        *self.source_state.lock()
     }
-}
-
-/// Locks a mutex of the pipeline's run-time. State behind these locks stays
-/// consistent if a holder panicked mid-frame, so a poisoned lock is used as is.
-pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Where records go once made: the outbox (and, for demos, stdout).

@@ -13,9 +13,9 @@
 //! on a condition variable.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use parking_lot::Mutex;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use crate::telemetry::metrics::{MetricSource, counter};
@@ -31,20 +31,12 @@ pub struct RealtimeStats {
 
 impl RealtimeStats {
     fn failed(&self, setting: &'static str, detail: String) {
-        *self
-            .errors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(setting)
-            .or_default() += 1;
+        *self.errors.lock().entry(setting).or_default() += 1;
         tracing::error!(setting, "{detail}; continuing without it");
     }
 
     pub fn errors(&self) -> BTreeMap<&'static str, u64> {
-        self.errors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.errors.lock().clone()
     }
 }
 

@@ -6,7 +6,9 @@
 //! model outputs.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 /// Records kept per pipeline.
 pub const PER_PIPELINE: usize = 20;
@@ -30,7 +32,7 @@ impl RecentRecords {
             // serde_json only writes UTF-8; keep the ring consistent regardless.
             Err(_) => return,
         };
-        let mut rings = self.rings.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rings = self.rings.lock();
         if !rings.contains_key(pipeline) && rings.len() >= MAX_PIPELINES {
             return;
         }
@@ -43,7 +45,7 @@ impl RecentRecords {
 
     /// Up to `n` records of `pipeline`, newest first.
     pub fn latest(&self, pipeline: &str, n: usize) -> Vec<Arc<str>> {
-        let rings = self.rings.lock().unwrap_or_else(|p| p.into_inner());
+        let rings = self.rings.lock();
         rings
             .get(pipeline)
             .map(|r| r.iter().rev().take(n).cloned().collect())

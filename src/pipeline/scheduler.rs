@@ -14,10 +14,11 @@
 //! - One more thread (`streams`) expires each pipeline's idle streams every
 //!   sweep interval, so their state goes whether frames arrive or not.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -210,8 +211,7 @@ impl Scheduler {
     }
 
     fn lock(&self) -> MutexGuard<'_, SchedState> {
-        // A worker that panicked while holding the lock left consistent queues (no invariant spans the panic).
-        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.state.lock()
     }
 
     pub fn pipelines(&self) -> &[Arc<Pipeline>] {
@@ -312,11 +312,7 @@ impl Scheduler {
         rt: &Arc<RealtimeStats>,
     ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
         let n = cfg.worker_count();
-        *self
-            .inner
-            .busy_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = vec![None; n.max(1)];
+        *self.inner.busy_since.lock() = vec![None; n.max(1)];
         let mut handles = (0..n.max(1))
             .map(|w| {
                 let s = self.clone();
@@ -340,8 +336,7 @@ impl Scheduler {
         let sweeper = std::thread::Builder::new()
             .name("streams".into())
             .spawn(move || s.sweep_streams())?;
-        *self.inner.sweeper.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(sweeper.thread().clone());
+        *self.inner.sweeper.lock() = Some(sweeper.thread().clone());
         handles.push(sweeper);
         Ok(handles)
     }
@@ -378,7 +373,6 @@ impl Scheduler {
         self.inner
             .busy_since
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .iter()
             .flatten()
             .map(|t| now.duration_since(*t))
@@ -411,19 +405,13 @@ impl Scheduler {
         }
         self.inner.stopping.store(true, Ordering::SeqCst);
         self.inner.work.notify_all();
-        if let Some(t) = &*self.inner.sweeper.lock().unwrap_or_else(|p| p.into_inner()) {
+        if let Some(t) = &*self.inner.sweeper.lock() {
             t.unpark();
         }
     }
 
     fn set_busy(&self, worker: usize, since: Option<Instant>) {
-        if let Some(slot) = self
-            .inner
-            .busy_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_mut(worker)
-        {
+        if let Some(slot) = self.inner.busy_since.lock().get_mut(worker) {
             *slot = since;
         }
     }
@@ -458,12 +446,9 @@ impl Scheduler {
                     return;
                 }
                 st.waiting += 1;
-                st = self
-                    .inner
+                self.inner
                     .work
-                    .wait_timeout(st, Duration::from_millis(100))
-                    .map(|(g, _)| g)
-                    .unwrap_or_else(|p| p.into_inner().0);
+                    .wait_for(&mut st, Duration::from_millis(100));
                 st.waiting -= 1;
             };
             let p = self.inner.pipelines[idx].clone();
@@ -483,12 +468,7 @@ impl Scheduler {
                         break;
                     }
                     st.waiting += 1;
-                    st = self
-                        .inner
-                        .work
-                        .wait_timeout(st, deadline - now)
-                        .map(|(g, _)| g)
-                        .unwrap_or_else(|p| p.into_inner().0);
+                    self.inner.work.wait_for(&mut st, deadline - now);
                     st.waiting -= 1;
                     let more = st.queues[idx].take(max - frames.len());
                     frames.extend(more);

@@ -3,11 +3,10 @@
 //! the optional per-box thumbnails of records. The frame is kept as it
 //! came (a reference to its bytes) and decoded and drawn only when asked for.
 
-use std::sync::Mutex;
-
 use base64::Engine;
 use bytes::Bytes;
 use image::ImageEncoder;
+use parking_lot::Mutex;
 use serde_json::Value;
 
 use crate::preprocess::PreprocessConfig;
@@ -52,19 +51,14 @@ impl Latest {
     /// Keeps a frame and its outputs (a reference count, no copy of the bytes).
     pub fn keep(&self, payload: &Bytes, raw: Option<RawImage>, outputs: &Value) {
         if self.pre.is_some() {
-            *self.slot.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some((payload.clone(), raw, outputs.clone()));
+            *self.slot.lock() = Some((payload.clone(), raw, outputs.clone()));
         }
     }
 
     /// The latest frame with its boxes drawn, as JPEG; `None` before the first frame.
     pub fn render(&self) -> Option<Result<Vec<u8>, SnapshotError>> {
         let pre = self.pre.as_ref()?;
-        let (payload, raw, outputs) = self
-            .slot
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()?;
+        let (payload, raw, outputs) = self.slot.lock().clone()?;
         Some((|| {
             let mut img = match raw {
                 Some(raw) => raw.to_rgb(&payload),

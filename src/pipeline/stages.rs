@@ -15,16 +15,17 @@
 //!   logged; the pipeline keeps serving;
 //! - boxes outside the frame crop black pixels, never panic.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ndarray::{ArrayD, IxDyn};
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::snapshot;
-use super::{LatencyHistogram, PipelineConfig, lock};
+use super::{LatencyHistogram, PipelineConfig};
 use crate::backend::{Dim, Tensor};
 use crate::model::registry::LoadedModel;
 use crate::postprocess::{PostprocessConfig, Postprocessor};
@@ -256,7 +257,7 @@ impl Cascade {
     /// table let it go).
     pub fn reset(&self, stream: &str) {
         for s in &self.stages {
-            lock(&s.post).reset(stream);
+            s.post.lock().reset(stream);
         }
     }
 
@@ -522,7 +523,7 @@ impl Stage {
             order.sort_by(|a, b| ratio(&crops[*a]).total_cmp(&ratio(&crops[*b])));
         }
         let mut results: Vec<Option<Value>> = vec![None; boxes.len()];
-        let mut post = lock(&self.post);
+        let mut post = self.post.lock();
         for chunk in order.chunks(self.cfg.max_batch.max(1)) {
             let batch_w = if self.free_width {
                 chunk

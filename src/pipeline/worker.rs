@@ -8,15 +8,17 @@
 //! when someone waits for it, and skipped; the pipeline keeps running.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
 
 use super::drops::DropReason;
 use super::hook::{AnyState, DynStreamHook, StreamEnd};
 use super::mode::{Batching, Mode};
 use super::snapshot::Latest;
 use super::stages::{Cascade, StageStats};
-use super::{IdGen, PipelineConfig, PipelineStats, RateLimitedLog, RecordSink, lock};
+use super::{IdGen, PipelineConfig, PipelineStats, RateLimitedLog, RecordSink};
 use crate::backend::Tensor;
 use crate::model::registry::LoadedModel;
 use crate::model::state::StreamStates;
@@ -66,7 +68,7 @@ pub struct Pipeline {
     pub cfg: PipelineConfig,
     /// Swapped atomically by OTA updates: each batch takes the model once, so
     /// frames in flight finish on the version they started with.
-    model: std::sync::RwLock<Arc<LoadedModel>>,
+    model: RwLock<Arc<LoadedModel>>,
     pub stats: PipelineStats,
     main_input: String,
     constants: Vec<(String, Tensor)>,
@@ -228,7 +230,7 @@ impl Pipeline {
         Ok(Pipeline {
             outputs: LocalOutputs::new(&cfg.name, &cfg.outputs),
             cfg,
-            model: std::sync::RwLock::new(model),
+            model: RwLock::new(model),
             stats: PipelineStats {
                 camera,
                 ..PipelineStats::default()
@@ -305,7 +307,7 @@ impl Pipeline {
 
     /// The model serving this pipeline now.
     pub fn model(&self) -> Arc<LoadedModel> {
-        self.model.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.model.read().clone()
     }
 
     /// Replaces the model (OTA). The new one must take the same inputs and
@@ -332,8 +334,8 @@ impl Pipeline {
                 pipeline: self.cfg.name.clone(),
             });
         }
-        let mut slot = self.model.write().unwrap_or_else(|p| p.into_inner());
-        *lock(&self.states) = StreamStates::new();
+        let mut slot = self.model.write();
+        *self.states.lock() = StreamStates::new();
         self.stats.inference_us.reset();
         *slot = new;
         Ok(old)
@@ -376,7 +378,7 @@ impl Pipeline {
         if !matches!(self.mode.batching, Batching::AcrossStreams { .. }) {
             return true;
         }
-        let known = lock(&self.streams).len();
+        let known = self.streams.lock().len();
         let mut distinct: Vec<&str> = Vec::with_capacity(frames.len());
         for f in frames {
             if !distinct.contains(&&*f.stream) {
@@ -427,7 +429,7 @@ impl Pipeline {
             }
         }
         let ended = {
-            let mut table = lock(&self.streams);
+            let mut table = self.streams.lock();
             let now = Instant::now();
             let mut gone = Vec::new();
             for s in &names {
@@ -440,7 +442,7 @@ impl Pipeline {
         self.end_streams(ended);
         self.run_frames(frames, worker);
         let ended = {
-            let mut table = lock(&self.streams);
+            let mut table = self.streams.lock();
             let now = Instant::now();
             let mut gone = Vec::new();
             for s in &names {
@@ -455,7 +457,7 @@ impl Pipeline {
     /// the scheduler, so it happens without new frames); returns how many.
     pub fn expire_idle_streams(&self) -> usize {
         let (n, ended) = {
-            let mut table = lock(&self.streams);
+            let mut table = self.streams.lock();
             let gone = table.expire(Instant::now());
             (gone.len(), self.forget(gone))
         };
@@ -465,7 +467,7 @@ impl Pipeline {
 
     /// Streams held now, the bound, and the evictions by reason.
     pub fn streams_held(&self) -> StreamsHeld {
-        let t = lock(&self.streams);
+        let t = self.streams.lock();
         StreamsHeld {
             held: t.len(),
             max: t.max(),
@@ -483,19 +485,19 @@ impl Pipeline {
         if gone.is_empty() || !self.mode.serial {
             return Vec::new();
         }
-        let mut states = lock(&self.states);
+        let mut states = self.states.lock();
         for e in &gone {
             states.reset(&e.stream);
         }
         drop(states);
         for pre in &self.pre {
-            let mut pre = lock(pre);
+            let mut pre = pre.lock();
             for e in &gone {
                 pre.reset(&e.stream);
             }
         }
         for post in &self.post {
-            let mut post = lock(post);
+            let mut post = post.lock();
             for e in &gone {
                 post.reset(&e.stream);
             }
@@ -514,7 +516,8 @@ impl Pipeline {
     /// last seen)`, least recently seen first. The streams go with them
     /// (uncounted), so run this on a pipeline that no longer runs.
     pub fn take_stream_states(&self) -> Vec<(String, AnyState, Instant)> {
-        lock(&self.streams)
+        self.streams
+            .lock()
             .drain()
             .into_iter()
             .filter_map(|(s, v, seen)| Some((s, v?, seen)))
@@ -534,7 +537,7 @@ impl Pipeline {
         let taken = old.take_stream_states();
         let n = taken.len();
         let ended = {
-            let mut table = lock(&self.streams);
+            let mut table = self.streams.lock();
             let mut gone = Vec::new();
             for (stream, state, seen) in taken {
                 gone.extend(table.adopt(stream, Some(state), seen));

@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::format::Writer;
@@ -101,7 +101,7 @@ impl RateLimitedLog {
 
     /// Some(suppressed count) when this event should be logged now.
     pub fn allow(&self, reason: &'static str) -> Option<u64> {
-        let mut m = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.last.lock();
         let now = Instant::now();
         match m.get_mut(reason) {
             Some((t, n)) if now.duration_since(*t) < self.every => {

@@ -8,10 +8,11 @@
 //! events come back as one record's outputs (`{"events": [...]}`), and with
 //! `emit = "events"` the frame's own record is not sent upstream.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use parking_lot::Mutex;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -176,8 +177,8 @@ impl PipelineTracking {
         }
     }
 
-    fn live_slot(&self) -> std::sync::MutexGuard<'_, LiveSlot> {
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    fn live_slot(&self) -> parking_lot::MutexGuard<'_, LiveSlot> {
+        self.live.lock()
     }
 
     /// The zones, lines and the newest frame's tracked boxes.

@@ -14,8 +14,8 @@
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
+use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
 pub struct SnapshotStore {
@@ -93,8 +93,8 @@ impl SnapshotStore {
         Ok(store)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
-        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Index> {
+        self.index.lock()
     }
 
     fn path(&self, name: &str) -> PathBuf {

@@ -7,9 +7,9 @@
 //! classes (at most `MAX_LABELS` per stream).
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
+use parking_lot::Mutex;
 use serde::Serialize;
 
 use super::events::{Direction, EndReason, EventKind};
@@ -56,8 +56,8 @@ pub struct TrackCounts {
 }
 
 impl TrackStats {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Counts> {
-        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Counts> {
+        self.counts.lock()
     }
 
     pub fn track_started(&self) {

@@ -1,9 +1,9 @@
 //! Uplink counters, read by the metrics collector at scrape time.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
+use parking_lot::Mutex;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use crate::telemetry::metrics::{MetricSource, counter, gauge};
@@ -82,14 +82,12 @@ impl UplinkStats {
 
     pub fn error(&self, e: impl Into<String>) {
         Self::add(&self.errors_total, 1);
-        if let Ok(mut g) = self.last_error.lock() {
-            *g = Some((SystemTime::now(), e.into()));
-        }
+        *self.last_error.lock() = Some((SystemTime::now(), e.into()));
     }
 
     /// The last error and when it happened.
     pub fn last_error(&self) -> Option<(SystemTime, String)> {
-        self.last_error.lock().ok().and_then(|g| g.clone())
+        self.last_error.lock().clone()
     }
 }
 

@@ -1,9 +1,10 @@
 //! Finding and loading `libonnxruntime` (the search order is in `mod.rs`).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use ort::ep::{self, ExecutionProvider};
+use parking_lot::Mutex;
 
 use crate::backend::Provider;
 
@@ -115,7 +116,7 @@ impl Runtime {
             return Ok(rt.clone());
         }
         // Serialise first loads: ort keeps one library per process.
-        let _g = LOAD_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = LOAD_LOCK.lock();
         if let Some(rt) = RUNTIME.get() {
             return Ok(rt.clone());
         }

@@ -4,9 +4,11 @@
 //! worker at a time for a serial pipeline, the idle-stream sweeper, stop,
 //! and per-stream state carried across a reload.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use super::{Scheduler, SchedulerConfig};
 use crate::pipeline::RecordSink;
@@ -152,7 +154,7 @@ fn a_worker_batches_what_is_queued_and_stop_finishes_every_frame() {
     let handles = start(&s, 1);
     stop(&s, handles);
     // Queued before the worker started: taken max_batch at a time.
-    assert_eq!(*runs.lock().unwrap(), vec![4, 4, 2]);
+    assert_eq!(*runs.lock(), vec![4, 4, 2]);
     assert_eq!(done(&s, 0), 10);
     assert!(replies.into_iter().all(|rx| answer(rx) == Ok(1)));
     let firsts: Vec<f64> = sink.records().iter().map(|r| y_of(r)[1]).collect();
@@ -165,7 +167,7 @@ fn without_max_delay_a_lone_frame_runs_at_once_and_with_it_the_batch_fills() {
     let handles = start(&s, 1);
     submit(&s, 0, frame("s", [1.0; 4]).0);
     wait_for("the frame", || done(&s, 0) == 1);
-    assert_eq!(*runs.lock().unwrap(), vec![1], "never waits for company");
+    assert_eq!(*runs.lock(), vec![1], "never waits for company");
     stop(&s, handles);
 
     // A long max_delay: the frames that follow the first join its run.
@@ -179,7 +181,7 @@ fn without_max_delay_a_lone_frame_runs_at_once_and_with_it_the_batch_fills() {
         submit(&s, 0, frame("s", [i as f32; 4]).0);
     }
     wait_for("the batch", || done(&s, 0) == 4);
-    assert_eq!(*runs.lock().unwrap(), vec![4]);
+    assert_eq!(*runs.lock(), vec![4]);
     stop(&s, handles);
 }
 
@@ -197,7 +199,7 @@ impl RecordSink for Overlap {
         self.most.fetch_max(n, Ordering::SeqCst);
         // Long enough for another worker to come in, were it let.
         std::thread::sleep(Duration::from_millis(1));
-        self.records.lock().unwrap().push(record.clone());
+        self.records.lock().push(record.clone());
         self.now.fetch_sub(1, Ordering::SeqCst);
         Ok(())
     }
@@ -217,7 +219,7 @@ fn a_serial_pipeline_is_run_by_one_worker_at_a_time_in_each_streams_order() {
     wait_for("every frame", || done(&s, 0) == 30);
     stop(&s, handles);
     assert_eq!(sink.most.load(Ordering::SeqCst), 1);
-    let recs = sink.records.lock().unwrap().clone();
+    let recs = sink.records.lock().clone();
     for stream in ["a", "b", "c"] {
         let ys: Vec<f64> = recs
             .iter()

@@ -3,8 +3,9 @@
 //! items of an image pyramid merged into one record, and a failing main
 //! model, all through the one inference path.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use super::Pipeline;
@@ -154,7 +155,7 @@ fn each_box_gets_its_stage_result_and_a_thumbnail() {
     let (f, rx) = picture("cam");
     c.pipeline.process(vec![f], 0);
     assert_eq!(answer(rx), Ok(1));
-    assert_eq!(*c.det_runs.lock().unwrap(), vec![1]);
+    assert_eq!(*c.det_runs.lock(), vec![1]);
     let recs = c.sink.records();
     let b = boxes(&recs[0].outputs);
     assert_eq!(b.len(), 2, "{}", recs[0].outputs);
@@ -280,7 +281,7 @@ fn a_pyramids_levels_run_one_by_one_and_make_one_record() {
     let (f, rx) = picture("cam");
     c.pipeline.process(vec![f], 0);
     assert_eq!(answer(rx), Ok(1));
-    let runs = c.det_runs.lock().unwrap().clone();
+    let runs = c.det_runs.lock().clone();
     assert!(runs.len() > 1 && runs.iter().all(|n| *n == 1), "{runs:?}");
     let items = c
         .pipeline
@@ -300,7 +301,7 @@ fn a_failing_main_model_drops_the_frame_once() {
     let n = calls.clone();
     let mut inner = level_size();
     let answer_fn: Answer = Box::new(move |inputs| {
-        let mut n = n.lock().unwrap();
+        let mut n = n.lock();
         *n += 1;
         // The second level of the first frame fails.
         if *n == 2 {

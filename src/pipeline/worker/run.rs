@@ -16,7 +16,6 @@ use serde_json::Value;
 use super::super::drops::{DropReason, Dropped};
 use super::super::hook::{FrameMeta, HookOutput};
 use super::super::infer::{Engine, Job, Outcome};
-use super::super::lock;
 use super::Pipeline;
 use crate::model::registry::LoadedModel;
 use crate::postprocess::Postprocessor;
@@ -88,7 +87,7 @@ impl Pipeline {
             return;
         };
         let mut work: Vec<Work> = {
-            let mut pre = lock(pre);
+            let mut pre = pre.lock();
             frames
                 .into_iter()
                 .map(|f| self.decode(&mut **pre, f))
@@ -102,7 +101,7 @@ impl Pipeline {
         self.infer(&model, &mut work);
         let output_start = Instant::now();
         {
-            let mut post = lock(post);
+            let mut post = post.lock();
             for w in &mut work {
                 self.postprocess(&mut **post, w);
             }
@@ -283,12 +282,14 @@ impl Pipeline {
         };
         // The stream is in flight (`process` began it), so its entry stays
         // while the hook runs outside the table's lock.
-        let held = lock(&self.streams)
+        let held = self
+            .streams
+            .lock()
             .get_mut(&f.stream)
             .and_then(Option::take);
         let mut state = held.unwrap_or_else(|| hook.start_any(&meta));
         let out = hook.frame_any(&mut state, &meta, value);
-        if let Some(slot) = lock(&self.streams).get_mut(&f.stream) {
+        if let Some(slot) = self.streams.lock().get_mut(&f.stream) {
             *slot = Some(state);
         }
         out

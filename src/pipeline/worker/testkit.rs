@@ -2,8 +2,9 @@
 //! Runtime), a record sink that keeps what it is given, frames with reply
 //! channels, and a stream hook that counts.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use super::Pipeline;
@@ -27,14 +28,14 @@ impl RecordSink for Sink {
         if record.stream == "full" {
             return Err(FrameError::new(FrameErrorKind::Unavailable, "outbox full"));
         }
-        self.0.lock().unwrap().push(record.clone());
+        self.0.lock().push(record.clone());
         Ok(())
     }
 }
 
 impl Sink {
     pub fn records(&self) -> Vec<ResultRecord> {
-        self.0.lock().unwrap().clone()
+        self.0.lock().clone()
     }
 }
 
@@ -291,7 +292,6 @@ impl StreamHook for Counting {
     fn start(&self, meta: &FrameMeta<'_>) -> u64 {
         self.log
             .lock()
-            .unwrap()
             .push(format!("start {} {:?}", meta.stream, meta.size));
         0
     }
@@ -311,10 +311,7 @@ impl StreamHook for Counting {
     }
 
     fn end(&self, stream: &str, n: u64, why: StreamEnd) -> Vec<Value> {
-        self.log
-            .lock()
-            .unwrap()
-            .push(format!("end {stream} {n} {why:?}"));
+        self.log.lock().push(format!("end {stream} {n} {why:?}"));
         vec![json!({"event": "end", "n": n, "why": format!("{why:?}")})]
     }
 }

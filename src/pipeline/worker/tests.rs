@@ -3,8 +3,9 @@
 //! rule for outputs without a batch axis, each drop reason and an engine
 //! error in the middle of a batch.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde_json::Value;
 
 use super::testkit::*;
@@ -21,8 +22,8 @@ fn one_run_per_item_when_not_batching() {
         .map(|i| frame("s", [i as f32, 1.0, 1.0, 1.0]))
         .unzip();
     r.pipeline.process(frames, 0);
-    assert_eq!(*r.runs.lock().unwrap(), vec![1, 1, 1]);
-    let recs = r.sink.0.lock().unwrap().clone();
+    assert_eq!(*r.runs.lock(), vec![1, 1, 1]);
+    let recs = r.sink.0.lock().clone();
     assert_eq!(recs.len(), 3);
     for (i, rec) in recs.iter().enumerate() {
         assert_eq!(y_of(rec), vec![i as f64 + 3.0, i as f64]);
@@ -42,8 +43,8 @@ fn a_micro_batch_runs_once_and_each_item_gets_its_own_row() {
         .unzip();
     r.pipeline.process(frames, 0);
     // Six items in runs of at most max_batch, in order.
-    assert_eq!(*r.runs.lock().unwrap(), vec![4, 2]);
-    let recs = r.sink.0.lock().unwrap().clone();
+    assert_eq!(*r.runs.lock(), vec![4, 2]);
+    let recs = r.sink.0.lock().clone();
     let got: Vec<(String, Vec<f64>)> = recs.iter().map(|r| (r.stream.clone(), y_of(r))).collect();
     let want: Vec<(String, Vec<f64>)> = (0..6)
         .map(|i| (format!("s{i}"), vec![i as f64, i as f64]))
@@ -78,8 +79,8 @@ fn an_output_without_a_batch_axis_is_the_same_for_every_item() {
     let r = rig(&manifest, "max_batch = 4", answer);
     let (frames, _): (Vec<_>, Vec<_>) = (0..3).map(|i| frame("s", [i as f32; 4])).unzip();
     r.pipeline.process(frames, 0);
-    assert_eq!(*r.runs.lock().unwrap(), vec![3]);
-    let recs = r.sink.0.lock().unwrap().clone();
+    assert_eq!(*r.runs.lock(), vec![3]);
+    let recs = r.sink.0.lock().clone();
     assert_eq!(recs.len(), 3);
     for rec in &recs {
         assert_eq!(
@@ -96,7 +97,7 @@ fn an_engine_error_mid_batch_fails_that_batch_only() {
     let c = calls.clone();
     let mut inner = sums();
     let answer: Answer = Box::new(move |inputs| {
-        let mut n = c.lock().unwrap();
+        let mut n = c.lock();
         *n += 1;
         if *n == 2 {
             return Err(RunError::Engine("device lost".into()));
@@ -106,14 +107,14 @@ fn an_engine_error_mid_batch_fails_that_batch_only() {
     let r = rig(PLAIN, "max_batch = 2", answer);
     let (frames, replies): (Vec<_>, Vec<_>) = (0..6).map(|i| frame("s", [i as f32; 4])).unzip();
     r.pipeline.process(frames, 0);
-    assert_eq!(*r.runs.lock().unwrap(), vec![2, 2, 2]);
+    assert_eq!(*r.runs.lock(), vec![2, 2, 2]);
     let outcomes: Vec<Option<FrameErrorKind>> = replies
         .into_iter()
         .map(|mut rx| rx.try_recv().unwrap().err().map(|e| e.kind))
         .collect();
     let e = Some(FrameErrorKind::Engine);
     assert_eq!(outcomes, vec![None, None, e, e, None, None]);
-    assert_eq!(r.sink.0.lock().unwrap().len(), 4);
+    assert_eq!(r.sink.0.lock().len(), 4);
     assert_eq!(drops(&r.pipeline), vec![("inference_error", 2)]);
 }
 
@@ -146,7 +147,7 @@ fn each_drop_reason_is_counted_and_answered() {
     let d = drops(&r.pipeline);
     assert!(d.contains(&("store_error", 1)), "{d:?}");
     assert_eq!(d.iter().map(|(_, n)| n).sum::<u64>(), 2, "{d:?}");
-    assert_eq!(r.sink.0.lock().unwrap().len(), 1);
+    assert_eq!(r.sink.0.lock().len(), 1);
 }
 
 #[test]
@@ -158,12 +159,11 @@ fn state_is_kept_per_stream_one_run_at_a_time() {
         .map(|(s, v)| frame(s, [v; 4]))
         .unzip();
     r.pipeline.process(frames, 0);
-    assert_eq!(*r.runs.lock().unwrap(), vec![1, 1, 1, 1]);
+    assert_eq!(*r.runs.lock(), vec![1, 1, 1, 1]);
     let got: Vec<(String, Vec<f64>)> = r
         .sink
         .0
         .lock()
-        .unwrap()
         .iter()
         .map(|r| (r.stream.clone(), y_of(r)))
         .collect();
@@ -192,12 +192,11 @@ fn state_batched_across_streams_never_puts_one_stream_twice_in_a_run() {
     let (frames, _): (Vec<_>, Vec<_>) = order.into_iter().map(|(s, v)| frame(s, [v; 4])).unzip();
     r.pipeline.process(frames, 0);
     // Run k takes the k-th item of each stream: [a b c], [a b], [a].
-    assert_eq!(*r.runs.lock().unwrap(), vec![3, 2, 1]);
+    assert_eq!(*r.runs.lock(), vec![3, 2, 1]);
     let got: Vec<(String, Vec<f64>)> = r
         .sink
         .0
         .lock()
-        .unwrap()
         .iter()
         .map(|r| (r.stream.clone(), y_of(r)))
         .collect();
@@ -219,18 +218,18 @@ fn a_failed_stateful_run_leaves_the_streams_state_as_it_was() {
     let f = fail.clone();
     let mut inner = counter();
     let answer: Answer = Box::new(move |inputs| {
-        if *f.lock().unwrap() {
+        if *f.lock() {
             return Err(RunError::Engine("transient".into()));
         }
         inner(inputs)
     });
     let r = rig(STATEFUL, "", answer);
     r.pipeline.process(vec![frame("a", [0.0; 4]).0], 0);
-    *fail.lock().unwrap() = true;
+    *fail.lock() = true;
     r.pipeline.process(vec![frame("a", [0.0; 4]).0], 0);
-    *fail.lock().unwrap() = false;
+    *fail.lock() = false;
     r.pipeline.process(vec![frame("a", [0.0; 4]).0], 0);
-    let ys: Vec<Vec<f64>> = r.sink.0.lock().unwrap().iter().map(y_of).collect();
+    let ys: Vec<Vec<f64>> = r.sink.0.lock().iter().map(y_of).collect();
     assert_eq!(ys, vec![vec![1.0], vec![2.0]]);
     assert_eq!(drops(&r.pipeline), vec![("inference_error", 1)]);
 }
@@ -239,7 +238,7 @@ fn a_failed_stateful_run_leaves_the_streams_state_as_it_was() {
 fn records_carry_the_model_and_sequence() {
     let r = rig(PLAIN, "", sums());
     r.pipeline.process(vec![frame("s", [1.0; 4]).0], 0);
-    let rec = r.sink.0.lock().unwrap()[0].clone();
+    let rec = r.sink.0.lock()[0].clone();
     assert_eq!(
         (rec.id.as_str(), rec.model.as_str(), rec.ep.as_str()),
         ("gw/1/1", "fake@1.0.0", "cpu")
@@ -280,7 +279,7 @@ fn items_of_different_shapes_in_one_batch_are_dropped_as_batch_errors() {
         .unzip();
     r.pipeline.process(frames, 0);
     // The first two cannot share a run; the third runs alone.
-    assert_eq!(*r.runs.lock().unwrap(), vec![1]);
+    assert_eq!(*r.runs.lock(), vec![1]);
     let answers: Vec<_> = replies.into_iter().map(answer).collect();
     let e = Err(FrameErrorKind::Engine);
     assert_eq!(answers, vec![e, e, Ok(1)]);
@@ -321,7 +320,7 @@ fn an_engine_error_mid_batch_across_streams_fails_that_run_only() {
     let c = calls.clone();
     let mut inner = counter();
     let answer_fn: Answer = Box::new(move |inputs| {
-        let mut n = c.lock().unwrap();
+        let mut n = c.lock();
         *n += 1;
         if *n == 2 {
             return Err(RunError::Engine("device lost".into()));
@@ -335,7 +334,7 @@ fn an_engine_error_mid_batch_across_streams_fails_that_run_only() {
         .unzip();
     r.pipeline.process(frames, 0);
     // Runs [a b], [a] (fails), [a].
-    assert_eq!(*r.runs.lock().unwrap(), vec![2, 1, 1]);
+    assert_eq!(*r.runs.lock(), vec![2, 1, 1]);
     let answers: Vec<_> = replies.into_iter().map(answer).collect();
     assert_eq!(
         answers,
@@ -429,7 +428,7 @@ fn the_hook_sees_each_streams_results_in_order_and_its_events_become_records() {
     let answers: Vec<_> = replies.into_iter().map(answer).collect();
     assert_eq!(answers, vec![Ok(1), Ok(2), Ok(1), Ok(1)]);
     assert_eq!(
-        *log.lock().unwrap(),
+        *log.lock(),
         vec!["start a None".to_string(), "start b None".to_string()]
     );
     assert_eq!(r.pipeline.streams_held().held, 2);
@@ -480,7 +479,7 @@ fn an_evicted_stream_ends_its_hook_state_and_starts_over_when_it_comes_back() {
     );
     let held = r.pipeline.streams_held();
     assert_eq!((held.held, held.evicted_lru), (1, 2));
-    assert_eq!(log.lock().unwrap().len(), 5, "{:?}", log.lock().unwrap());
+    assert_eq!(log.lock().len(), 5, "{:?}", log.lock());
 }
 
 #[test]

@@ -302,12 +302,12 @@ mod tests {
             name: None,
             props: vec![("no-such-property", Prop::Int(1))],
         });
-        assert!(e.unwrap_err().contains("no property"));
+        assert!(e.unwrap_err().0.contains("no property"));
         let e = make(&ElementPlan {
             factory: "capsfilter",
             name: None,
             props: vec![("caps", Prop::Text("video/x-raw".into()))],
         });
-        assert!(e.unwrap_err().contains("not the value"));
+        assert!(e.unwrap_err().0.contains("not the value"));
     }
 }

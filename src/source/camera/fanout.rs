@@ -6,8 +6,8 @@
 //! at the appsink the frame is made once and handed to every reader that
 //! wanted it, each into its own latest-frame queue.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
@@ -15,6 +15,7 @@ use gstreamer as gst;
 use gstreamer::prelude::*;
 use gstreamer_app as gst_app;
 use gstreamer_video as gst_video;
+use parking_lot::Mutex;
 
 use super::decode::{DecodeGate, Verdict};
 use super::{CameraDef, CameraEvent, CameraState, FpsGate, Scrubber, store_event};
@@ -66,10 +67,6 @@ pub(super) struct Shared {
     /// appsink (by its timestamp): set and read on the one streaming
     /// thread that carries the frame through colour conversion.
     admitted: Mutex<Option<(Option<gst::ClockTime>, Vec<bool>)>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Shared {
@@ -139,17 +136,17 @@ impl Shared {
     pub(super) fn restart(&self) {
         self.last_frame_ms.store(0, Ordering::Relaxed);
         self.last_input_ms.store(0, Ordering::Relaxed);
-        let mut d = lock(&self.decode);
+        let mut d = self.decode.lock();
         d.reset();
         let (mode, iv) = (d.mode(), d.interval_ns());
         drop(d);
         self.each(|s| s.set_decode(mode, iv.map(Duration::from_nanos)));
-        *lock(&self.admitted) = None;
+        *self.admitted.lock() = None;
     }
 
     /// Whether the decoder gets keyframes only now.
     pub(super) fn keyframes_only(&self) -> bool {
-        lock(&self.decode).mode() == "keyframes"
+        self.decode.lock().mode() == "keyframes"
     }
 
     fn now_ms(&self) -> u64 {
@@ -179,7 +176,7 @@ pub(super) fn add_decode_probe(
             .map(|p| p.nseconds())
             .unwrap_or_else(|| g.epoch.elapsed().as_nanos() as u64);
         g.last_input_ms.store(g.now_ms(), Ordering::Relaxed);
-        let mut d = lock(&g.decode);
+        let mut d = g.decode.lock();
         let before = d.mode();
         let verdict = d.frame(t, key);
         let (mode, iv) = (d.mode(), d.interval_ns());
@@ -222,7 +219,7 @@ pub(super) fn add_gate_probe(pad: &gst::Pad, sh: &Arc<Shared>, drop: bool) {
             .readers
             .iter()
             .map(|r| {
-                let a = lock(&r.gate).admit(t);
+                let a = r.gate.lock().admit(t);
                 if !a {
                     r.state.subsampled.fetch_add(1, Ordering::Relaxed);
                 }
@@ -232,7 +229,7 @@ pub(super) fn add_gate_probe(pad: &gst::Pad, sh: &Arc<Shared>, drop: bool) {
         if drop && !admitted.contains(&true) {
             return gst::PadProbeReturn::Drop;
         }
-        *lock(&g.admitted) = Some((pts, admitted));
+        *g.admitted.lock() = Some((pts, admitted));
         gst::PadProbeReturn::Ok
     });
 }
@@ -246,7 +243,7 @@ pub(super) fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Samp
         return;
     };
     let takers: Vec<&Reader> = {
-        let admitted = lock(&sh.admitted).take();
+        let admitted = sh.admitted.lock().take();
         match admitted {
             Some((pts, a)) if pts == buffer.pts() => sh
                 .readers

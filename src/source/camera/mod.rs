@@ -50,10 +50,10 @@ mod url;
 pub use run::bounded_malloc;
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+use parking_lot::Mutex;
 use serde::Serialize;
 
 use super::{Source, SourceCtx, SourceError};
@@ -274,8 +274,8 @@ impl CameraState {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, CameraStatus> {
-        self.status.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, CameraStatus> {
+        self.status.lock()
     }
 
     /// `starting`, `streaming` or `reconnecting`.

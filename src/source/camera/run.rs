@@ -6,14 +6,15 @@
 //! straight into each reader's queue (`fanout.rs`): no async hop, no copy
 //! when the frame's rows are packed, one shared payload for all readers.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gstreamer as gst;
 use gstreamer::prelude::*;
 use gstreamer_app as gst_app;
 use gstreamer_video as gst_video;
+use parking_lot::Mutex;
 
 use super::elements::{element_names, from_plan, launch};
 use super::fanout::{Reader, Shared, add_decode_probe, add_gate_probe, on_sample};
@@ -496,9 +497,7 @@ fn add_rtspsrc(p: &gst::Pipeline, url: Option<&CameraUrl>, sh: &Arc<Shared>) -> 
                 )
             })
             .unwrap_or_default();
-        t.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(format!("{media}/{encoding}"));
+        t.lock().push(format!("{media}/{encoding}"));
         let Some(bin) = src.parent().and_downcast::<gst::Bin>() else {
             return;
         };
@@ -574,7 +573,7 @@ fn add_rtspsrc(p: &gst::Pipeline, url: Option<&CameraUrl>, sh: &Arc<Shared>) -> 
     let (v, t) = (video, tracks);
     src.connect_no_more_pads(move |src| {
         if !v.load(Ordering::SeqCst) {
-            let tracks = t.lock().unwrap_or_else(|p| p.into_inner()).join(", ");
+            let tracks = t.lock().join(", ");
             gst::element_error!(
                 src,
                 gst::StreamError::WrongType,

@@ -11,10 +11,12 @@
 //!
 //! `cargo bench --bench outbox`
 
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
+
+#[path = "support/disk.rs"]
+mod disk;
+use disk::disk_bytes;
 
 use outpost::outbox::{Key, Outbox, OutboxConfig};
 
@@ -47,20 +49,6 @@ fn record(i: u64) -> Vec<u8> {
         r.push(' ');
     }
     r.into_bytes()
-}
-
-fn disk_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| match e.metadata() {
-                    Ok(m) if m.is_dir() => disk_bytes(&e.path()),
-                    Ok(m) => m.blocks() * 512,
-                    Err(_) => 0,
-                })
-                .sum()
-        })
-        .unwrap_or(0)
 }
 
 /// `VmRSS` or `VmHWM` from /proc/self/status, in bytes.

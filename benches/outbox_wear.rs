@@ -22,12 +22,15 @@
 //! the build's target folder, on a real disk (tmpfs counts no writes).
 
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+#[path = "support/disk.rs"]
+mod disk;
+use disk::disk_bytes;
 
 use outpost::outbox::{Key, Outbox, OutboxConfig};
 
@@ -61,25 +64,9 @@ fn record(i: u64) -> Vec<u8> {
 }
 
 fn written_bytes() -> u64 {
-    let io = std::fs::read_to_string("/proc/self/io").expect("/proc/self/io");
-    io.lines()
-        .find_map(|l| l.strip_prefix("write_bytes: "))
-        .and_then(|v| v.trim().parse().ok())
+    outpost::telemetry::device::process()
+        .written_bytes
         .expect("write_bytes in /proc/self/io")
-}
-
-fn disk_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| match e.metadata() {
-                    Ok(m) if m.is_dir() => disk_bytes(&e.path()),
-                    Ok(m) => m.blocks() * 512,
-                    Err(_) => 0,
-                })
-                .sum()
-        })
-        .unwrap_or(0)
 }
 
 /// Calls `each(i)` `rate` times a second for `secs`, on a fixed schedule.

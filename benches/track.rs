@@ -12,6 +12,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use outpost::track::{
     Detection, LineConfig, StreamTracker, TrackConfig, TrackStats, TrackingSpec, ZoneConfig,
 };
+use trackforge::trackers::byte_track::ByteTrack;
 
 const OBJECTS: usize = 50;
 
@@ -75,6 +76,38 @@ fn bench(c: &mut Criterion) {
         tr.update(UNIX_EPOCH + Duration::from_millis(f as u64 * 100), d);
     }
     let mut f = 30u64;
+    // The tracker crate alone on the same frames (one ByteTrack per label,
+    // as the stream tracker runs it): what outpost's own part adds is the
+    // difference.
+    let params = spec().byte_params();
+    let mut crates: Vec<(String, ByteTrack)> = Vec::new();
+    let mut g = 0u64;
+    c.bench_function("bytetrack_alone_50_objects", |b| {
+        b.iter(|| {
+            let d = &frames[(g % 1000) as usize];
+            g += 1;
+            let mut n = 0;
+            for label in ["car", "person"] {
+                let input: Vec<([f32; 4], f32, i64)> = d
+                    .iter()
+                    .filter(|x| x.label == label)
+                    .map(|x| {
+                        let b = x.bbox;
+                        ([b[0], b[1], b[2] - b[0], b[3] - b[1]], x.score, 0)
+                    })
+                    .collect();
+                let t = match crates.iter_mut().find(|(l, _)| l == label) {
+                    Some((_, t)) => t,
+                    None => {
+                        crates.push((label.to_string(), ByteTrack::from_params(params)));
+                        &mut crates.last_mut().expect("just pushed").1
+                    }
+                };
+                n += t.update(input).len();
+            }
+            black_box(n)
+        })
+    });
     c.bench_function("track_50_objects_3_zones_2_lines", |b| {
         b.iter(|| {
             let d = &frames[(f % 1000) as usize];

@@ -41,6 +41,9 @@ pub struct Commit {
     pub last_flush_ns: AtomicU64,
     /// Fast check for writers; the reason lives in `State::broken`.
     broken: AtomicBool,
+    /// The flusher sleeps until the next op (nothing was pending): the op
+    /// that ends the sleep wakes it. An idle outbox has no timer.
+    idle: AtomicBool,
 }
 
 /// How often a store that keeps failing is logged at ERROR.
@@ -96,6 +99,7 @@ impl Commit {
             flush_errors_total: AtomicU64::new(0),
             last_flush_ns: AtomicU64::new(0),
             broken: AtomicBool::new(false),
+            idle: AtomicBool::new(false),
         }
     }
 
@@ -130,6 +134,13 @@ impl Commit {
     /// Counts a mutation whose sled write has returned.
     pub fn op_done(&self) {
         self.ops.fetch_add(1, Ordering::SeqCst);
+        // The flusher sets `idle` under the state lock and then reads `ops`
+        // before it waits; the lock taken here is only had once it waits.
+        // So either it saw this op, or this notify reaches it.
+        if self.idle.load(Ordering::SeqCst) && self.idle.swap(false, Ordering::SeqCst) {
+            let _st = self.state.lock();
+            self.wake_flusher.notify_one();
+        }
     }
 
     /// Counts an append; wakes the flusher when a burst reaches `flush_records`.
@@ -218,6 +229,17 @@ impl Commit {
                         self.flushed.notify_all();
                         return last;
                     }
+                    // Sleep until the next op: an idle device wakes for nothing.
+                    self.idle.store(true, Ordering::SeqCst);
+                    while !st.wake
+                        && !st.shutdown
+                        && st.broken.is_none()
+                        && self.ops.load(Ordering::SeqCst) <= st.durable
+                    {
+                        self.wake_flusher.wait(&mut st);
+                    }
+                    self.idle.store(false, Ordering::SeqCst);
+                    // What comes now is grouped for one interval, as always.
                     next = Instant::now() + self.interval;
                     continue;
                 }
@@ -397,4 +419,56 @@ pub fn sync_dir(dir: &Path) -> Result<(), OutboxError> {
         path: dir.to_path_buf(),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::mpsc;
+
+    /// Counts the commits it is asked for.
+    struct Counting(Arc<AtomicU64>);
+
+    impl Target for Counting {
+        fn commit(&mut self, _broken: Option<&Broken>) -> Attempt {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Attempt::Done
+        }
+    }
+
+    fn start(interval: Duration) -> (Arc<Commit>, Arc<AtomicU64>, std::thread::JoinHandle<()>) {
+        let c = Arc::new(Commit::new(interval, 1000));
+        let n = Arc::new(AtomicU64::new(0));
+        let (c2, n2) = (Arc::clone(&c), Arc::clone(&n));
+        let h = std::thread::spawn(move || {
+            c2.run(&mut Counting(n2)).unwrap();
+        });
+        (c, n, h)
+    }
+
+    /// Every op that ends an idle sleep is made durable without anyone
+    /// asking early: the wake-up is never lost, however the op and the
+    /// flusher's going to sleep interleave.
+    #[test]
+    fn an_op_after_idle_wakes_the_flusher() {
+        let (c, n, h) = start(Duration::from_micros(200));
+        let (tx, rx) = mpsc::channel();
+        let c2 = Arc::clone(&c);
+        std::thread::spawn(move || {
+            for i in 0..2000u32 {
+                c2.op_done();
+                c2.wait_durable(false).unwrap();
+                if i % 7 == 0 {
+                    std::thread::yield_now();
+                }
+            }
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("an op after an idle flusher was never made durable");
+        assert!(n.load(Ordering::SeqCst) >= 1);
+        c.shutdown();
+        h.join().unwrap();
+    }
 }

@@ -205,7 +205,7 @@ impl PipelineTracking {
             .zip(dets)
             .filter_map(|(o, d)| {
                 Some(LiveBox {
-                    track: o.track.clone()?,
+                    track: o.track.as_deref()?.to_string(),
                     label: d.label.clone(),
                     bbox: d.bbox,
                     score: d.score,

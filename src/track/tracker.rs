@@ -18,6 +18,7 @@
 //!   ByteTrack's own lost tracks by its buffer.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -43,6 +44,31 @@ pub const MAX_READINGS: usize = 16;
 const FPS_HINT: f64 = 30.0;
 /// A box moving less than this fraction of its height stays put.
 const STILL_FRACTION: f32 = 0.1;
+
+/// Hashes the tracker's own integer keys (its track keys and the crate's
+/// ids, never input): a multiply instead of SipHash, looked up for every
+/// box of every frame.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+    fn write_u16(&mut self, v: u16) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type KeyMap<K, V> = HashMap<K, V, BuildHasherDefault<KeyHasher>>;
 
 /// One detection of a frame, in source-frame pixels.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,7 +99,8 @@ impl TrackingSpec {
         }
     }
 
-    fn byte_params(&self) -> ByteTrackParams {
+    /// The tracker crate's settings for this config (one ByteTrack per label).
+    pub fn byte_params(&self) -> ByteTrackParams {
         let c = &self.config;
         let buffer = (c.max_age.as_secs_f64() * FPS_HINT).ceil().max(1.0) as usize;
         ByteTrackParams {
@@ -92,7 +119,7 @@ impl TrackingSpec {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Tracked {
     /// The track id, once the track is confirmed.
-    pub track: Option<String>,
+    pub track: Option<Arc<str>>,
     pub stationary: bool,
     /// This frame is the track's best so far (highest score): the frame
     /// whose crop is worth keeping as its snapshot.
@@ -147,6 +174,8 @@ struct Track {
     crate_id: u64,
     /// Set on confirmation.
     n: Option<u64>,
+    /// `{prefix}{n}`, made once on confirmation.
+    id: Option<Arc<str>>,
     hits: u32,
     first_seen: SystemTime,
     last_seen: SystemTime,
@@ -180,8 +209,8 @@ pub struct StreamTracker {
     next_key: u64,
     frame: u64,
     labels: Vec<(String, ByteTrack)>,
-    tracks: HashMap<u64, Track>,
-    by_crate: HashMap<(u16, u64), u64>,
+    tracks: KeyMap<u64, Track>,
+    by_crate: KeyMap<(u16, u64), u64>,
 }
 
 impl StreamTracker {
@@ -202,8 +231,8 @@ impl StreamTracker {
             next_key: 0,
             frame: 0,
             labels: Vec::new(),
-            tracks: HashMap::new(),
-            by_crate: HashMap::new(),
+            tracks: KeyMap::default(),
+            by_crate: KeyMap::default(),
         }
     }
 
@@ -271,12 +300,16 @@ impl StreamTracker {
                 }
             }
         }
+        let min_hits = self.spec.config.min_hits;
+        let stationary_after = self.spec.config.stationary_after;
         for (label, crate_id, i) in matched {
             let key = match self.by_crate.get(&(label, crate_id)) {
                 Some(k) => *k,
                 None => self.adopt_or_create(label, crate_id, &dets[i], at),
             };
             let frame = self.frame;
+            // One lookup per box; the rest works on the track and the
+            // tracker's other fields side by side.
             let Some(t) = self.tracks.get_mut(&key) else {
                 continue;
             };
@@ -300,26 +333,21 @@ impl StreamTracker {
                 t.anchor = p;
                 t.anchor_since = at;
                 t.stationary = false;
-            } else if at.duration_since(t.anchor_since).unwrap_or_default()
-                >= self.spec.config.stationary_after
-            {
+            } else if at.duration_since(t.anchor_since).unwrap_or_default() >= stationary_after {
                 t.stationary = true;
             }
-            self.areas(key, p, at);
-            if self.tracks.get(&key).is_some_and(|t| t.n.is_none())
-                && self.tracks[&key].hits >= self.spec.config.min_hits
-            {
-                self.confirm(key);
+            let label_name = self.labels[t.label as usize].0.as_str();
+            areas(&self.spec, label_name, t, p, at);
+            if t.n.is_none() && t.hits >= min_hits {
+                confirm(t, &self.numbers, &self.stats, &self.prefix);
             }
-            if let Some(t) = self.tracks.get(&key) {
-                out.objects[i] = Tracked {
-                    track: t.n.map(|n| format!("{}{n}", self.prefix)),
-                    stationary: t.stationary,
-                    best: best && t.n.is_some(),
-                    n: t.n,
-                };
-            }
-            self.flush_held(key, &mut out.events);
+            out.objects[i] = Tracked {
+                track: t.id.clone(),
+                stationary: t.stationary,
+                best: best && t.n.is_some(),
+                n: t.n,
+            };
+            flush_held(t, label_name, &self.stats, &mut out.events);
         }
         self.age(at, &mut out.events);
         out
@@ -355,6 +383,7 @@ impl StreamTracker {
                 label,
                 crate_id,
                 n: None,
+                id: None,
                 hits: 0,
                 first_seen: at,
                 last_seen: at,
@@ -376,110 +405,6 @@ impl StreamTracker {
         );
         self.by_crate.insert((label, crate_id), key);
         key
-    }
-
-    /// Zones and lines for a track seen at `p`.
-    fn areas(&mut self, key: u64, p: Point, at: SystemTime) {
-        let spec = Arc::clone(&self.spec);
-        let Some(t) = self.tracks.get_mut(&key) else {
-            return;
-        };
-        let label = self.labels[t.label as usize].0.as_str();
-        let (bbox, score) = (t.bbox, t.score);
-        for (zi, z) in spec.zones.iter().enumerate() {
-            if !z.counts(label) {
-                continue;
-            }
-            let kind = match t.zones[zi].step(z, p, at) {
-                None => continue,
-                Some(ZoneChange::Enter { at: when }) => {
-                    if !t.visited.contains(&zi) {
-                        t.visited.push(zi);
-                    }
-                    (
-                        EventKind::ZoneEnter {
-                            zone: z.name.clone(),
-                        },
-                        when,
-                    )
-                }
-                Some(ZoneChange::Leave { at: when, dwell }) => (
-                    EventKind::ZoneLeave {
-                        zone: z.name.clone(),
-                        dwell_s: dwell.as_secs_f64(),
-                    },
-                    when,
-                ),
-                Some(ZoneChange::Loiter { dwell }) => (
-                    EventKind::Loiter {
-                        zone: z.name.clone(),
-                        dwell_s: dwell.as_secs_f64(),
-                    },
-                    at,
-                ),
-            };
-            t.held.push((kind.0, bbox, score, kind.1));
-        }
-        let margin = line_margin(&bbox);
-        for (li, l) in spec.lines.iter().enumerate() {
-            if !l.counts(label) {
-                continue;
-            }
-            if let Some((direction, when)) = t.lines[li].step(l, p, margin, at) {
-                t.crossed.push(Crossing {
-                    line: l.name.clone(),
-                    direction,
-                });
-                t.held.push((
-                    EventKind::LineCross {
-                        line: l.name.clone(),
-                        direction,
-                    },
-                    bbox,
-                    score,
-                    when,
-                ));
-            }
-        }
-    }
-
-    fn confirm(&mut self, key: u64) {
-        let n = self.numbers.fetch_add(1, Ordering::Relaxed);
-        let Some(t) = self.tracks.get_mut(&key) else {
-            return;
-        };
-        t.n = Some(n);
-        let kind = EventKind::TrackStart {
-            first_seen: t.first_seen,
-        };
-        let (bbox, score, at) = (t.bbox, t.score, t.last_seen);
-        t.held.insert(0, (kind, bbox, score, at));
-        self.stats.track_started();
-    }
-
-    /// Tells a confirmed track's held events.
-    fn flush_held(&mut self, key: u64, events: &mut Vec<Event>) {
-        let Some(t) = self.tracks.get_mut(&key) else {
-            return;
-        };
-        let Some(n) = t.n else {
-            return;
-        };
-        if t.held.is_empty() {
-            return;
-        }
-        let label = &self.labels[t.label as usize].0;
-        for (kind, bbox, score, ts) in t.held.drain(..) {
-            self.stats.event(&kind, label);
-            events.push(Event {
-                kind,
-                track: format!("{}{n}", self.prefix),
-                label: label.clone(),
-                bbox,
-                score,
-                ts,
-            });
-        }
     }
 
     /// Ends what is too old and what is over `max_tracks`; drops tentative
@@ -614,6 +539,101 @@ impl StreamTracker {
         }
         self.by_crate.clear();
         events
+    }
+}
+
+/// Zones and lines for a track seen at `p`.
+fn areas(spec: &TrackingSpec, label: &str, t: &mut Track, p: Point, at: SystemTime) {
+    let (bbox, score) = (t.bbox, t.score);
+    for (zi, z) in spec.zones.iter().enumerate() {
+        if !z.counts(label) {
+            continue;
+        }
+        let kind = match t.zones[zi].step(z, p, at) {
+            None => continue,
+            Some(ZoneChange::Enter { at: when }) => {
+                if !t.visited.contains(&zi) {
+                    t.visited.push(zi);
+                }
+                (
+                    EventKind::ZoneEnter {
+                        zone: z.name.clone(),
+                    },
+                    when,
+                )
+            }
+            Some(ZoneChange::Leave { at: when, dwell }) => (
+                EventKind::ZoneLeave {
+                    zone: z.name.clone(),
+                    dwell_s: dwell.as_secs_f64(),
+                },
+                when,
+            ),
+            Some(ZoneChange::Loiter { dwell }) => (
+                EventKind::Loiter {
+                    zone: z.name.clone(),
+                    dwell_s: dwell.as_secs_f64(),
+                },
+                at,
+            ),
+        };
+        t.held.push((kind.0, bbox, score, kind.1));
+    }
+    if spec.lines.is_empty() {
+        return;
+    }
+    let margin = line_margin(&bbox);
+    for (li, l) in spec.lines.iter().enumerate() {
+        if !l.counts(label) {
+            continue;
+        }
+        if let Some((direction, when)) = t.lines[li].step(l, p, margin, at) {
+            t.crossed.push(Crossing {
+                line: l.name.clone(),
+                direction,
+            });
+            t.held.push((
+                EventKind::LineCross {
+                    line: l.name.clone(),
+                    direction,
+                },
+                bbox,
+                score,
+                when,
+            ));
+        }
+    }
+}
+
+/// A tentative track reached `min_hits`: it gets its number and id, and its
+/// `track_start` goes before the events it held.
+fn confirm(t: &mut Track, numbers: &AtomicU64, stats: &TrackStats, prefix: &str) {
+    let n = numbers.fetch_add(1, Ordering::Relaxed);
+    t.n = Some(n);
+    t.id = Some(Arc::from(format!("{prefix}{n}")));
+    let kind = EventKind::TrackStart {
+        first_seen: t.first_seen,
+    };
+    let (bbox, score, at) = (t.bbox, t.score, t.last_seen);
+    t.held.insert(0, (kind, bbox, score, at));
+    stats.track_started();
+}
+
+/// Tells a confirmed track's held events.
+fn flush_held(t: &mut Track, label: &str, stats: &TrackStats, events: &mut Vec<Event>) {
+    let Some(id) = &t.id else {
+        return;
+    };
+    for (kind, bbox, score, ts) in t.held.drain(..) {
+        stats.event(&kind, label);
+        events.push(Event {
+            kind,
+            track: id.to_string(),
+            label: label.to_string(),
+            bbox,
+            score,
+            ts,
+        });
     }
 }
 

@@ -76,7 +76,7 @@ pub fn annotate(v: &mut Value, at: &[usize], out: &FrameOutput) {
         let (Some(id), Some(Value::Object(o))) = (&t.track, list.get_mut(*i)) else {
             continue;
         };
-        o.insert("track".into(), Value::String(id.clone()));
+        o.insert("track".into(), Value::String(id.to_string()));
         if t.stationary {
             o.insert("stationary".into(), Value::Bool(true));
         }

@@ -247,17 +247,11 @@ impl Outbox {
         // this is what keeps the next boot number above the old ones.
         let sidecar = open::read_boot_file(dir);
         let mut quarantined_total = 0;
-        // sled's background threads of a database closed a moment ago (in
-        // this process or one that just exited) can hold its file lock for a
-        // few milliseconds more: wait briefly before calling it in use.
-        let mut attempt = open::load(dir, &cfg);
-        for _ in 0..40 {
-            if !matches!(attempt, Err(open::Failure::InUse(_))) {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(25));
-            attempt = open::load(dir, &cfg);
-        }
+        // Wait briefly for sled's lock before calling the database in use.
+        let attempt = open::waiting_for_lock(
+            |r| matches!(r, Err(open::Failure::InUse(_))),
+            || open::load(dir, &cfg),
+        );
         let loaded = match attempt {
             Ok(l) => l,
             Err(open::Failure::Damaged(reason)) if !inspect => {

@@ -50,15 +50,33 @@ impl Failure {
     }
 }
 
+/// Whether an open failed on sled's file lock (held by another process, or
+/// by this one's background threads of a database closed a moment ago).
+pub fn lock_held(e: &sled::Error) -> bool {
+    // sled 0.34 reports a held flock as an `Other` I/O error with this text.
+    matches!(e, sled::Error::Io(io)
+        if io.kind() == ErrorKind::Other && io.to_string().contains("could not acquire lock"))
+}
+
+/// Tries an open again while `locked` says sled's lock was held, for up to a
+/// second: sled's background threads of a database closed a moment ago (in
+/// this process or one that just exited) can hold it for a few milliseconds
+/// more.
+pub fn waiting_for_lock<R>(locked: impl Fn(&R) -> bool, mut open: impl FnMut() -> R) -> R {
+    let mut attempt = open();
+    for _ in 0..40 {
+        if !locked(&attempt) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+        attempt = open();
+    }
+    attempt
+}
+
 fn classify(e: sled::Error) -> Failure {
     match &e {
-        // sled 0.34 reports a held flock as an `Other` I/O error with this text.
-        sled::Error::Io(io)
-            if io.kind() == ErrorKind::Other
-                && io.to_string().contains("could not acquire lock") =>
-        {
-            Failure::InUse(e)
-        }
+        _ if lock_held(&e) => Failure::InUse(e),
         sled::Error::Io(io)
             if matches!(io.kind(), ErrorKind::InvalidData | ErrorKind::UnexpectedEof) =>
         {

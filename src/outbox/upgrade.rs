@@ -51,8 +51,7 @@ impl ConvertError {
     /// The old database is held by another process (sled's file lock): the
     /// open that follows reports that.
     pub fn in_use(&self) -> bool {
-        matches!(self, ConvertError::Db { source: sled::Error::Io(e), .. }
-            if e.to_string().contains("could not acquire lock"))
+        matches!(self, ConvertError::Db { source, .. } if super::open::lock_held(source))
     }
 }
 
@@ -146,8 +145,13 @@ fn copy_into(
     if copy.exists() {
         std::fs::remove_dir_all(copy).map_err(io("remove an old copy"))?;
     }
-    let old =
-        open(dir, compressed_on_disk(dir).unwrap_or(false)).map_err(db("open the old database"))?;
+    // A database closed a moment ago may still be locked by sled's threads.
+    let was_compressed = compressed_on_disk(dir).unwrap_or(false);
+    let old = super::open::waiting_for_lock(
+        |r| matches!(r, Err(e) if super::open::lock_held(e)),
+        || open(dir, was_compressed),
+    )
+    .map_err(db("open the old database"))?;
     let new = open(copy, compress).map_err(db("create the copy"))?;
     let mut records = 0u64;
     for name in old.tree_names() {
@@ -195,6 +199,7 @@ fn copy_into(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
 
     fn old_db(dir: &Path, n: u64) {
         let db = sled::Config::new()
@@ -291,6 +296,34 @@ mod tests {
         let k = ob.append("s0", b"after the upgrade").unwrap();
         assert!(k > *keys.last().unwrap());
         ob.close().unwrap();
+    }
+
+    /// sled's lock still held by a database just closed (here: held, then
+    /// let go after the copy's first tries) delays the copy; it does not
+    /// fail it. A lock that stays held is "in use".
+    #[test]
+    fn the_copy_waits_for_a_lock_let_go_and_says_in_use_for_one_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("outbox");
+        old_db(&dir, 10);
+        let holder = sled::Config::new().path(&dir).open().unwrap();
+        let tries = AtomicU32::new(0);
+        let mut holder = Some(holder);
+        let r = super::super::open::waiting_for_lock(
+            |r: &Result<sled::Db, sled::Error>| matches!(r, Err(e) if super::super::open::lock_held(e)),
+            || {
+                if tries.fetch_add(1, Ordering::SeqCst) == 2 {
+                    drop(holder.take());
+                }
+                sled::Config::new().path(&dir).open()
+            },
+        );
+        assert!(r.is_ok(), "{:?}", r.err());
+        assert!(tries.load(Ordering::SeqCst) >= 3);
+        drop(r);
+        let _kept = sled::Config::new().path(&dir).open().unwrap();
+        let e = convert(&dir, true, 8 << 20).unwrap_err();
+        assert!(e.in_use(), "{e}");
     }
 
     #[test]

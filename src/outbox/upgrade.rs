@@ -299,10 +299,10 @@ mod tests {
     }
 
     /// sled's lock still held by a database just closed (here: held, then
-    /// let go after the copy's first tries) delays the copy; it does not
-    /// fail it. A lock that stays held is "in use".
+    /// let go after the first tries) delays the open the copy makes; it does
+    /// not fail it. A lock that stays held makes the conversion "in use".
     #[test]
-    fn the_copy_waits_for_a_lock_let_go_and_says_in_use_for_one_kept() {
+    fn a_lock_let_go_is_waited_for_and_one_kept_is_in_use() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("outbox");
         old_db(&dir, 10);

@@ -58,6 +58,12 @@ pub fn lock_held(e: &sled::Error) -> bool {
         if io.kind() == ErrorKind::Other && io.to_string().contains("could not acquire lock"))
 }
 
+/// [`lock_held`] for the result of a sled open (the `locked` of
+/// [`waiting_for_lock`]).
+pub fn sled_locked<T>(r: &Result<T, sled::Error>) -> bool {
+    matches!(r, Err(e) if lock_held(e))
+}
+
 /// Tries an open again while `locked` says sled's lock was held, for up to a
 /// second: sled's background threads of a database closed a moment ago (in
 /// this process or one that just exited) can hold it for a few milliseconds

@@ -147,11 +147,8 @@ fn copy_into(
     }
     // A database closed a moment ago may still be locked by sled's threads.
     let was_compressed = compressed_on_disk(dir).unwrap_or(false);
-    let old = super::open::waiting_for_lock(
-        |r| matches!(r, Err(e) if super::open::lock_held(e)),
-        || open(dir, was_compressed),
-    )
-    .map_err(db("open the old database"))?;
+    let old = super::open::waiting_for_lock(super::open::sled_locked, || open(dir, was_compressed))
+        .map_err(db("open the old database"))?;
     let new = open(copy, compress).map_err(db("create the copy"))?;
     let mut records = 0u64;
     for name in old.tree_names() {
@@ -199,6 +196,7 @@ fn copy_into(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outbox::open::{sled_locked, waiting_for_lock};
     use std::sync::atomic::{AtomicU32, Ordering};
 
     fn old_db(dir: &Path, n: u64) {
@@ -309,15 +307,12 @@ mod tests {
         let holder = sled::Config::new().path(&dir).open().unwrap();
         let tries = AtomicU32::new(0);
         let mut holder = Some(holder);
-        let r = super::super::open::waiting_for_lock(
-            |r: &Result<sled::Db, sled::Error>| matches!(r, Err(e) if super::super::open::lock_held(e)),
-            || {
-                if tries.fetch_add(1, Ordering::SeqCst) == 2 {
-                    drop(holder.take());
-                }
-                sled::Config::new().path(&dir).open()
-            },
-        );
+        let r = waiting_for_lock(sled_locked, || {
+            if tries.fetch_add(1, Ordering::SeqCst) == 2 {
+                drop(holder.take());
+            }
+            sled::Config::new().path(&dir).open()
+        });
         assert!(r.is_ok(), "{:?}", r.err());
         assert!(tries.load(Ordering::SeqCst) >= 3);
         drop(r);

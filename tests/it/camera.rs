@@ -223,8 +223,9 @@ source = {source}
             .iter()
             .map(|e| e.as_str().unwrap())
             .collect();
-        assert_eq!(elements[0], "rtspsrc", "{elements:?}");
-        assert!(elements.contains(&"rtph264depay"), "{elements:?}");
+        // The daemon's RTSP client, then the parser and decoder.
+        assert_eq!(elements[..2], ["retina", "appsrc"], "{elements:?}");
+        assert!(elements.contains(&"h264parse"), "{elements:?}");
         assert!(
             elements.contains(&"avdec_h264") || elements.contains(&"nvv4l2decoder"),
             "{elements:?}"

@@ -149,6 +149,31 @@ impl Shared {
         self.decode.lock().mode() == "keyframes"
     }
 
+    /// One compressed frame at stream time `t_ns` (`key`: it decodes
+    /// alone), before the decoder: whether it goes on. Counts it, and the
+    /// delta frames skipped; the caller counts what reaches the decoder.
+    pub(super) fn gate(&self, t_ns: u64, key: bool) -> Verdict {
+        self.last_input_ms.store(self.now_ms(), Ordering::Relaxed);
+        let mut d = self.decode.lock();
+        let before = d.mode();
+        let verdict = d.frame(t_ns, key);
+        let (mode, iv) = (d.mode(), d.interval_ns());
+        drop(d);
+        self.add(|s| &s.encoded_frames);
+        if key || mode != before {
+            self.each(|s| s.set_decode(mode, iv.map(Duration::from_nanos)));
+        }
+        if verdict == Verdict::Skip {
+            self.add(|s| &s.delta_frames_skipped);
+        }
+        verdict
+    }
+
+    /// A compressed frame handed to the decoder.
+    pub(super) fn count_decoder_input(&self) {
+        self.add(|s| &s.decoder_frames_in);
+    }
+
     fn now_ms(&self) -> u64 {
         (self.epoch.elapsed().as_millis() as u64).max(1)
     }
@@ -175,25 +200,12 @@ pub(super) fn add_decode_probe(
             .pts()
             .map(|p| p.nseconds())
             .unwrap_or_else(|| g.epoch.elapsed().as_nanos() as u64);
-        g.last_input_ms.store(g.now_ms(), Ordering::Relaxed);
-        let mut d = g.decode.lock();
-        let before = d.mode();
-        let verdict = d.frame(t, key);
-        let (mode, iv) = (d.mode(), d.interval_ns());
-        drop(d);
-        g.add(|s| &s.encoded_frames);
-        if key || mode != before {
-            g.each(|s| s.set_decode(mode, iv.map(Duration::from_nanos)));
-        }
-        match verdict {
+        match g.gate(t, key) {
             Verdict::Decode => {
-                g.add(|s| &s.decoder_frames_in);
+                g.count_decoder_input();
                 gst::PadProbeReturn::Ok
             }
-            Verdict::Skip => {
-                g.add(|s| &s.delta_frames_skipped);
-                gst::PadProbeReturn::Drop
-            }
+            Verdict::Skip => gst::PadProbeReturn::Drop,
         }
     });
     Ok(())

@@ -19,8 +19,11 @@
 //!   forever. Each transition is in `/v1/status`, in the log, and in the
 //!   outbox as one `camera_down` / `camera_up` status record per camera
 //!   (not per pipeline).
-//! - Credentials never leave this module: they go to `rtspsrc` as
-//!   properties, never in the location, and every string shown (log, status,
+//! - `rtsp://` cameras are received by the daemon's RTSP client
+//!   (`rtsp.rs`, retina) and fed through an appsrc to the parser and
+//!   decoder; `rtsps://` by rtspsrc.
+//! - Credentials never leave this module: they go to the RTSP client (or
+//!   `rtspsrc`'s properties), never in the location, and every string shown (log, status,
 //!   records, errors; a hand-written pipeline too) is scrubbed of them,
 //!   in every form a message may quote them (`scrub.rs`).
 //! - A URL is only ever data: each part must be plain (a device path, a
@@ -41,6 +44,8 @@ mod elements;
 #[cfg(feature = "camera")]
 mod fanout;
 pub mod plan;
+#[cfg(feature = "camera")]
+mod rtsp;
 #[cfg(feature = "camera")]
 mod run;
 mod scrub;

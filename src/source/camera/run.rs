@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 use super::elements::{element_names, from_plan, launch};
 use super::fanout::{Reader, Shared, add_decode_probe, add_gate_probe, on_sample};
 use super::plan::{chain, rgb_tail, source_plan};
+use super::rtsp;
 use super::{
     CameraDef, CameraUrl, Consumer, PARSER_NAME, Transport, pick_decoder, reconnect_backoff,
 };
@@ -69,7 +70,7 @@ pub fn bounded_malloc() {
     }
 }
 
-fn has(element: &str) -> bool {
+pub(super) fn has(element: &str) -> bool {
     gst::ElementFactory::find(element).is_some()
 }
 
@@ -193,10 +194,25 @@ fn run_once(
         streamed,
     };
     sh.restart();
-    let pipeline = match build(url, max_fps, sh) {
+    // rtsp:// on the daemon's client: connected first (the track's codec
+    // picks the parser and decoder), fed into the pipeline once it plays.
+    let mut session = None;
+    if let Some(target) = retina_target(url, sh) {
+        if let Ok(planned) = pick_decoder("H264", has) {
+            sh.each(|s| s.set_elements(&retina_elements(&planned)));
+        }
+        match rtsp::connect(&target, sh) {
+            Ok(Some(c)) => session = Some(c),
+            Ok(None) => return End::Stop,
+            Err(e) => return failed(e, false),
+        }
+    }
+    let encoding = session.as_ref().map(|c| c.encoding.clone());
+    let pipeline = match build(url, max_fps, sh, encoding.as_deref()) {
         Ok(p) => p,
         Err(e) => return failed(e, false),
     };
+    let mut feed = None;
     let started = Instant::now();
     let bus = pipeline.bus();
     let end = match pipeline.set_state(gst::State::Playing) {
@@ -211,7 +227,13 @@ fn run_once(
                 .unwrap_or_else(|| "the pipeline refused to start".into());
             failed(why, false)
         }
-        Ok(_) => watch(sh, bus.as_ref(), started, reported),
+        Ok(_) => match session.map(|c| start_feed(c, &pipeline, sh)) {
+            Some(Err(e)) => failed(e, false),
+            started_feed => {
+                feed = started_feed.and_then(Result::ok);
+                watch(sh, bus.as_ref(), started, reported)
+            }
+        },
     };
     let end = match (end, url) {
         // rtspsrc says only "Failed to connect": ask the network why.
@@ -225,7 +247,14 @@ fn run_once(
         }
         (end, _) => end,
     };
-    // NULL joins the streaming threads and closes the sockets.
+    // The session first (its thread pushes into the pipeline), then NULL,
+    // which joins the streaming threads and closes the sockets.
+    if let Some((thread, stop)) = feed {
+        drop(stop);
+        if thread.join().is_err() {
+            tracing::warn!(camera = %sh.def.name, "the RTSP client thread panicked");
+        }
+    }
     let _ = pipeline.set_state(gst::State::Null);
     let weak = pipeline.downgrade();
     drop(bus);
@@ -235,6 +264,77 @@ fn run_once(
         tracing::warn!(camera = %sh.def.name, "camera pipeline still referenced after teardown");
     }
     end
+}
+
+/// The rtsp:// cameras the daemon's own client reads (`rtsps://`, TLS,
+/// stays on rtspsrc).
+fn retina_target<'a>(url: Option<&'a CameraUrl>, sh: &Shared) -> Option<rtsp::Target<'a>> {
+    match url {
+        Some(CameraUrl::Rtsp {
+            location,
+            user,
+            password,
+        }) if !location.starts_with("rtsps://") => Some(rtsp::Target {
+            location,
+            user: user.as_deref(),
+            password: password.as_deref(),
+            transport: sh.def.transport,
+        }),
+        _ => None,
+    }
+}
+
+/// What status shows for a camera on the daemon's client: the client, the
+/// appsrc, then the parser and decoder (`chain` without its depayloader).
+pub(super) fn retina_elements(chain: &[&'static str]) -> Vec<&'static str> {
+    let mut v = vec!["retina", "appsrc"];
+    v.extend(chain.iter().skip(1).copied());
+    v
+}
+
+type Feed = (
+    std::thread::JoinHandle<()>,
+    tokio::sync::oneshot::Sender<()>,
+);
+
+/// Starts the session's frames into the playing pipeline's appsrc.
+fn start_feed(c: rtsp::Connected, p: &gst::Pipeline, sh: &Arc<Shared>) -> Result<Feed, String> {
+    let src = p
+        .by_name("outpost_rtsp")
+        .and_then(|e| e.downcast::<gst_app::AppSrc>().ok())
+        .ok_or("the pipeline has no appsrc for the RTSP session")?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let thread = rtsp::pump(c, src, sh.clone(), rx)
+        .map_err(|e| format!("cannot start the RTSP client thread: {e}"))?;
+    Ok((thread, tx))
+}
+
+/// The appsrc of a session, its parser (named for outpost), decoder and,
+/// on a Jetson, the converter out of device memory, linked into the
+/// pipeline's colour conversion.
+fn add_retina_chain(p: &gst::Pipeline, encoding: &str, sh: &Shared) -> Result<(), String> {
+    let chain = pick_decoder(encoding, has).map_err(|e| e.to_string())?;
+    let src = rtsp::appsrc(encoding)?;
+    let mut elements: Vec<gst::Element> = vec![src.upcast()];
+    for (i, f) in chain.iter().enumerate().skip(1) {
+        let mut b = gst::ElementFactory::make(f);
+        if i == 1 {
+            b = b.name(PARSER_NAME);
+        }
+        elements.push(b.build().map_err(|e| format!("{f}: {e}"))?);
+    }
+    for e in &elements {
+        p.add(e).map_err(|e| e.to_string())?;
+    }
+    let convert = p
+        .by_name("outpost_convert")
+        .ok_or("no outpost_convert element")?;
+    elements.push(convert);
+    gst::Element::link_many(&elements).map_err(|e| e.to_string())?;
+    let names = retina_elements(&chain);
+    sh.each(|s| s.set_elements(&names));
+    log_chain(sh, &names.join(" ! "));
+    Ok(())
 }
 
 /// Watches a playing pipeline: bus messages, first frame, stalls, shutdown.
@@ -353,17 +453,25 @@ fn first_line(d: &str) -> &str {
     d.rsplit('\n').next().unwrap_or(d).trim()
 }
 
-/// Builds the pipeline for the camera: RTSP with its decoder chosen when
-/// the stream's track is known, V4L2 and CSI from their element plans, a
+/// Builds the pipeline for the camera: RTSP from the daemon's client into
+/// an appsrc (`session`: its encoding), `rtsps://` on rtspsrc with its
+/// decoder chosen when the stream's track is known, V4L2 and CSI from their element plans, a
 /// custom `pipeline` from its launch description.
 fn build(
     url: Option<&CameraUrl>,
     max_fps: Option<f64>,
     sh: &Arc<Shared>,
+    session: Option<&str>,
 ) -> Result<gst::Pipeline, String> {
     let def = &sh.def;
     let size = def.width.zip(def.height);
     let pipeline = match (url, &def.pipeline) {
+        // A session on the daemon's client, of this encoding.
+        (Some(CameraUrl::Rtsp { .. }), _) if let Some(encoding) = session => {
+            let p = from_plan(&rgb_tail(size))?;
+            add_retina_chain(&p, encoding, sh)?;
+            p
+        }
         (Some(CameraUrl::Rtsp { .. }), _) => {
             let p = from_plan(&rgb_tail(size))?;
             add_rtspsrc(&p, url, sh)?;

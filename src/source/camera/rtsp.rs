@@ -1,0 +1,344 @@
+//! `rtsp://` cameras on the daemon's own RTSP client (retina): RTSP, RTP
+//! and H.264 / H.265 depacketising on one thread per camera with a
+//! single-threaded async runtime. Whole compressed frames (Annex B, the
+//! parameter sets before every keyframe) go into an `appsrc` that feeds the
+//! parser and decoder; the decode gate runs here, so the delta frames that
+//! keyframe-only decoding drops never enter GStreamer at all.
+//!
+//! Why not `rtspsrc`: at 1 fps on keyframes its receive path (a wake-up
+//! per TCP packet, then the jitter buffer's hand-off) cost more than
+//! decoding did; this client reads whole interleaved packets off one socket
+//! and wakes once per frame. `rtsps://` (TLS) stays on `rtspsrc`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use gstreamer as gst;
+use gstreamer::prelude::*;
+use gstreamer_app as gst_app;
+use retina::client::{
+    Credentials, Demuxed, PlayOptions, Session, SessionGroup, SessionOptions, SetupOptions,
+    TcpTransportOptions, UdpTransportOptions,
+};
+use retina::codec::{CodecItem, FrameFormat};
+
+use super::Transport;
+use super::decode::Verdict;
+use super::fanout::Shared;
+
+/// Compressed frames waiting in the appsrc beyond which the decoder is
+/// behind: frames are dropped from there to the next keyframe (a delta
+/// frame without its references would decode to garbage), so the camera is
+/// never read slower than it sends and the socket never backs up.
+const BEHIND: u64 = 60;
+
+/// How long a TEARDOWN may take when the session closes (UDP sessions;
+/// over TCP closing the connection ends the session).
+const TEARDOWN_WAIT: Duration = Duration::from_secs(2);
+
+/// A session playing, with the runtime that drives it.
+pub(super) struct Connected {
+    rt: tokio::runtime::Runtime,
+    demuxed: Demuxed,
+    group: Arc<SessionGroup>,
+    /// `H264` or `H265`.
+    pub(super) encoding: String,
+}
+
+/// What a camera is asked for.
+pub(super) struct Target<'a> {
+    pub location: &'a str,
+    pub user: Option<&'a str>,
+    pub password: Option<&'a str>,
+    pub transport: Transport,
+}
+
+/// DESCRIBE, SETUP of the first video track, PLAY. `Ok(None)`: the daemon
+/// stops. The error is the camera's answer in words.
+pub(super) fn connect(t: &Target<'_>, sh: &Shared) -> Result<Option<Connected>, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(|e| format!("cannot start the RTSP client: {e}"))?;
+    let group = Arc::new(SessionGroup::default());
+    let wait = sh.def.stall_timeout;
+    let answer = rt.block_on(async {
+        tokio::select! {
+            r = tokio::time::timeout(wait, open(t, group.clone())) => Some(r),
+            () = stopped(sh) => None,
+        }
+    });
+    match answer {
+        None => Ok(None),
+        Some(Err(_)) => Err(format!(
+            "no answer from the camera for {} s (stall_timeout)",
+            wait.as_secs_f64()
+        )),
+        Some(Ok(Err(e))) => Err(e),
+        Some(Ok(Ok((demuxed, encoding)))) => Ok(Some(Connected {
+            rt,
+            demuxed,
+            group,
+            encoding,
+        })),
+    }
+}
+
+async fn stopped(sh: &Shared) {
+    while !sh.stopping() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn open(t: &Target<'_>, group: Arc<SessionGroup>) -> Result<(Demuxed, String), String> {
+    // rtspt:// is RTSP with the media interleaved on its TCP connection.
+    let (location, tcp) = match t.location.strip_prefix("rtspt://") {
+        Some(rest) => (format!("rtsp://{rest}"), true),
+        None => (t.location.to_string(), t.transport == Transport::Tcp),
+    };
+    let url = ::url::Url::parse(&location).map_err(|e| format!("camera url: {e}"))?;
+    let creds = t.user.map(|u| Credentials {
+        username: u.to_string(),
+        password: t.password.unwrap_or_default().to_string(),
+    });
+    let options = SessionOptions::default()
+        .creds(creds)
+        .user_agent(format!("outpost/{}", env!("CARGO_PKG_VERSION")))
+        .session_group(group);
+    let mut session = Session::describe(url, options).await.map_err(text)?;
+    let streams = session.streams();
+    let Some(i) = streams.iter().position(|s| s.media() == "video") else {
+        let tracks: Vec<String> = streams
+            .iter()
+            .map(|s| format!("{}/{}", s.media(), s.encoding_name().to_ascii_uppercase()))
+            .collect();
+        return Err(format!(
+            "the stream has no video track (tracks: {})",
+            if tracks.is_empty() {
+                "none".to_string()
+            } else {
+                tracks.join(", ")
+            }
+        ));
+    };
+    let encoding = streams[i].encoding_name().to_ascii_uppercase();
+    if !matches!(encoding.as_str(), "H264" | "H265") {
+        return Err(format!(
+            "the camera's video is {encoding}; outpost decodes H.264 and H.265"
+        ));
+    }
+    let transport = if tcp {
+        retina::client::Transport::Tcp(TcpTransportOptions::default())
+    } else {
+        retina::client::Transport::Udp(UdpTransportOptions::default())
+    };
+    session
+        .setup(
+            i,
+            SetupOptions::default()
+                .transport(transport)
+                .frame_format(FrameFormat::SIMPLE),
+        )
+        .await
+        .map_err(text)?;
+    let playing = session.play(PlayOptions::default()).await.map_err(text)?;
+    let demuxed = playing.demuxed().map_err(text)?;
+    Ok((demuxed, encoding))
+}
+
+/// The first line of a client error (the rest is connection and packet
+/// context), with the status's reason where the camera answered one.
+fn text(e: retina::Error) -> String {
+    let full = e.to_string();
+    let first = full
+        .split("\n\n")
+        .next()
+        .unwrap_or(&full)
+        .trim()
+        .to_string();
+    match e.status_code() {
+        Some(code) => format!("the camera answered {code} {}: {first}", reason(code)),
+        None => first,
+    }
+}
+
+fn reason(code: u16) -> &'static str {
+    match code {
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        453 => "Not Enough Bandwidth",
+        454 => "Session Not Found",
+        455 => "Method Not Valid in This State",
+        461 => "Unsupported Transport",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        503 => "Service Unavailable",
+        _ => "",
+    }
+}
+
+/// The stream time of a frame, in nanoseconds since the session's start.
+fn stream_ns(ts: retina::Timestamp) -> u64 {
+    let rate = u64::from(ts.clock_rate().get());
+    let ticks = u64::try_from(ts.elapsed()).unwrap_or(0);
+    (u128::from(ticks) * 1_000_000_000 / u128::from(rate)) as u64
+}
+
+/// Feeds the session's frames into `src` on a thread of their own until the
+/// session ends (an error or the end of the stream, both posted on the
+/// pipeline's bus, where the camera's watch sees them) or `stop` fires.
+pub(super) fn pump(
+    c: Connected,
+    src: gst_app::AppSrc,
+    sh: Arc<Shared>,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("rtsp-{}", sh.def.name))
+        .spawn(move || {
+            let Connected {
+                rt,
+                mut demuxed,
+                group,
+                ..
+            } = c;
+            rt.block_on(async {
+                feed(&mut demuxed, &src, &sh, stop).await;
+                drop(demuxed);
+                let _ = tokio::time::timeout(TEARDOWN_WAIT, group.await_teardown()).await;
+            });
+        })
+}
+
+async fn feed(
+    demuxed: &mut Demuxed,
+    src: &gst_app::AppSrc,
+    sh: &Shared,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let mut behind = false;
+    loop {
+        let item = tokio::select! {
+            _ = &mut stop => return,
+            item = demuxed.next() => item,
+        };
+        let frame = match item {
+            None => {
+                let _ = src.end_of_stream();
+                return;
+            }
+            Some(Err(e)) => {
+                let why = sh.scrubber.scrub(&text(e));
+                gst::element_error!(src, gst::ResourceError::Read, ["{}", why]);
+                return;
+            }
+            Some(Ok(CodecItem::VideoFrame(f))) => f,
+            Some(Ok(_)) => continue,
+        };
+        let key = frame.is_random_access_point();
+        if sh.gate(stream_ns(frame.timestamp()), key) == Verdict::Skip {
+            continue;
+        }
+        let level = src.property::<u64>("current-level-buffers");
+        if behind && key && level < BEHIND / 2 {
+            behind = false;
+        } else if !behind && level >= BEHIND {
+            behind = true;
+        }
+        if behind {
+            for r in &sh.readers {
+                r.ctx.count_drop(
+                    "decoder_behind",
+                    "the decoder fell behind the camera: frames dropped to the next keyframe",
+                );
+            }
+            continue;
+        }
+        let mut buf = gst::Buffer::from_mut_slice(frame.into_data());
+        if !key && let Some(b) = buf.get_mut() {
+            b.set_flags(gst::BufferFlags::DELTA_UNIT);
+        }
+        sh.count_decoder_input();
+        if src.push_buffer(buf).is_err() {
+            // Flushing: the pipeline is being stopped.
+            return;
+        }
+    }
+}
+
+/// The appsrc a session's frames enter: live, stamped with the running
+/// time at arrival (so a frame's age counts decoding), unbounded (the
+/// pump bounds it by [`BEHIND`] and never blocks).
+pub(super) fn appsrc(encoding: &str) -> Result<gst_app::AppSrc, String> {
+    let media = if encoding == "H265" {
+        "video/x-h265"
+    } else {
+        "video/x-h264"
+    };
+    let caps = gst::Caps::builder(media)
+        .field("stream-format", "byte-stream")
+        .field("alignment", "au")
+        .build();
+    let src = gst_app::AppSrc::builder()
+        .name("outpost_rtsp")
+        .caps(&caps)
+        .is_live(true)
+        .format(gst::Format::Time)
+        .do_timestamp(true)
+        .max_bytes(0)
+        .block(false)
+        .build();
+    if src.find_property("current-level-buffers").is_none() {
+        return Err(
+            "appsrc lacks current-level-buffers (GStreamer 1.20 or newer is needed)".into(),
+        );
+    }
+    Ok(src)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use super::*;
+
+    #[test]
+    fn stream_time_is_the_rtp_clock_since_the_session_start_in_nanoseconds() {
+        let rate = NonZeroU32::new(90_000).unwrap();
+        let ts = |t: i64, start: u32| retina::Timestamp::new(t, rate, start).unwrap();
+        assert_eq!(stream_ns(ts(90_000, 0)), 1_000_000_000);
+        assert_eq!(stream_ns(ts(10_003_000, 10_000_000)), 33_333_333);
+        // An hour and more of 90 kHz ticks past the 32-bit wrap stays exact.
+        let hours = 5 * 3600 * 90_000i64;
+        assert_eq!(stream_ns(ts(hours + 7, 7)), 5 * 3600 * 1_000_000_000);
+        // Before the start (a reordered first packet): time zero, not a wrap.
+        assert_eq!(stream_ns(ts(-5, 0)), 0);
+    }
+
+    #[test]
+    fn every_status_a_camera_sends_for_a_refusal_has_its_reason() {
+        for code in [400, 401, 403, 404, 454, 461, 500, 503] {
+            assert!(!reason(code).is_empty(), "{code}");
+        }
+        assert_eq!(reason(401), "Unauthorized");
+        assert_eq!(reason(404), "Not Found");
+        assert_eq!(reason(299), "");
+    }
+
+    #[test]
+    fn status_shows_the_client_and_the_chain_without_the_depayloader() {
+        assert_eq!(
+            crate::source::camera::run::retina_elements(&[
+                "rtph264depay",
+                "h264parse",
+                "avdec_h264"
+            ]),
+            ["retina", "appsrc", "h264parse", "avdec_h264"]
+        );
+    }
+}

@@ -2,9 +2,9 @@
 """An RTSP server on 127.0.0.1 for the camera tests and benchmarks.
 
 Runs on Debian's python3 with python3-gi and gir1.2-gst-rtsp-server-1.0.
-Serves, encoded live with x264enc:
+Serves, encoded live with x264enc (x265enc with --codec h265):
   /cam    the given photographs, each held for --hold seconds, in a loop,
-          as H.264 at --width x --height and --fps
+          as H.264 (or H.265) at --width x --height and --fps
   /audio  an audio-only stream (a stream with no video track)
 With --user/--password every path needs those credentials (basic auth).
 With --key-int N a keyframe starts every N frames exactly (no others at
@@ -82,11 +82,21 @@ class PhotoFactory(GstRtspServer.RTSPMediaFactory):
         # With --key-int the keyframes are where the reader expects them:
         # none extra at scene changes (the photographs change abruptly).
         exact = ' option-string="scenecut=0"' if a.key_int else ""
+        if a.codec == "h265":
+            # x265's own scene-cut option; key-int-max is its keyframe distance.
+            exact = ' option-string="scenecut=0"' if a.key_int else ""
+            enc = (
+                f"x265enc name=enc tune=zerolatency speed-preset=ultrafast key-int-max={key_int} bitrate={a.bitrate}{exact} "
+                "! rtph265pay name=pay0 pt=96 config-interval=1"
+            )
+        else:
+            enc = (
+                f"x264enc name=enc tune=zerolatency speed-preset=ultrafast key-int-max={key_int} bitrate={a.bitrate}{exact} "
+                "! video/x-h264,profile=constrained-baseline ! rtph264pay name=pay0 pt=96 config-interval=1"
+            )
         desc = (
             "appsrc name=src is-live=true format=time do-timestamp=false "
-            f"caps=video/x-raw,format=I420,width={a.width},height={a.height},framerate={a.fps}/1 "
-            f"! x264enc name=enc tune=zerolatency speed-preset=ultrafast key-int-max={key_int} bitrate={a.bitrate}{exact} "
-            "! video/x-h264,profile=constrained-baseline ! rtph264pay name=pay0 pt=96 config-interval=1"
+            f"caps=video/x-raw,format=I420,width={a.width},height={a.height},framerate={a.fps}/1 ! {enc}"
         )
         bin_ = Gst.parse_launch(f"( {desc} )")
         src = bin_.get_by_name("src")
@@ -155,6 +165,7 @@ def main():
     ap.add_argument("--key-int", type=int, default=0, help="frames from keyframe to keyframe")
     ap.add_argument("--pan", type=int, default=0, help="rows the picture scrolls a frame")
     ap.add_argument("--noise", action="store_true", help="fresh noise in every frame")
+    ap.add_argument("--codec", choices=["h264", "h265"], default="h264", help="the video's encoding")
     ap.add_argument(
         "--mark-keyframes",
         action="store_true",

@@ -252,6 +252,58 @@ source = {source}
         assert!(d.terminate().success());
     }
 
+    /// An H.265 camera, once over TCP and once with RTP on UDP: both
+    /// sessions decode with the H.265 parser and decoder and make records.
+    #[test]
+    fn h265_cameras_over_tcp_and_udp_become_records() {
+        let _one_at_a_time = serial();
+        let server = RtspServer::start(&[
+            "--width", "320", "--height", "240", "--fps", "10", "--codec", "h265",
+        ]);
+        let url = server.url("/cam");
+        let mut d = Daemon::start(&camera_config(&format!(
+            "{}{}",
+            camera_pipeline(
+                "tcp",
+                &format!(r#"{{ type = "camera", url = "{url}", fps = 5 }}"#)
+            ),
+            camera_pipeline(
+                "udp",
+                &format!(r#"{{ type = "camera", url = "{url}", transport = "udp", fps = 5 }}"#)
+            ),
+        )));
+        let each =
+            |r: &[serde_json::Value], p: &str| r.iter().filter(|x| x["pipeline"] == p).count();
+        let recs = d
+            .records_until(Duration::from_secs(90), |r| {
+                each(r, "tcp") >= 3 && each(r, "udp") >= 3
+            })
+            .to_vec();
+        assert!(
+            each(&recs, "tcp") >= 3 && each(&recs, "udp") >= 3,
+            "records: {recs:?}\n{}",
+            d.log()
+        );
+        for name in ["tcp", "udp"] {
+            let p = camera_status(&d, name);
+            let cam = &p["camera"];
+            assert_eq!(cam["state"], "streaming", "{p:#}");
+            let elements: Vec<&str> = cam["elements"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e.as_str().unwrap())
+                .collect();
+            assert!(elements.contains(&"h265parse"), "{elements:?}");
+            assert!(cam["decoder_frames_in"].as_u64().unwrap() > 0, "{p:#}");
+            assert_eq!(
+                (cam["width"].as_u64(), cam["height"].as_u64()),
+                (Some(320), Some(240))
+            );
+        }
+        assert!(d.terminate().success());
+    }
+
     #[test]
     fn rtsp_server_killed_mid_stream_records_resume_without_leaks() {
         let _one_at_a_time = serial();

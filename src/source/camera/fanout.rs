@@ -205,10 +205,19 @@ pub(super) fn add_decode_probe(
                 g.count_decoder_input();
                 gst::PadProbeReturn::Ok
             }
-            Verdict::Skip => gst::PadProbeReturn::Drop,
+            Verdict::Skip => consume(info),
         }
     });
     Ok(())
+}
+
+/// Drops the probe's buffer by taking it (`Handled`): returning `Drop`
+/// with the buffer still in the probe made GStreamer 1.22 unref a NULL
+/// buffer after the bindings had released it, one GStreamer-CRITICAL in
+/// the log per dropped frame.
+fn consume(info: &mut gst::PadProbeInfo<'_>) -> gst::PadProbeReturn {
+    drop(info.take_buffer());
+    gst::PadProbeReturn::Handled
 }
 
 /// Counts decoded frames and asks each reader's fps gate about them, before
@@ -239,7 +248,7 @@ pub(super) fn add_gate_probe(pad: &gst::Pad, sh: &Arc<Shared>, drop: bool) {
             })
             .collect();
         if drop && !admitted.contains(&true) {
-            return gst::PadProbeReturn::Drop;
+            return consume(info);
         }
         *g.admitted.lock() = Some((pts, admitted));
         gst::PadProbeReturn::Ok

@@ -8,7 +8,8 @@
 //! Why not `rtspsrc`: at 1 fps on keyframes its receive path (a wake-up
 //! per TCP packet, then the jitter buffer's hand-off) cost more than
 //! decoding did; this client reads whole interleaved packets off one socket
-//! and wakes once per frame. `rtsps://` (TLS) stays on `rtspsrc`.
+//! and wakes about once per frame. `rtsps://` (TLS) and RTP over UDP stay
+//! on `rtspsrc` (`run.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,11 +20,10 @@ use gstreamer::prelude::*;
 use gstreamer_app as gst_app;
 use retina::client::{
     Credentials, Demuxed, PlayOptions, Session, SessionGroup, SessionOptions, SetupOptions,
-    TcpTransportOptions, UdpTransportOptions,
+    TcpTransportOptions,
 };
 use retina::codec::{CodecItem, FrameFormat};
 
-use super::Transport;
 use super::decode::Verdict;
 use super::fanout::Shared;
 
@@ -33,8 +33,8 @@ use super::fanout::Shared;
 /// never read slower than it sends and the socket never backs up.
 const BEHIND: u64 = 60;
 
-/// How long a TEARDOWN may take when the session closes (UDP sessions;
-/// over TCP closing the connection ends the session).
+/// How long a TEARDOWN may take when the session closes (for servers
+/// known to keep a session whose TCP connection closed).
 const TEARDOWN_WAIT: Duration = Duration::from_secs(2);
 
 /// A session playing, with the runtime that drives it.
@@ -51,10 +51,10 @@ pub(super) struct Target<'a> {
     pub location: &'a str,
     pub user: Option<&'a str>,
     pub password: Option<&'a str>,
-    pub transport: Transport,
 }
 
-/// DESCRIBE, SETUP of the first video track, PLAY. `Ok(None)`: the daemon
+/// DESCRIBE, SETUP of the first video track (RTP interleaved on the RTSP
+/// connection), PLAY. `Ok(None)`: the daemon
 /// stops. The error is the camera's answer in words.
 pub(super) fn connect(t: &Target<'_>, sh: &Shared) -> Result<Option<Connected>, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -93,10 +93,11 @@ async fn stopped(sh: &Shared) {
 }
 
 async fn open(t: &Target<'_>, group: Arc<SessionGroup>) -> Result<(Demuxed, String), String> {
-    // rtspt:// is RTSP with the media interleaved on its TCP connection.
-    let (location, tcp) = match t.location.strip_prefix("rtspt://") {
-        Some(rest) => (format!("rtsp://{rest}"), true),
-        None => (t.location.to_string(), t.transport == Transport::Tcp),
+    // rtspt:// is RTSP with the media interleaved on its TCP connection,
+    // which is how this client always receives it.
+    let location = match t.location.strip_prefix("rtspt://") {
+        Some(rest) => format!("rtsp://{rest}"),
+        None => t.location.to_string(),
     };
     let url = ::url::Url::parse(&location).map_err(|e| format!("camera url: {e}"))?;
     let creds = t.user.map(|u| Credentials {
@@ -129,11 +130,7 @@ async fn open(t: &Target<'_>, group: Arc<SessionGroup>) -> Result<(Demuxed, Stri
             "the camera's video is {encoding}; outpost decodes H.264 and H.265"
         ));
     }
-    let transport = if tcp {
-        retina::client::Transport::Tcp(TcpTransportOptions::default())
-    } else {
-        retina::client::Transport::Udp(UdpTransportOptions::default())
-    };
+    let transport = retina::client::Transport::Tcp(TcpTransportOptions::default());
     session
         .setup(
             i,

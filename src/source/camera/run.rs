@@ -266,20 +266,28 @@ fn run_once(
     end
 }
 
-/// The rtsp:// cameras the daemon's own client reads (`rtsps://`, TLS,
-/// stays on rtspsrc).
+/// The rtsp:// cameras the daemon's own client reads: RTP interleaved on
+/// the RTSP connection. `rtsps://` (TLS) and RTP over UDP stay on rtspsrc:
+/// its jitter buffer puts reordered datagrams back in order, and it takes
+/// them from whichever port the server sends from (the client's UDP socket
+/// is connected to the advertised `server_port`, and a gst-rtsp-server
+/// shared media set up by two clients at once sent from another port:
+/// no frame, in one start of four here).
 fn retina_target<'a>(url: Option<&'a CameraUrl>, sh: &Shared) -> Option<rtsp::Target<'a>> {
     match url {
         Some(CameraUrl::Rtsp {
             location,
             user,
             password,
-        }) if !location.starts_with("rtsps://") => Some(rtsp::Target {
-            location,
-            user: user.as_deref(),
-            password: password.as_deref(),
-            transport: sh.def.transport,
-        }),
+        }) if !location.starts_with("rtsps://")
+            && (sh.def.transport == Transport::Tcp || location.starts_with("rtspt://")) =>
+        {
+            Some(rtsp::Target {
+                location,
+                user: user.as_deref(),
+                password: password.as_deref(),
+            })
+        }
         _ => None,
     }
 }

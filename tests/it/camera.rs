@@ -462,11 +462,12 @@ source = {source}
             "--password",
             "right-horse",
         ]);
-        let refused = free_port();
+        // Bound and never listening: refused for the whole test.
+        let refused = RefusedPort::new();
         let wrong = format!("rtsp://viewer:battery-staple@127.0.0.1:{}/cam", locked.port);
         let pipelines = [
             ("missing", open.url("/no-such-path")),
-            ("refused", format!("rtsp://127.0.0.1:{refused}/cam")),
+            ("refused", format!("rtsp://127.0.0.1:{}/cam", refused.port)),
             ("badauth", wrong),
             ("audio", open.url("/audio")),
             (

@@ -105,6 +105,56 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A loopback TCP port that refuses connections for as long as the guard
+/// lives: a socket bound to it that never listens, so no other test can
+/// take the port in the meantime (as one may a port `free_port` let go).
+pub struct RefusedPort {
+    fd: std::os::fd::OwnedFd,
+    pub port: u16,
+}
+
+impl RefusedPort {
+    pub fn new() -> RefusedPort {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain socket calls on a descriptor this function owns;
+        // the address structure is fully initialised before use.
+        unsafe {
+            let raw = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(raw >= 0, "socket: {}", std::io::Error::last_os_error());
+            let fd = std::os::fd::OwnedFd::from_raw_fd(raw);
+            let mut addr: libc::sockaddr_in = std::mem::zeroed();
+            addr.sin_family = libc::AF_INET as libc::sa_family_t;
+            addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let p = &raw mut addr as *mut libc::sockaddr;
+            assert_eq!(
+                libc::bind(raw, p, len),
+                0,
+                "bind: {}",
+                std::io::Error::last_os_error()
+            );
+            let mut got = len;
+            assert_eq!(libc::getsockname(raw, p, &mut got), 0);
+            RefusedPort {
+                fd,
+                port: u16::from_be(addr.sin_port),
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for RefusedPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::os::fd::AsRawFd;
+        write!(
+            f,
+            "RefusedPort({} on fd {})",
+            self.port,
+            self.fd.as_raw_fd()
+        )
+    }
+}
+
 /// A plain HTTP/1.1 request on loopback; returns (status, body).
 pub fn http(method: &str, addr: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
     use std::io::{Read, Write};

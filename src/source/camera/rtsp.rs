@@ -149,11 +149,13 @@ async fn open(t: &Target<'_>, group: Arc<SessionGroup>) -> Result<(Demuxed, Stri
 /// context), with the status's reason where the camera answered one.
 fn text(e: retina::Error) -> String {
     let full = e.to_string();
-    let first = full
-        .split("\n\n")
-        .next()
-        .unwrap_or(&full)
-        .trim()
+    // The first line: a framing error goes on with a hex dump of what the
+    // peer sent ("...; buffered:" and the bytes).
+    let line = full.lines().next().unwrap_or(&full).trim();
+    let first = line
+        .strip_suffix("; buffered:")
+        .unwrap_or(line)
+        .trim_end_matches(':')
         .to_string();
     match e.status_code() {
         Some(code) => format!("the camera answered {code} {}: {first}", reason(code)),
@@ -176,6 +178,26 @@ fn reason(code: u16) -> &'static str {
         501 => "Not Implemented",
         503 => "Service Unavailable",
         _ => "",
+    }
+}
+
+/// Whether the decoder keeps up: once [`BEHIND`] frames wait for it,
+/// frames are dropped until a keyframe finds the queue at half that.
+#[derive(Debug, Default)]
+struct Backlog {
+    behind: bool,
+}
+
+impl Backlog {
+    /// A frame (`key`: a keyframe) with `level` frames waiting: whether it
+    /// goes to the decoder.
+    fn admit(&mut self, level: u64, key: bool) -> bool {
+        if self.behind && key && level < BEHIND / 2 {
+            self.behind = false;
+        } else if !self.behind && level >= BEHIND {
+            self.behind = true;
+        }
+        !self.behind
     }
 }
 
@@ -218,7 +240,7 @@ async fn feed(
     sh: &Shared,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
-    let mut behind = false;
+    let mut backlog = Backlog::default();
     loop {
         let item = tokio::select! {
             _ = &mut stop => return,
@@ -241,13 +263,7 @@ async fn feed(
         if sh.gate(stream_ns(frame.timestamp()), key) == Verdict::Skip {
             continue;
         }
-        let level = src.property::<u64>("current-level-buffers");
-        if behind && key && level < BEHIND / 2 {
-            behind = false;
-        } else if !behind && level >= BEHIND {
-            behind = true;
-        }
-        if behind {
+        if !backlog.admit(src.property::<u64>("current-level-buffers"), key) {
             for r in &sh.readers {
                 r.ctx.count_drop(
                     "decoder_behind",
@@ -315,6 +331,21 @@ mod tests {
         assert_eq!(stream_ns(ts(hours + 7, 7)), 5 * 3600 * 1_000_000_000);
         // Before the start (a reordered first packet): time zero, not a wrap.
         assert_eq!(stream_ns(ts(-5, 0)), 0);
+    }
+
+    #[test]
+    fn a_decoder_behind_gets_frames_again_only_from_a_keyframe_on_a_shorter_queue() {
+        let mut b = Backlog::default();
+        assert!(b.admit(0, true));
+        assert!(b.admit(BEHIND - 1, false));
+        // Full: this frame and every delta frame after it are dropped...
+        assert!(!b.admit(BEHIND, false));
+        assert!(!b.admit(1, false));
+        // ...and a keyframe too while the queue is still half full.
+        assert!(!b.admit(BEHIND / 2, true));
+        // A keyframe on a short queue starts the decoder again.
+        assert!(b.admit(BEHIND / 2 - 1, true));
+        assert!(b.admit(BEHIND / 2, false));
     }
 
     #[test]

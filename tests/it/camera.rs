@@ -113,6 +113,16 @@ source = {source}
         )
     }
 
+    /// A camera status's `elements`, as names.
+    fn element_names(cam: &serde_json::Value) -> Vec<&str> {
+        cam["elements"]
+            .as_array()
+            .expect("elements")
+            .iter()
+            .map(|e| e.as_str().expect("an element name"))
+            .collect()
+    }
+
     fn camera_status(d: &Daemon, name: &str) -> serde_json::Value {
         let st = d.status();
         st["pipelines"]
@@ -217,12 +227,7 @@ source = {source}
             (cam["width"].as_u64(), cam["height"].as_u64()),
             (Some(320), Some(240))
         );
-        let elements: Vec<&str> = cam["elements"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e.as_str().unwrap())
-            .collect();
+        let elements = element_names(cam);
         // The daemon's RTSP client, then the parser and decoder.
         assert_eq!(elements[..2], ["retina", "appsrc"], "{elements:?}");
         assert!(elements.contains(&"h264parse"), "{elements:?}");
@@ -293,12 +298,7 @@ source = {source}
             let p = camera_status(&d, name);
             let cam = &p["camera"];
             assert_eq!(cam["state"], "streaming", "{p:#}");
-            let elements: Vec<&str> = cam["elements"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|e| e.as_str().unwrap())
-                .collect();
+            let elements = element_names(cam);
             let client = if name == "tcp" { "retina" } else { "rtspsrc" };
             assert_eq!(elements[0], client, "{elements:?}");
             assert!(elements.contains(&"h265parse"), "{elements:?}");

@@ -317,6 +317,25 @@ fn start_feed(c: rtsp::Connected, p: &gst::Pipeline, sh: &Arc<Shared>) -> Result
     Ok((thread, tx))
 }
 
+/// The elements of a decoder chain (`pick_decoder`'s, from index `from`),
+/// made one by one (not parsed) so the parser, always the chain's second,
+/// can be found by its name: keyframe-only decoding may drop delta frames
+/// at its source pad.
+fn decoder_elements(chain: &[&str], from: usize) -> Result<Vec<gst::Element>, String> {
+    chain
+        .iter()
+        .enumerate()
+        .skip(from)
+        .map(|(i, f)| {
+            let mut b = gst::ElementFactory::make(f);
+            if i == 1 {
+                b = b.name(PARSER_NAME);
+            }
+            b.build().map_err(|e| format!("{f}: {e}"))
+        })
+        .collect()
+}
+
 /// The appsrc of a session, its parser (named for outpost), decoder and,
 /// on a Jetson, the converter out of device memory, linked into the
 /// pipeline's colour conversion.
@@ -324,13 +343,7 @@ fn add_retina_chain(p: &gst::Pipeline, encoding: &str, sh: &Shared) -> Result<()
     let chain = pick_decoder(encoding, has).map_err(|e| e.to_string())?;
     let src = rtsp::appsrc(encoding)?;
     let mut elements: Vec<gst::Element> = vec![src.upcast()];
-    for (i, f) in chain.iter().enumerate().skip(1) {
-        let mut b = gst::ElementFactory::make(f);
-        if i == 1 {
-            b = b.name(PARSER_NAME);
-        }
-        elements.push(b.build().map_err(|e| format!("{f}: {e}"))?);
-    }
+    elements.extend(decoder_elements(&chain, 1)?);
     for e in &elements {
         p.add(e).map_err(|e| e.to_string())?;
     }
@@ -641,17 +654,9 @@ fn add_rtspsrc(p: &gst::Pipeline, url: Option<&CameraUrl>, sh: &Arc<Shared>) -> 
         };
         v.store(true, Ordering::SeqCst);
         let linked = (|| -> Result<(), String> {
-            // Made one by one (not parsed) so the parser can be found: the
-            // decode gate drops delta frames at its source pad.
-            let mut elements = Vec::with_capacity(chain.len());
-            for (i, f) in chain.iter().enumerate() {
-                let mut b = gst::ElementFactory::make(f);
-                if i == 1 {
-                    b = b.name(PARSER_NAME);
-                }
-                let e = b.build().map_err(|e| format!("{f}: {e}"))?;
-                bin.add(&e).map_err(|e| e.to_string())?;
-                elements.push(e);
+            let mut elements = decoder_elements(&chain, 0)?;
+            for e in &elements {
+                bin.add(e).map_err(|e| e.to_string())?;
             }
             let convert = bin
                 .by_name("outpost_convert")

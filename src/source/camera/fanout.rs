@@ -338,6 +338,41 @@ pub(super) fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Samp
     }
 }
 
+/// Plane `i`'s (offset, stride) in bytes: from the buffer's video meta when
+/// it has one, else from the caps.
+fn plane_layout(
+    info: &gst_video::VideoInfo,
+    meta: Option<&(Vec<usize>, Vec<i32>)>,
+    i: usize,
+) -> (usize, usize) {
+    let (offsets, strides) = match meta {
+        Some((o, s)) => (o.as_slice(), s.as_slice()),
+        None => (info.offset(), info.stride()),
+    };
+    (
+        offsets.get(i).copied().unwrap_or(0),
+        strides.get(i).copied().unwrap_or(0).max(0) as usize,
+    )
+}
+
+/// Declares on the appsink's pad that frames may carry a video meta (plane
+/// offsets and strides). Without it a decoder whose pool pads its planes
+/// (gst-libav: 1080p is 1088 rows) copies every decoded frame into a
+/// tightly packed buffer, 30 copies a second of which the fps gate then
+/// drops; with it the decoder hands over its own buffer, and only frames a
+/// pipeline takes are packed (`packed_payload`).
+pub(super) fn add_video_meta_probe(pad: &gst::Pad) {
+    pad.add_probe(gst::PadProbeType::QUERY_DOWNSTREAM, |_, info| {
+        if let Some(q) = info.query_mut()
+            && let gst::QueryViewMut::Allocation(a) = q.view_mut()
+            && a.find_allocation_meta::<gst_video::VideoMeta>().is_none()
+        {
+            a.add_allocation_meta::<gst_video::VideoMeta>(None);
+        }
+        gst::PadProbeReturn::Ok
+    });
+}
+
 /// The frame's planes back to back, rows without padding: the GStreamer
 /// buffer itself when it is laid out so (no copy), else packed.
 fn packed_payload(
@@ -346,6 +381,13 @@ fn packed_payload(
     buffer: gst::Buffer,
 ) -> Option<Bytes> {
     let (w, h) = (raw.width, raw.height);
+    // A decoder that writes into its own padded pool (1080p is 1088 rows
+    // there) says where the planes lie in the buffer's video meta; the caps'
+    // layout holds only for buffers without one.
+    let meta = buffer
+        .meta::<gst_video::VideoMeta>()
+        .filter(|m| m.width() == w && m.height() == h)
+        .map(|m| (m.offset().to_vec(), m.stride().to_vec()));
     // (offset, stride, row bytes, rows) of each plane.
     let planes: Vec<(usize, usize, usize, usize)> = match raw.format {
         RawFormat::Rgb => vec![(0, w as usize * 3, h as usize)],
@@ -360,12 +402,8 @@ fn packed_payload(
     }
     .into_iter()
     .map(|(i, row, rows)| {
-        (
-            info.offset().get(i).copied().unwrap_or(0),
-            info.stride().get(i).copied().unwrap_or(0).max(0) as usize,
-            row,
-            rows,
-        )
+        let (offset, stride) = plane_layout(info, meta.as_ref(), i);
+        (offset, stride, row, rows)
     })
     .collect();
     let need = raw.len();
@@ -391,4 +429,132 @@ fn packed_payload(
         }
     }
     Some(Bytes::from(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn i420(w: u32, h: u32) -> RawImage {
+        RawImage {
+            width: w,
+            height: h,
+            format: RawFormat::I420 { bt709: false },
+        }
+    }
+
+    /// A padded pool's buffer (strides wider than a row, the luma plane
+    /// taller than the picture) packs to the picture's bytes when its video
+    /// meta says where the planes lie, though the caps say otherwise.
+    #[test]
+    fn planes_are_read_where_the_video_meta_puts_them() {
+        gst::init().unwrap();
+        let (w, h) = (6u32, 4u32);
+        let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::I420, w, h)
+            .build()
+            .unwrap();
+        // Luma: stride 8, 6 rows (2 of padding); chroma: stride 4, 2 rows each.
+        let offsets = [0usize, 48, 56];
+        let strides = [8i32, 4, 4];
+        let mut data = vec![0xEEu8; 64];
+        let mut want = Vec::new();
+        for (p, (&off, &stride)) in offsets.iter().zip(&strides).enumerate() {
+            let (row, rows) = if p == 0 { (6, 4) } else { (3, 2) };
+            for y in 0..rows {
+                for x in 0..row {
+                    let v = (p * 100 + y * 10 + x) as u8;
+                    data[off + y * stride as usize + x] = v;
+                    want.push(v);
+                }
+            }
+        }
+        let mut buffer = gst::Buffer::from_mut_slice(data);
+        gst_video::VideoMeta::add_full(
+            buffer.get_mut().unwrap(),
+            gst_video::VideoFrameFlags::empty(),
+            gst_video::VideoFormat::I420,
+            w,
+            h,
+            &offsets,
+            &strides,
+        )
+        .unwrap();
+        let got = packed_payload(&info, &i420(w, h), buffer).unwrap();
+        assert_eq!(&got[..], &want[..]);
+    }
+
+    /// A tight buffer without a meta is handed on as it is; one shorter than
+    /// its caps is refused.
+    #[test]
+    fn tight_buffers_pass_and_short_ones_are_refused() {
+        gst::init().unwrap();
+        let (w, h) = (8u32, 2u32);
+        let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::I420, w, h)
+            .build()
+            .unwrap();
+        let raw = i420(w, h);
+        let data: Vec<u8> = (0..raw.len() as u8).collect();
+        let got = packed_payload(&info, &raw, gst::Buffer::from_slice(data.clone())).unwrap();
+        assert_eq!(&got[..], &data[..]);
+        let short = gst::Buffer::from_slice(data[..raw.len() - 1].to_vec());
+        assert!(packed_payload(&info, &raw, short).is_none());
+    }
+
+    /// The appsink's pad answers an allocation query with the video meta, so
+    /// a decoder may hand over its padded buffers instead of copying them.
+    #[test]
+    fn the_appsink_declares_the_video_meta() {
+        gst::init().unwrap();
+        let sink = gst::ElementFactory::make("appsink").build().unwrap();
+        let pad = sink.static_pad("sink").unwrap();
+        add_video_meta_probe(&pad);
+        let caps = gst_video::VideoCapsBuilder::new()
+            .format(gst_video::VideoFormat::I420)
+            .width(1920)
+            .height(1080)
+            .build();
+        let mut q = gst::query::Allocation::new(Some(&caps), true);
+        let _ = pad.query(&mut q);
+        assert!(q.find_allocation_meta::<gst_video::VideoMeta>().is_some());
+    }
+
+    /// Frames out of a real H.264 decoder at 1080p (padded to 1088 rows in
+    /// its pool) pack to the same bytes with the meta declared as without.
+    #[test]
+    fn decoded_frames_pack_the_same_with_and_without_the_meta() {
+        gst::init().unwrap();
+        let first = |meta: bool| {
+            let p = gst::parse::launch(
+                "videotestsrc num-buffers=1 pattern=smpte ! \
+                 video/x-raw,format=I420,width=1920,height=1080 ! \
+                 x264enc speed-preset=ultrafast ! h264parse ! avdec_h264 ! \
+                 appsink name=outpost",
+            )
+            .unwrap()
+            .downcast::<gst::Pipeline>()
+            .unwrap();
+            let sink = p
+                .by_name("outpost")
+                .and_then(|e| e.downcast::<gst_app::AppSink>().ok())
+                .unwrap();
+            if meta {
+                add_video_meta_probe(&sink.static_pad("sink").unwrap());
+            }
+            p.set_state(gst::State::Playing).unwrap();
+            let sample = sink.try_pull_sample(gst::ClockTime::from_seconds(30));
+            let _ = p.set_state(gst::State::Null);
+            let sample = sample.expect("no decoded frame");
+            let info = gst_video::VideoInfo::from_caps(sample.caps().unwrap()).unwrap();
+            let buffer = sample.buffer_owned().unwrap();
+            let has_meta = buffer.meta::<gst_video::VideoMeta>().is_some();
+            let raw = i420(info.width(), info.height());
+            (packed_payload(&info, &raw, buffer).unwrap(), has_meta)
+        };
+        let (plain, plain_meta) = first(false);
+        let (with, with_meta) = first(true);
+        assert!(!plain_meta, "without the declaration no meta comes");
+        assert!(with_meta, "the decoder hands over its own padded buffer");
+        assert_eq!(plain.len(), 1920 * 1080 * 3 / 2);
+        assert!(plain == with, "the packed frames differ");
+    }
 }

@@ -17,7 +17,9 @@ use gstreamer_video as gst_video;
 use parking_lot::Mutex;
 
 use super::elements::{element_names, from_plan, launch};
-use super::fanout::{Reader, Shared, add_decode_probe, add_gate_probe, on_sample};
+use super::fanout::{
+    Reader, Shared, add_decode_probe, add_gate_probe, add_video_meta_probe, on_sample,
+};
 use super::plan::{chain, rgb_tail, source_plan};
 use super::rtsp;
 use super::{
@@ -538,6 +540,9 @@ fn build(
         .or_else(|| sink.static_pad("sink"))
         .ok_or("the appsink has no sink pad")?;
     add_gate_probe(&gate_pad, sh, dropping);
+    if let Some(pad) = sink.static_pad("sink") {
+        add_video_meta_probe(&pad);
+    }
     // I420 straight from a software decoder (videoconvert passes it
     // through), RGB from anything else: see `preprocess::raw`.
     sink.set_caps(Some(

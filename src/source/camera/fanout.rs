@@ -356,21 +356,35 @@ fn plane_layout(
 }
 
 /// Declares on the appsink's pad that frames may carry a video meta (plane
-/// offsets and strides). Without it a decoder whose pool pads its planes
-/// (gst-libav: 1080p is 1088 rows) copies every decoded frame into a
-/// tightly packed buffer, 30 copies a second of which the fps gate then
-/// drops; with it the decoder hands over its own buffer, and only frames a
-/// pipeline takes are packed (`packed_payload`).
+/// offsets and strides), for frames in system memory. An element whose
+/// buffers are laid out otherwise than the caps say (padded rows, planes
+/// apart: a V4L2 driver's stride, a decoder's aligned pool) may then push
+/// them as they are instead of copying each into a tight buffer, and
+/// `packed_payload` reads the planes where the meta puts them, only for
+/// frames a pipeline takes. (gst-libav 1.22 copies every decoded H.264
+/// frame all the same: out of libavcodec's buffer, or, decoding into a
+/// pool, when it stamps a frame libavcodec still holds as a reference.)
 pub(super) fn add_video_meta_probe(pad: &gst::Pad) {
     pad.add_probe(gst::PadProbeType::QUERY_DOWNSTREAM, |_, info| {
         if let Some(q) = info.query_mut()
             && let gst::QueryViewMut::Allocation(a) = q.view_mut()
-            && a.find_allocation_meta::<gst_video::VideoMeta>().is_none()
         {
-            a.add_allocation_meta::<gst_video::VideoMeta>(None);
+            declare_video_meta(a);
         }
         gst::PadProbeReturn::Ok
     });
+}
+
+fn declare_video_meta(a: &mut gst::query::Allocation) {
+    let system = match a.get() {
+        (Some(caps), _) => caps
+            .features(0)
+            .is_none_or(|f| f.is_empty() || f.contains(gst::CAPS_FEATURE_MEMORY_SYSTEM_MEMORY)),
+        (None, _) => false,
+    };
+    if system && a.find_allocation_meta::<gst_video::VideoMeta>().is_none() {
+        a.add_allocation_meta::<gst_video::VideoMeta>(None);
+    }
 }
 
 /// The frame's planes back to back, rows without padding: the GStreamer
@@ -500,36 +514,48 @@ mod tests {
         assert!(packed_payload(&info, &raw, short).is_none());
     }
 
-    /// The appsink's pad answers an allocation query with the video meta, so
-    /// a decoder may hand over its padded buffers instead of copying them.
+    /// The appsink's pad answers an allocation query for frames in system
+    /// memory with the video meta; one for device memory it leaves alone.
     #[test]
-    fn the_appsink_declares_the_video_meta() {
+    fn the_appsink_declares_the_video_meta_for_system_memory() {
         gst::init().unwrap();
         let sink = gst::ElementFactory::make("appsink").build().unwrap();
         let pad = sink.static_pad("sink").unwrap();
         add_video_meta_probe(&pad);
-        let caps = gst_video::VideoCapsBuilder::new()
-            .format(gst_video::VideoFormat::I420)
-            .width(1920)
-            .height(1080)
-            .build();
-        let mut q = gst::query::Allocation::new(Some(&caps), true);
+        let caps = |feature: Option<&str>| {
+            let b = gst_video::VideoCapsBuilder::new()
+                .format(gst_video::VideoFormat::I420)
+                .width(1920)
+                .height(1080)
+                .framerate(gst::Fraction::new(30, 1));
+            match feature {
+                Some(f) => b.features([f]).build(),
+                None => b.build(),
+            }
+        };
+        let mut q = gst::query::Allocation::new(Some(&caps(None)), true);
         let _ = pad.query(&mut q);
         assert!(q.find_allocation_meta::<gst_video::VideoMeta>().is_some());
+        let mut q = gst::query::Allocation::new(Some(&caps(Some("memory:NVMM"))), true);
+        let _ = pad.query(&mut q);
+        assert!(q.find_allocation_meta::<gst_video::VideoMeta>().is_none());
     }
 
     /// Frames out of a real H.264 decoder at 1080p (padded to 1088 rows in
-    /// its pool) pack to the same bytes with the meta declared as without.
+    /// its pool), through the tail every built-in camera pipeline ends
+    /// with, pack to the same bytes with the meta declared as without.
     #[test]
     fn decoded_frames_pack_the_same_with_and_without_the_meta() {
         gst::init().unwrap();
-        let first = |meta: bool| {
-            let p = gst::parse::launch(
-                "videotestsrc num-buffers=1 pattern=smpte ! \
-                 video/x-raw,format=I420,width=1920,height=1080 ! \
-                 x264enc speed-preset=ultrafast ! h264parse ! avdec_h264 ! \
-                 appsink name=outpost",
-            )
+        const FRAMES: usize = 8;
+        let run = |declare: bool| {
+            let p = gst::parse::launch(&format!(
+                "videotestsrc num-buffers={FRAMES} pattern=ball ! \
+                 video/x-raw,format=I420,width=1920,height=1080,framerate=30/1 ! \
+                 x264enc speed-preset=ultrafast tune=zerolatency threads=1 ! h264parse ! \
+                 avdec_h264 ! videoconvert ! videoscale ! \
+                 capsfilter caps=video/x-raw,format={{I420,RGB}} ! appsink name=outpost"
+            ))
             .unwrap()
             .downcast::<gst::Pipeline>()
             .unwrap();
@@ -537,24 +563,41 @@ mod tests {
                 .by_name("outpost")
                 .and_then(|e| e.downcast::<gst_app::AppSink>().ok())
                 .unwrap();
-            if meta {
+            if declare {
                 add_video_meta_probe(&sink.static_pad("sink").unwrap());
             }
             p.set_state(gst::State::Playing).unwrap();
-            let sample = sink.try_pull_sample(gst::ClockTime::from_seconds(30));
+            let mut frames = Vec::new();
+            while let Some(sample) = sink.try_pull_sample(gst::ClockTime::from_seconds(30)) {
+                let info = gst_video::VideoInfo::from_caps(sample.caps().unwrap()).unwrap();
+                let buffer = sample.buffer_owned().unwrap();
+                let shape = (
+                    buffer.size(),
+                    buffer.meta::<gst_video::VideoMeta>().is_some(),
+                );
+                let raw = i420(info.width(), info.height());
+                frames.push((packed_payload(&info, &raw, buffer).unwrap(), shape));
+            }
             let _ = p.set_state(gst::State::Null);
-            let sample = sample.expect("no decoded frame");
-            let info = gst_video::VideoInfo::from_caps(sample.caps().unwrap()).unwrap();
-            let buffer = sample.buffer_owned().unwrap();
-            let has_meta = buffer.meta::<gst_video::VideoMeta>().is_some();
-            let raw = i420(info.width(), info.height());
-            (packed_payload(&info, &raw, buffer).unwrap(), has_meta)
+            frames
         };
-        let (plain, plain_meta) = first(false);
-        let (with, with_meta) = first(true);
-        assert!(!plain_meta, "without the declaration no meta comes");
-        assert!(with_meta, "the decoder hands over its own padded buffer");
-        assert_eq!(plain.len(), 1920 * 1080 * 3 / 2);
-        assert!(plain == with, "the packed frames differ");
+        let tight = 1920 * 1080 * 3 / 2;
+        let plain = run(false);
+        let declared = run(true);
+        assert_eq!(plain.len(), FRAMES);
+        assert_eq!(declared.len(), FRAMES);
+        assert!(
+            plain.iter().all(|(_, shape)| *shape == (tight, false)),
+            "without the declaration frames are tight and carry no meta: {:?}",
+            plain.iter().map(|f| f.1).collect::<Vec<_>>()
+        );
+        assert!(
+            declared.iter().all(|(_, (_, meta))| *meta),
+            "with it they carry one"
+        );
+        for (i, (a, b)) in plain.iter().zip(&declared).enumerate() {
+            assert_eq!(a.0.len(), tight);
+            assert!(a.0 == b.0, "frame {i} packs differently");
+        }
     }
 }

@@ -8,13 +8,15 @@
 //! Why not `rtspsrc`: at 1 fps on keyframes its receive path (a wake-up
 //! per TCP packet, then the jitter buffer's hand-off) cost more than
 //! decoding did; this client reads whole interleaved packets off one socket
-//! and wakes about once per frame. `rtsps://` (TLS) and RTP over UDP stay
+//! and wakes about once per frame; while only keyframes are decoded it
+//! sleeps through most of the gap between two and reads the delta frames
+//! it drops in bursts (`NAP`). `rtsps://` (TLS) and RTP over UDP stay
 //! on `rtspsrc` (`run.rs`).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use gstreamer as gst;
 use gstreamer::prelude::*;
 use gstreamer_app as gst_app;
@@ -32,6 +34,19 @@ use super::fanout::Shared;
 /// frame without its references would decode to garbage), so the camera is
 /// never read slower than it sends and the socket never backs up.
 const BEHIND: u64 = 60;
+
+/// While only keyframes are decoded, the delta frames between two of them
+/// are read only to be dropped: rather than wake for each packet of them
+/// (about 60 times a second at 4 Mbit/s over TCP), the client reads them
+/// in bursts, sleeping up to this long between and then taking only what
+/// the socket buffered meanwhile (about 50 kB at 4 Mbit/s). Never longer
+/// than a quarter of `stall_timeout`, so that a sleep never looks like a
+/// stall.
+const NAP: Duration = Duration::from_millis(100);
+
+/// ...and it is awake from this long before the next keyframe is due, so
+/// that the keyframe is read as it arrives.
+const AWAKE_BEFORE: Duration = Duration::from_millis(150);
 
 /// How long a TEARDOWN may take when the session closes (for servers
 /// known to keep a session whose TCP connection closed).
@@ -201,6 +216,48 @@ impl Backlog {
     }
 }
 
+/// Sleeps the client's thread, not a task on it: a task asleep would still
+/// wake with every packet the socket receives (the runtime polls it), and
+/// waking less often is the point. The runtime is this camera's alone, with
+/// nothing else on it to hold up; the session's keepalive waits at most a
+/// nap. Then it yields once, so that the runtime looks at the socket (a
+/// poll of the epoll set that does not wait) and what came meanwhile can be
+/// read: without it the socket would still count as empty and nothing would
+/// be read until the client next waited. Whether the client was told to
+/// stop meanwhile.
+async fn doze(d: Duration, stop: &mut tokio::sync::oneshot::Receiver<()>) -> bool {
+    std::thread::sleep(d);
+    tokio::task::yield_now().await;
+    !matches!(
+        stop.try_recv(),
+        Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+    )
+}
+
+/// How long the client may sleep after a delta frame it dropped at `now`:
+/// only while keyframes alone are decoded, and not into the time the next
+/// keyframe is due (the last one's arrival plus the stream's keyframe
+/// interval). `None`: read on.
+fn nap(sh: &Shared, last_key: Option<Instant>, now: Instant) -> Option<Duration> {
+    if !sh.keyframes_only() {
+        return None;
+    }
+    let interval = Duration::from_nanos(sh.decode.lock().interval_ns()?);
+    nap_length(interval, last_key?, now, sh.def.stall_timeout)
+}
+
+fn nap_length(
+    interval: Duration,
+    last_key: Instant,
+    now: Instant,
+    stall_timeout: Duration,
+) -> Option<Duration> {
+    let wake_by = (last_key + interval).checked_sub(AWAKE_BEFORE)?;
+    let left = wake_by.checked_duration_since(now)?;
+    let d = left.min(NAP).min(stall_timeout / 4);
+    (d >= Duration::from_millis(5)).then_some(d)
+}
+
 /// The stream time of a frame, in nanoseconds since the session's start.
 fn stream_ns(ts: retina::Timestamp) -> u64 {
     let rate = u64::from(ts.clock_rate().get());
@@ -241,10 +298,33 @@ async fn feed(
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
     let mut backlog = Backlog::default();
+    // When the last keyframe that went to the decoder arrived.
+    let mut last_key: Option<Instant> = None;
+    // Between naps: reading only what has come meanwhile, never waiting.
+    let mut draining = false;
     loop {
-        let item = tokio::select! {
-            _ = &mut stop => return,
-            item = demuxed.next() => item,
+        let item = if draining {
+            match demuxed.next().now_or_never() {
+                Some(item) => item,
+                None => {
+                    // All that came is read: sleep again, or wait for the keyframe.
+                    draining = match nap(sh, last_key, Instant::now()) {
+                        Some(d) => {
+                            if doze(d, &mut stop).await {
+                                return;
+                            }
+                            true
+                        }
+                        None => false,
+                    };
+                    continue;
+                }
+            }
+        } else {
+            tokio::select! {
+                _ = &mut stop => return,
+                item = demuxed.next() => item,
+            }
         };
         let frame = match item {
             None => {
@@ -261,7 +341,16 @@ async fn feed(
         };
         let key = frame.is_random_access_point();
         if sh.gate(stream_ns(frame.timestamp()), key) == Verdict::Skip {
+            if !draining && let Some(d) = nap(sh, last_key, Instant::now()) {
+                if doze(d, &mut stop).await {
+                    return;
+                }
+                draining = true;
+            }
             continue;
+        }
+        if key {
+            last_key = Some(Instant::now());
         }
         if !backlog.admit(src.property::<u64>("current-level-buffers"), key) {
             for r in &sh.readers {
@@ -331,6 +420,55 @@ mod tests {
         assert_eq!(stream_ns(ts(hours + 7, 7)), 5 * 3600 * 1_000_000_000);
         // Before the start (a reordered first packet): time zero, not a wrap.
         assert_eq!(stream_ns(ts(-5, 0)), 0);
+    }
+
+    #[test]
+    fn naps_end_before_the_next_keyframe_is_due_and_never_look_like_a_stall() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let ms = Duration::from_millis;
+        let stall = Duration::from_secs(5);
+        // Just after a keyframe a second apart: the longest nap.
+        assert_eq!(nap_length(s, t0, t0 + ms(40), stall), Some(NAP));
+        // Close to the next one: only up to AWAKE_BEFORE ahead of it...
+        assert_eq!(nap_length(s, t0, t0 + ms(800), stall), Some(ms(50)));
+        // ...and none from there on, nor once it is late.
+        assert_eq!(nap_length(s, t0, t0 + ms(860), stall), None);
+        assert_eq!(nap_length(s, t0, t0 + ms(1500), stall), None);
+        // Keyframes closer than AWAKE_BEFORE: never a nap.
+        assert_eq!(nap_length(ms(100), t0, t0 + ms(1), stall), None);
+        // A short stall_timeout bounds it.
+        assert_eq!(nap_length(s, t0, t0 + ms(40), ms(200)), Some(ms(50)));
+    }
+
+    #[test]
+    fn what_came_during_a_nap_is_read_right_after_it_without_waiting() {
+        use std::io::Write;
+        use tokio::io::AsyncReadExt;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (ours, _) = listener.accept().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let (_tx, mut stop) = tokio::sync::oneshot::channel::<()>();
+        rt.block_on(async {
+            let mut sock = tokio::net::TcpStream::from_std(ours).unwrap();
+            let mut buf = [0u8; 64];
+            // Nothing yet: the runtime now counts the socket as empty.
+            assert!(sock.read(&mut buf).now_or_never().is_none());
+            // The camera sends while the client sleeps.
+            peer.write_all(b"delta frames").unwrap();
+            assert!(!doze(Duration::from_millis(20), &mut stop).await);
+            let n = sock.read(&mut buf).now_or_never();
+            assert!(
+                matches!(n, Some(Ok(12))),
+                "the bytes sent during the nap were not readable after it: {n:?}"
+            );
+        });
     }
 
     #[test]

@@ -11,6 +11,9 @@ With --key-int N a keyframe starts every N frames exactly (no others at
 scene changes; default: one a second); with --mark-keyframes the keyframes
 show the first photograph and every other frame is black, so a reader can
 tell from a frame's picture whether it was a keyframe.
+With --keyframes-for S the encoder's keyframes are sent for the first S
+seconds of the stream only; after that only delta frames go out (a camera
+whose keyframes stopped).
 A still photograph encodes to delta frames with nearly nothing in them,
 which decode almost for free; a real camera's frames each differ from the
 one before (sensor noise, motion). With --noise every frame gets fresh noise
@@ -114,6 +117,23 @@ class PhotoFactory(GstRtspServer.RTSPMediaFactory):
 
             bin_.get_by_name("enc").get_static_pad("src").add_probe(
                 Gst.PadProbeType.EVENT_UPSTREAM, no_forced_keyframes)
+        if a.keyframes_for is not None:
+            span = int(a.keyframes_for * Gst.SECOND)
+            # The encoder offsets its timestamps (room for negative DTS):
+            # time counts from the first frame out of it.
+            first = {}
+
+            def no_more_keyframes(_pad, info):
+                buf = info.get_buffer()
+                if buf is None or buf.pts == Gst.CLOCK_TIME_NONE:
+                    return Gst.PadProbeReturn.OK
+                t0 = first.setdefault("pts", buf.pts)
+                if buf.pts - t0 >= span and not buf.has_flags(Gst.BufferFlags.DELTA_UNIT):
+                    return Gst.PadProbeReturn.DROP
+                return Gst.PadProbeReturn.OK
+
+            bin_.get_by_name("enc").get_static_pad("src").add_probe(
+                Gst.PadProbeType.BUFFER, no_more_keyframes)
         state = {"n": 0}
         # I420 black: luma 16, chroma 128.
         luma = a.width * a.height
@@ -171,6 +191,8 @@ def main():
         action="store_true",
         help="keyframes show the first photograph, other frames are black",
     )
+    ap.add_argument("--keyframes-for", type=float, default=None,
+                    help="seconds of the stream with keyframes; delta frames only after")
     args = ap.parse_args()
 
     Gst.init(None)

@@ -191,6 +191,11 @@ const CAMERA_COUNTERS: &[CameraCounter] = &[
         "Delta frames dropped before the decoder (keyframe-only decoding)",
         |_, c| get(&c.delta_frames_skipped),
     ),
+    (
+        "outpost_camera_oversize",
+        "RTSP messages and frames over the camera's max_frame_bytes (each closed the connection)",
+        |_, c| get(&c.oversize),
+    ),
 ];
 
 /// Outbox gauges, no labels; a None value leaves the family out.

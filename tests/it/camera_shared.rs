@@ -493,4 +493,80 @@ source = {{ type = "camera", camera = "yard", fps = 1 }}
         );
         assert!(d.terminate().success());
     }
+
+    /// A camera whose keyframes stop while its delta frames keep coming
+    /// (decoding keyframes only): once `frames_in` froze for twice the
+    /// keyframe interval the camera is down with a reason that says so, a
+    /// `camera_down` record is stored, the pipeline is rebuilt, and the
+    /// rebuilt one decodes every frame. Before, the skipped delta frames
+    /// kept the stall timer from ever firing and the camera stayed
+    /// `streaming`, blind.
+    #[test]
+    fn a_camera_whose_keyframes_stop_goes_down_instead_of_streaming_blind() {
+        let _one_at_a_time = serial();
+        let server = RtspServer::start(
+            &["astronaut.png"],
+            &[
+                "--width",
+                "320",
+                "--height",
+                "240",
+                "--fps",
+                "10",
+                "--key-int",
+                "10",
+                "--keyframes-for",
+                "5",
+            ],
+        );
+        let d = Daemon::start(&config(&format!(
+            r#"
+[[cameras]]
+name = "gate"
+url = "{url}"
+decode = "keyframes"
+stall_timeout = "2s"
+
+[[pipelines]]
+name = "plates"
+model = "classifier"
+source = {{ type = "camera", camera = "gate", fps = 1 }}
+"#,
+            url = server.url("/cam")
+        )));
+        wait_status(&d, "plates", Duration::from_secs(60), "streaming", |p| {
+            p["camera"]["state"] == "streaming" && p["camera"]["frames_in"].as_u64() >= Some(1)
+        });
+        let p = wait_status(
+            &d,
+            "plates",
+            Duration::from_secs(60),
+            "down for want of keyframes",
+            |p| {
+                p["camera"]["reconnects"].as_u64() >= Some(1)
+                    && p["camera"]["last_error"]
+                        .as_str()
+                        .is_some_and(|e| e.contains("no keyframe"))
+            },
+        );
+        let c = &p["camera"];
+        assert!(c["delta_frames_skipped"].as_u64() > Some(0), "{p:#}");
+        // The rebuilt pipeline decodes every frame the camera sends.
+        wait_status(&d, "plates", Duration::from_secs(60), "every frame", |p| {
+            p["camera"]["decode_mode"] == "all"
+                && p["camera"]["decoder_frames_in"].as_u64() > c["decoder_frames_in"].as_u64()
+        });
+        let dir = d.stop_keep_dir();
+        let events = camera_events(dir.path());
+        let down = events
+            .iter()
+            .find(|e| e["event"] == "camera_down")
+            .unwrap_or_else(|| panic!("no camera_down: {events:#?}"));
+        assert!(
+            down["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("no keyframe")),
+            "{down:#}"
+        );
+    }
 }

@@ -653,6 +653,7 @@ fn event_stream_refuses_past_its_bound_and_ends_on_stop() {
 
 /// What the tracking pipeline's card shows: the overlay's shapes and the
 /// events list, once each has something.
+#[cfg(feature = "camera")]
 const TRACKING_VIEW: &str = r#"
 const c = document.querySelector('[data-pipeline="gate"]');
 const svg = c && c.querySelector('svg.overlay');
@@ -677,6 +678,8 @@ const ready = out.zones.length && out.lines.length && out.tracks.length
 return ready ? out : null;
 "#;
 
+// Its scene comes from a camera source (a hand-written GStreamer pipeline).
+#[cfg(feature = "camera")]
 #[test]
 fn console_draws_zones_lines_live_tracks_and_events_of_a_tracking_pipeline() {
     // The rendered scene of tracking.rs (two faces crossing the line, one

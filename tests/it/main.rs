@@ -4,6 +4,7 @@
 mod batching;
 mod boundaries;
 mod camera;
+mod camera_hostile;
 mod camera_shared;
 mod check_report;
 mod clock;

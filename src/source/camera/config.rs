@@ -44,6 +44,12 @@ pub struct CameraDef {
     /// `all`, or `keyframes`.
     #[serde(default)]
     pub decode: Decode,
+    /// The largest compressed frame, and RTSP message body, the camera may
+    /// send (`rtsp://` over TCP, read by outpost's own client): more is
+    /// counted (`oversize`) and closes the connection. The default holds
+    /// a 4K H.265 keyframe at a high bitrate with room to spare.
+    #[serde(default = "default_max_frame_bytes", with = "crate::bytesize")]
+    pub max_frame_bytes: u64,
 }
 
 /// Which frames of a compressed stream reach the decoder.
@@ -98,6 +104,8 @@ pub struct CameraConfig {
     pub stall_timeout: Option<Duration>,
     #[serde(default)]
     pub decode: Option<Decode>,
+    #[serde(default, with = "crate::bytesize::option")]
+    pub max_frame_bytes: Option<u64>,
     /// Frames waiting for inference, at most; the oldest is dropped
     /// (`stale`) for a new one. Replaces the pipeline's `queue`.
     #[serde(default = "default_queue")]
@@ -110,6 +118,16 @@ pub struct CameraConfig {
 pub(super) fn default_stall_timeout() -> Duration {
     Duration::from_secs(5)
 }
+
+/// 8 MiB: a 4K H.265 keyframe is 1-3 MB at the bitrates cameras use.
+pub(super) fn default_max_frame_bytes() -> u64 {
+    8 << 20
+}
+
+/// The bounds of `max_frame_bytes`: below the smallest keyframes, or
+/// beyond any camera's, a setting is a mistake.
+const MIN_FRAME_BYTES: u64 = 64 << 10;
+const MAX_FRAME_BYTES: u64 = 1 << 30;
 
 /// One frame waiting: its age stays under one inference plus one frame interval.
 pub(super) fn default_queue() -> usize {
@@ -178,6 +196,12 @@ impl CameraDef {
         if self.stall_timeout < Duration::from_millis(100) {
             p.push(format!("{at}.stall_timeout: at least 100ms"));
         }
+        if !(MIN_FRAME_BYTES..=MAX_FRAME_BYTES).contains(&self.max_frame_bytes) {
+            p.push(format!(
+                "{at}.max_frame_bytes: {} is out of range 64 KiB..=1 GiB",
+                self.max_frame_bytes
+            ));
+        }
         if self.decode == Decode::Keyframes {
             let compressed = match (&url, &self.pipeline) {
                 (Some(CameraUrl::Rtsp { .. }), _) => true,
@@ -223,6 +247,7 @@ impl CameraConfig {
                     ("transport", self.transport.is_some()),
                     ("stall_timeout", self.stall_timeout.is_some()),
                     ("decode", self.decode.is_some()),
+                    ("max_frame_bytes", self.max_frame_bytes.is_some()),
                 ];
                 for (key, _) in set.iter().filter(|(_, s)| *s) {
                     p.push(format!(
@@ -257,6 +282,7 @@ impl CameraConfig {
             transport: self.transport.unwrap_or_default(),
             stall_timeout: self.stall_timeout.unwrap_or_else(default_stall_timeout),
             decode: self.decode.unwrap_or_default(),
+            max_frame_bytes: self.max_frame_bytes.unwrap_or_else(default_max_frame_bytes),
         }
     }
 

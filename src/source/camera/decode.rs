@@ -90,6 +90,9 @@ pub struct DecodeGate {
     watch: KeyframeWatch,
     /// Dropping delta frames now (until a keyframe when `auto` decides against it).
     keyframes_only: bool,
+    /// Keyframes stopped coming while only they were decoded: every frame
+    /// is decoded until the stream's keyframe interval is seen again.
+    fallback: bool,
 }
 
 impl DecodeGate {
@@ -105,11 +108,15 @@ impl DecodeGate {
             need_ns,
             watch: KeyframeWatch::default(),
             keyframes_only: decode == Decode::Keyframes,
+            fallback: false,
         }
     }
 
     /// Whether keyframes alone serve every consumer now.
     fn keyframes_serve(&self) -> bool {
+        if self.fallback {
+            return false;
+        }
         match self.decode {
             Decode::All => false,
             Decode::Keyframes => true,
@@ -125,6 +132,10 @@ impl DecodeGate {
     /// One compressed frame at stream time `t_ns`; `key`: a keyframe.
     pub fn frame(&mut self, t_ns: u64, key: bool) -> Verdict {
         self.watch.see(t_ns, key);
+        if self.fallback && self.watch.interval_ns().is_some() {
+            // Keyframes came back, at a steady interval.
+            self.fallback = false;
+        }
         let serve = self.keyframes_serve();
         if key {
             // A keyframe always decodes, and is where every-frame decoding may resume.
@@ -160,7 +171,21 @@ impl DecodeGate {
     /// which a decoder could not use anyway).
     pub fn reset(&mut self) {
         self.watch.reset();
-        self.keyframes_only = self.decode == Decode::Keyframes;
+        self.keyframes_only = self.decode == Decode::Keyframes && !self.fallback;
+    }
+
+    /// Keyframes stopped while only they were decoded: from the next
+    /// connection on, every frame is decoded until keyframes come at a
+    /// steady interval again (a forced `keyframes` too).
+    pub fn fall_back(&mut self) {
+        self.fallback = true;
+        self.keyframes_only = false;
+    }
+
+    /// The keyframe interval as last seen (one interval is enough), for
+    /// how long keyframe-only decoding may wait for the next.
+    pub fn last_interval_ns(&self) -> Option<u64> {
+        self.watch.intervals.back().copied()
     }
 }
 
@@ -175,6 +200,26 @@ mod tests {
         frames
             .map(|n| (n, g.frame(n * FRAME, n % gop == 0)))
             .collect()
+    }
+
+    #[test]
+    fn after_keyframes_stopped_every_frame_is_decoded_until_they_come_steadily_again() {
+        for decode in [Decode::Keyframes, Decode::Auto] {
+            let mut g = DecodeGate::new(decode, &[Some(1.0)]);
+            run(&mut g, 30, 0..120);
+            assert_eq!(g.mode(), "keyframes", "{decode:?}");
+            g.fall_back();
+            g.reset();
+            assert_eq!(g.mode(), "all");
+            // Delta frames alone: all decoded.
+            let v = run(&mut g, 1_000_000, 1..100);
+            assert!(v.iter().all(|(_, d)| *d == Verdict::Decode), "{decode:?}");
+            // Keyframes again, a second apart: two intervals, then keyframes only.
+            let v = run(&mut g, 30, 120..300);
+            assert!(v[..60].iter().all(|(_, d)| *d == Verdict::Decode));
+            assert_eq!(g.mode(), "keyframes", "{decode:?}");
+            assert_eq!(g.last_interval_ns(), Some(30 * FRAME));
+        }
     }
 
     #[test]

@@ -204,6 +204,7 @@ mod tests {
             transport: Transport::Tcp,
             stall_timeout: Duration::from_secs(5),
             decode: Decode::Auto,
+            max_frame_bytes: 8 << 20,
         };
         let plan = source_plan(
             &cfg,

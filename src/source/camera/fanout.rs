@@ -59,6 +59,8 @@ pub(super) struct Shared {
     pub(super) last_frame_ms: AtomicU64,
     /// ... and of the last compressed frame at the parser.
     pub(super) last_input_ms: AtomicU64,
+    /// ... and of the last frame out of the decoder (wanted by a reader or not).
+    pub(super) last_decoded_ms: AtomicU64,
     pub(super) epoch: Instant,
     /// The decoder chain logged once at info, then at debug on rebuilds.
     pub(super) logged: AtomicBool,
@@ -85,6 +87,7 @@ impl Shared {
             pipelines,
             last_frame_ms: AtomicU64::new(0),
             last_input_ms: AtomicU64::new(0),
+            last_decoded_ms: AtomicU64::new(0),
             epoch: Instant::now(),
             logged: AtomicBool::new(false),
             admitted: Mutex::new(None),
@@ -136,6 +139,7 @@ impl Shared {
     pub(super) fn restart(&self) {
         self.last_frame_ms.store(0, Ordering::Relaxed);
         self.last_input_ms.store(0, Ordering::Relaxed);
+        self.last_decoded_ms.store(0, Ordering::Relaxed);
         let mut d = self.decode.lock();
         d.reset();
         let (mode, iv) = (d.mode(), d.interval_ns());
@@ -174,7 +178,19 @@ impl Shared {
         self.add(|s| &s.decoder_frames_in);
     }
 
-    fn now_ms(&self) -> u64 {
+    /// The camera sent more than its bound; the connection is closed.
+    pub(super) fn count_oversize(&self, what: &super::guard::Oversize) {
+        self.add(|s| &s.oversize);
+        tracing::warn!(camera = %self.shown, name = %self.def.name, kind = what.kind(), "{what}");
+    }
+
+    /// Keyframes stopped while only they were decoded: the next run decodes
+    /// every frame until they come steadily again.
+    pub(super) fn fall_back_to_every_frame(&self) {
+        self.decode.lock().fall_back();
+    }
+
+    pub(super) fn now_ms(&self) -> u64 {
         (self.epoch.elapsed().as_millis() as u64).max(1)
     }
 }
@@ -229,6 +245,7 @@ pub(super) fn add_gate_probe(pad: &gst::Pad, sh: &Arc<Shared>, drop: bool) {
     let g = sh.clone();
     pad.add_probe(gst::PadProbeType::BUFFER, move |_, info| {
         g.add(|s| &s.frames_in);
+        g.last_decoded_ms.store(g.now_ms(), Ordering::Relaxed);
         let pts = info.buffer().and_then(|b| b.pts());
         // The stream's own clock where frames carry it: the decoder's
         // varying delay (its first frame is slow) must not make a frame

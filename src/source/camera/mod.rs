@@ -22,6 +22,16 @@
 //! - `rtsp://` cameras are received by the daemon's RTSP client
 //!   (`rtsp.rs`, retina) and fed through an appsrc to the parser and
 //!   decoder; `rtsps://` by rtspsrc.
+//! - A camera is untrusted input: what it sends to the RTSP client passes
+//!   a bound first (`guard.rs`, `relay.rs`): no message head over 64 KiB,
+//!   no declared body and no frame over the camera's `max_frame_bytes`;
+//!   the excess is counted (`oversize`) and the connection closed with
+//!   that as the camera's error. A panic on a camera's threads is that
+//!   camera's error and a reconnect, never the daemon's.
+//! - A camera that sends but decodes nothing is down: while only keyframes
+//!   are decoded, no keyframe for twice the keyframe interval (at least
+//!   `stall_timeout`) is a stall, however many delta frames come, and the
+//!   rebuilt pipeline decodes every frame until keyframes come again.
 //! - Credentials never leave this module: they go to the RTSP client (or
 //!   `rtspsrc`'s properties), never in the location, and every string shown (log, status,
 //!   records, errors; a hand-written pipeline too) is scrubbed of them,
@@ -43,7 +53,11 @@ pub mod decode;
 mod elements;
 #[cfg(feature = "camera")]
 mod fanout;
+#[cfg(feature = "camera")]
+mod guard;
 pub mod plan;
+#[cfg(feature = "camera")]
+mod relay;
 #[cfg(feature = "camera")]
 mod rtsp;
 #[cfg(feature = "camera")]
@@ -167,6 +181,14 @@ impl FpsGate {
     }
 }
 
+/// What a panic carried, in words (a `&str` or `String` message).
+pub(crate) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string())
+}
+
 /// Reconnect delays: from 0.25 s, a ceiling of 0.5 s doubling to 8 s, each
 /// a random draw up to its ceiling, so cameras that failed together do not
 /// retry in step.
@@ -193,6 +215,9 @@ pub struct CameraState {
     pub decoder_frames_in: AtomicU64,
     /// Delta frames dropped before the decoder (keyframe-only decoding).
     pub delta_frames_skipped: AtomicU64,
+    /// RTSP messages and frames over the bound (`max_frame_bytes`): each
+    /// closed the connection.
+    pub oversize: AtomicU64,
     status: Mutex<CameraStatus>,
 }
 
@@ -231,6 +256,7 @@ pub struct CameraReport {
     encoded_frames: u64,
     decoder_frames_in: u64,
     delta_frames_skipped: u64,
+    oversize: u64,
     #[serde(flatten)]
     status: CameraStatus,
 }
@@ -261,6 +287,7 @@ impl CameraState {
             encoded_frames: AtomicU64::new(0),
             decoder_frames_in: AtomicU64::new(0),
             delta_frames_skipped: AtomicU64::new(0),
+            oversize: AtomicU64::new(0),
             status: Mutex::new(CameraStatus {
                 name: None,
                 pipelines: Vec::new(),
@@ -344,6 +371,7 @@ impl CameraState {
             encoded_frames: get(&self.encoded_frames),
             decoder_frames_in: get(&self.decoder_frames_in),
             delta_frames_skipped: get(&self.delta_frames_skipped),
+            oversize: get(&self.oversize),
             status: self.lock().clone(),
         }
     }
@@ -587,6 +615,7 @@ mod tests {
             transport: Transport::Tcp,
             stall_timeout: Duration::from_secs(5),
             decode: Decode::Auto,
+            max_frame_bytes: 8 << 20,
         };
         let cams = [def("gate"), def("yard"), def("gate")];
         let p = validate_cameras(&cams, &[(0, "gate"), (1, "gate"), (2, "door")]);

@@ -145,6 +145,7 @@ mod tests {
             transport: Default::default(),
             stall_timeout: std::time::Duration::from_secs(5),
             decode: Default::default(),
+            max_frame_bytes: 8 << 20,
         }
     }
 

@@ -28,6 +28,8 @@ use retina::codec::{CodecItem, FrameFormat};
 
 use super::decode::Verdict;
 use super::fanout::Shared;
+use super::guard::Oversize;
+use super::relay::{self, Cut};
 
 /// Compressed frames waiting in the appsrc beyond which the decoder is
 /// behind: frames are dropped from there to the next keyframe (a delta
@@ -52,11 +54,44 @@ const AWAKE_BEFORE: Duration = Duration::from_millis(150);
 /// known to keep a session whose TCP connection closed).
 const TEARDOWN_WAIT: Duration = Duration::from_secs(2);
 
+/// Why a session could not start or went on no longer.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RtspError {
+    /// The camera sent more than the bound (`guard.rs`): counted.
+    #[error("{0}")]
+    Oversize(Oversize),
+    /// The camera's answer, or the network's, in words.
+    #[error("{0}")]
+    Camera(String),
+    #[error("no answer from the camera for {0} s (stall_timeout)")]
+    NoAnswer(f64),
+    #[error("the stream has no video track (tracks: {0})")]
+    NoVideo(String),
+    #[error("the camera's video is {0}; outpost decodes H.264 and H.265")]
+    Codec(String),
+    #[error("cannot start the RTSP client: {0}")]
+    Runtime(std::io::Error),
+    #[error("appsrc lacks current-level-buffers (GStreamer 1.20 or newer is needed)")]
+    OldGstreamer,
+}
+
+impl RtspError {
+    /// A client error, or what the relay cut when the client saw only the
+    /// connection close.
+    fn from_client(e: retina::Error, cut: &Cut) -> RtspError {
+        match cut.reason() {
+            Some(o) => RtspError::Oversize(o),
+            None => RtspError::Camera(text(e)),
+        }
+    }
+}
+
 /// A session playing, with the runtime that drives it.
 pub(super) struct Connected {
     rt: tokio::runtime::Runtime,
     demuxed: Demuxed,
     group: Arc<SessionGroup>,
+    cut: Arc<Cut>,
     /// `H264` or `H265`.
     pub(super) encoding: String,
 }
@@ -66,17 +101,18 @@ pub(super) struct Target<'a> {
     pub location: &'a str,
     pub user: Option<&'a str>,
     pub password: Option<&'a str>,
+    /// The largest message body or frame the camera may send.
+    pub max_frame_bytes: u64,
 }
 
 /// DESCRIBE, SETUP of the first video track (RTP interleaved on the RTSP
-/// connection), PLAY. `Ok(None)`: the daemon
-/// stops. The error is the camera's answer in words.
-pub(super) fn connect(t: &Target<'_>, sh: &Shared) -> Result<Option<Connected>, String> {
+/// connection), PLAY. `Ok(None)`: the daemon stops.
+pub(super) fn connect(t: &Target<'_>, sh: &Shared) -> Result<Option<Connected>, RtspError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
         .build()
-        .map_err(|e| format!("cannot start the RTSP client: {e}"))?;
+        .map_err(RtspError::Runtime)?;
     let group = Arc::new(SessionGroup::default());
     let wait = sh.def.stall_timeout;
     let answer = rt.block_on(async {
@@ -87,15 +123,13 @@ pub(super) fn connect(t: &Target<'_>, sh: &Shared) -> Result<Option<Connected>, 
     });
     match answer {
         None => Ok(None),
-        Some(Err(_)) => Err(format!(
-            "no answer from the camera for {} s (stall_timeout)",
-            wait.as_secs_f64()
-        )),
+        Some(Err(_)) => Err(RtspError::NoAnswer(wait.as_secs_f64())),
         Some(Ok(Err(e))) => Err(e),
-        Some(Ok(Ok((demuxed, encoding)))) => Ok(Some(Connected {
+        Some(Ok(Ok((demuxed, encoding, cut)))) => Ok(Some(Connected {
             rt,
             demuxed,
             group,
+            cut,
             encoding,
         })),
     }
@@ -107,14 +141,24 @@ async fn stopped(sh: &Shared) {
     }
 }
 
-async fn open(t: &Target<'_>, group: Arc<SessionGroup>) -> Result<(Demuxed, String), String> {
+async fn open(
+    t: &Target<'_>,
+    group: Arc<SessionGroup>,
+) -> Result<(Demuxed, String, Arc<Cut>), RtspError> {
     // rtspt:// is RTSP with the media interleaved on its TCP connection,
     // which is how this client always receives it.
     let location = match t.location.strip_prefix("rtspt://") {
         Some(rest) => format!("rtsp://{rest}"),
         None => t.location.to_string(),
     };
-    let url = ::url::Url::parse(&location).map_err(|e| format!("camera url: {e}"))?;
+    let url =
+        ::url::Url::parse(&location).map_err(|e| RtspError::Camera(format!("camera url: {e}")))?;
+    // The camera's bytes reach the client only through the bound.
+    let relayed = relay::open(&url, t.max_frame_bytes)
+        .await
+        .map_err(RtspError::Camera)?;
+    let cut = relayed.cut;
+    let err = |e: retina::Error| RtspError::from_client(e, &cut);
     let creds = t.user.map(|u| Credentials {
         username: u.to_string(),
         password: t.password.unwrap_or_default().to_string(),
@@ -123,27 +167,22 @@ async fn open(t: &Target<'_>, group: Arc<SessionGroup>) -> Result<(Demuxed, Stri
         .creds(creds)
         .user_agent(format!("outpost/{}", env!("CARGO_PKG_VERSION")))
         .session_group(group);
-    let mut session = Session::describe(url, options).await.map_err(text)?;
+    let mut session = Session::describe(relayed.url, options).await.map_err(err)?;
     let streams = session.streams();
     let Some(i) = streams.iter().position(|s| s.media() == "video") else {
         let tracks: Vec<String> = streams
             .iter()
             .map(|s| format!("{}/{}", s.media(), s.encoding_name().to_ascii_uppercase()))
             .collect();
-        return Err(format!(
-            "the stream has no video track (tracks: {})",
-            if tracks.is_empty() {
-                "none".to_string()
-            } else {
-                tracks.join(", ")
-            }
-        ));
+        return Err(RtspError::NoVideo(if tracks.is_empty() {
+            "none".to_string()
+        } else {
+            tracks.join(", ")
+        }));
     };
     let encoding = streams[i].encoding_name().to_ascii_uppercase();
     if !matches!(encoding.as_str(), "H264" | "H265") {
-        return Err(format!(
-            "the camera's video is {encoding}; outpost decodes H.264 and H.265"
-        ));
+        return Err(RtspError::Codec(encoding));
     }
     let transport = retina::client::Transport::Tcp(TcpTransportOptions::default());
     session
@@ -154,10 +193,10 @@ async fn open(t: &Target<'_>, group: Arc<SessionGroup>) -> Result<(Demuxed, Stri
                 .frame_format(FrameFormat::SIMPLE),
         )
         .await
-        .map_err(text)?;
-    let playing = session.play(PlayOptions::default()).await.map_err(text)?;
-    let demuxed = playing.demuxed().map_err(text)?;
-    Ok((demuxed, encoding))
+        .map_err(err)?;
+    let playing = session.play(PlayOptions::default()).await.map_err(err)?;
+    let demuxed = playing.demuxed().map_err(err)?;
+    Ok((demuxed, encoding, cut))
 }
 
 /// The first line of a client error (the rest is connection and packet
@@ -267,7 +306,9 @@ fn stream_ns(ts: retina::Timestamp) -> u64 {
 
 /// Feeds the session's frames into `src` on a thread of their own until the
 /// session ends (an error or the end of the stream, both posted on the
-/// pipeline's bus, where the camera's watch sees them) or `stop` fires.
+/// pipeline's bus, where the camera's watch sees them) or `stop` fires. A
+/// panic on the thread (the RTSP client's, on what a camera sent) is posted
+/// as the camera's error too, so the camera reconnects.
 pub(super) fn pump(
     c: Connected,
     src: gst_app::AppSrc,
@@ -281,13 +322,23 @@ pub(super) fn pump(
                 rt,
                 mut demuxed,
                 group,
+                cut,
                 ..
             } = c;
-            rt.block_on(async {
-                feed(&mut demuxed, &src, &sh, stop).await;
-                drop(demuxed);
-                let _ = tokio::time::timeout(TEARDOWN_WAIT, group.await_teardown()).await;
-            });
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                rt.block_on(async {
+                    feed(&mut demuxed, &src, &sh, &cut, stop).await;
+                    drop(demuxed);
+                    let _ = tokio::time::timeout(TEARDOWN_WAIT, group.await_teardown()).await;
+                });
+            }));
+            if let Err(p) = ran {
+                let why = sh.scrubber.scrub(&format!(
+                    "the RTSP client failed: {}",
+                    super::panic_text(p.as_ref())
+                ));
+                gst::element_error!(src, gst::ResourceError::Read, ["{}", why]);
+            }
         })
 }
 
@@ -295,6 +346,7 @@ async fn feed(
     demuxed: &mut Demuxed,
     src: &gst_app::AppSrc,
     sh: &Shared,
+    cut: &Cut,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
     let mut backlog = Backlog::default();
@@ -332,7 +384,11 @@ async fn feed(
                 return;
             }
             Some(Err(e)) => {
-                let why = sh.scrubber.scrub(&text(e));
+                let e = RtspError::from_client(e, cut);
+                if let RtspError::Oversize(o) = &e {
+                    sh.count_oversize(o);
+                }
+                let why = sh.scrubber.scrub(&e.to_string());
                 gst::element_error!(src, gst::ResourceError::Read, ["{}", why]);
                 return;
             }
@@ -376,7 +432,7 @@ async fn feed(
 /// The appsrc a session's frames enter: live, stamped with the running
 /// time at arrival (so a frame's age counts decoding), unbounded (the
 /// pump bounds it by [`BEHIND`] and never blocks).
-pub(super) fn appsrc(encoding: &str) -> Result<gst_app::AppSrc, String> {
+pub(super) fn appsrc(encoding: &str) -> Result<gst_app::AppSrc, RtspError> {
     let media = if encoding == "H265" {
         "video/x-h265"
     } else {
@@ -396,9 +452,7 @@ pub(super) fn appsrc(encoding: &str) -> Result<gst_app::AppSrc, String> {
         .block(false)
         .build();
     if src.find_property("current-level-buffers").is_none() {
-        return Err(
-            "appsrc lacks current-level-buffers (GStreamer 1.20 or newer is needed)".into(),
-        );
+        return Err(RtspError::OldGstreamer);
     }
     Ok(src)
 }

@@ -145,7 +145,18 @@ fn supervise(url: Option<&CameraUrl>, max_fps: Option<f64>, sh: &Arc<Shared>) {
         if sh.stopping() {
             return;
         }
-        let end = run_once(url, max_fps, sh, &mut reported);
+        // A panic while the camera runs (in what parses the camera's
+        // answers, say) is this camera's failure, and it reconnects.
+        let end = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_once(url, max_fps, sh, &mut reported)
+        }))
+        .unwrap_or_else(|p| End::Failed {
+            error: format!(
+                "the camera's thread failed: {}",
+                super::panic_text(p.as_ref())
+            ),
+            streamed: false,
+        });
         let (error, streamed) = match end {
             End::Stop => return,
             // Once more here, where it is stored, logged and shown: the
@@ -206,7 +217,12 @@ fn run_once(
         match rtsp::connect(&target, sh) {
             Ok(Some(c)) => session = Some(c),
             Ok(None) => return End::Stop,
-            Err(e) => return failed(e, false),
+            Err(e) => {
+                if let rtsp::RtspError::Oversize(o) = &e {
+                    sh.count_oversize(o);
+                }
+                return failed(e.to_string(), false);
+            }
         }
     }
     let encoding = session.as_ref().map(|c| c.encoding.clone());
@@ -288,6 +304,7 @@ fn retina_target<'a>(url: Option<&'a CameraUrl>, sh: &Shared) -> Option<rtsp::Ta
                 location,
                 user: user.as_deref(),
                 password: password.as_deref(),
+                max_frame_bytes: sh.def.max_frame_bytes,
             })
         }
         _ => None,
@@ -343,7 +360,7 @@ fn decoder_elements(chain: &[&str], from: usize) -> Result<Vec<gst::Element>, St
 /// pipeline's colour conversion.
 fn add_retina_chain(p: &gst::Pipeline, encoding: &str, sh: &Shared) -> Result<(), String> {
     let chain = pick_decoder(encoding, has).map_err(|e| e.to_string())?;
-    let src = rtsp::appsrc(encoding)?;
+    let src = rtsp::appsrc(encoding).map_err(|e| e.to_string())?;
     let mut elements: Vec<gst::Element> = vec![src.upcast()];
     elements.extend(decoder_elements(&chain, 1)?);
     for e in &elements {
@@ -368,7 +385,6 @@ fn watch(
     reported: &mut Option<bool>,
 ) -> End {
     let mut streaming = false;
-    let stall_timeout = sh.def.stall_timeout;
     let failed = |error: String, streaming: bool| End::Failed {
         error: sh.scrubber.scrub(&error),
         streamed: streaming,
@@ -389,7 +405,7 @@ fn watch(
                 _ => {}
             }
         }
-        let mut last = sh.last_frame_ms.load(Ordering::Relaxed);
+        let last = sh.last_frame_ms.load(Ordering::Relaxed);
         if last != 0 && !streaming {
             streaming = true;
             sh.set_state("streaming");
@@ -399,32 +415,60 @@ fn watch(
                 *reported = Some(true);
             }
         }
-        // Decoding keyframes only, a frame comes once a keyframe interval,
-        // which may be longer than stall_timeout (the first one too):
-        // compressed frames arriving at the parser show the camera is alive.
-        if sh.keyframes_only() {
-            last = last.max(sh.last_input_ms.load(Ordering::Relaxed));
-        }
-        let since = if last == 0 {
-            started
-        } else {
-            sh.epoch + Duration::from_millis(last)
-        };
-        if since.elapsed() > stall_timeout {
-            let what = if streaming {
-                "no frame"
-            } else {
-                "no first frame"
-            };
-            return failed(
-                format!(
-                    "{what} for {} s (stall_timeout)",
-                    stall_timeout.as_secs_f64()
-                ),
-                streaming,
-            );
+        if let Some(error) = stalled(sh, started, streaming) {
+            return failed(error, streaming);
         }
     }
+}
+
+/// Whether the camera stalled: why, in words. Only decoded frames show a
+/// camera alive: compressed frames that decode to nothing do not. Decoding
+/// keyframes only, a frame comes once a keyframe interval, which may be
+/// longer than `stall_timeout`: the limit is then twice the interval last
+/// seen (four times `stall_timeout` until one was), and a camera that
+/// keeps sending delta frames but no keyframe is down all the same. Its
+/// next run decodes every frame until keyframes come again.
+fn stalled(sh: &Shared, started: Instant, streaming: bool) -> Option<String> {
+    let stall_timeout = sh.def.stall_timeout;
+    let decoded = sh.last_decoded_ms.load(Ordering::Relaxed);
+    let last = sh.last_frame_ms.load(Ordering::Relaxed).max(decoded);
+    let keyframes = sh.keyframes_only();
+    let limit = if keyframes {
+        let interval = sh
+            .decode
+            .lock()
+            .last_interval_ns()
+            .map(Duration::from_nanos);
+        interval.map_or(stall_timeout * 4, |iv| (iv * 2).max(stall_timeout))
+    } else {
+        stall_timeout
+    };
+    let since = if last == 0 {
+        started
+    } else {
+        sh.epoch + Duration::from_millis(last)
+    };
+    if since.elapsed() <= limit {
+        return None;
+    }
+    let input = sh.last_input_ms.load(Ordering::Relaxed);
+    if keyframes && input > last {
+        sh.fall_back_to_every_frame();
+        return Some(format!(
+            "no keyframe for {:.1} s while decoding keyframes only (other frames kept coming): \
+             decoding every frame until keyframes return",
+            limit.as_secs_f64()
+        ));
+    }
+    let what = if streaming {
+        "no frame"
+    } else {
+        "no first frame"
+    };
+    Some(format!(
+        "{what} for {} s (stall_timeout)",
+        limit.as_secs_f64()
+    ))
 }
 
 /// Why a TCP connection to an RTSP location fails (refused, unreachable,

@@ -6,6 +6,9 @@
 //! Needs models/fetch (silero VAD, libonnxruntime) and ORT_DYLIB_PATH or the
 //! default models/lib/<arch>/libonnxruntime.so.
 
+// A failed unwrap here is a failed test or run, with its place.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::PathBuf;
 
 use criterion::{Criterion, criterion_group, criterion_main};

@@ -11,6 +11,9 @@
 //!
 //! `cargo bench --bench outbox`
 
+// A failed unwrap here is a failed test or run, with its place.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 use std::time::Instant;
 

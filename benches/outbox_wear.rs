@@ -21,6 +21,9 @@
 //! `cargo bench --bench outbox_wear` (about 4 minutes); the data lives under
 //! the build's target folder, on a real disk (tmpfs counts no writes).
 
+// A failed unwrap here is a failed test or run, with its place.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;

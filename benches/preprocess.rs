@@ -5,6 +5,9 @@
 //!
 //! Run: `cargo bench --bench preprocess`
 
+// A failed unwrap here is a failed test or run, with its place.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};

@@ -4,6 +4,9 @@
 //!
 //! Run: `cargo bench --bench track`
 
+// A failed unwrap here is a failed test or run, with its place.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};

@@ -4,6 +4,9 @@
 //! `cargo bench --bench uplink_drain` (env: RECORDS=100000, BATCHES="1 10 100",
 //! INFLIGHT=256). Needs /usr/sbin/mosquitto. Prints one table row per batch size.
 
+// A failed unwrap here is a failed test or run, with its place.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 

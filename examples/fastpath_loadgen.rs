@@ -22,6 +22,9 @@
 //!
 //! Usage: cargo run --release --example fastpath_loadgen -- MODE [options]
 
+// A failed unwrap here is a failed test or run, with its place.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -9,6 +9,9 @@
 //!
 //! cargo run --release --features cuda --example gpu_preprocess_check -- [IMAGE...]
 
+// A failed unwrap here is a failed test or run, with its place.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use outpost::backend::Tensor;

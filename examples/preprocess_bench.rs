@@ -6,6 +6,9 @@
 //! Prints one JSON line: {"iterations", "p50_us", "mean_us", "min_us", "max_us", "shape"}.
 //! Single-threaded: the decoders and fast_image_resize run on this thread.
 
+// A failed unwrap here is a failed test or run, with its place.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Instant;
 
 use outpost::preprocess::PreprocessConfig;

@@ -93,6 +93,8 @@ impl Frame {
 }
 
 /// Where a pipeline gets its frames.
+// One per pipeline, read once at start: the camera variant's size is of no matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SourceConfig {

@@ -294,6 +294,7 @@ mod sys {
         };
         // Room for one u32 control message, aligned as cmsghdr wants.
         let mut control = [MaybeUninit::<u64>::uninit(); 8];
+        // SAFETY: msghdr is a plain C struct; all zeros is its empty value.
         let mut msg: libc::msghdr = unsafe { zeroed() };
         msg.msg_name = (&mut addr as *mut libc::sockaddr_storage).cast();
         msg.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;

@@ -181,6 +181,7 @@ mod nvml {
 
     // SAFETY: NVML is thread-safe after nvmlInit; the function pointers are plain C functions.
     unsafe impl Send for Nvml {}
+    // SAFETY: as above: NVML's calls may come from any thread at once.
     unsafe impl Sync for Nvml {}
 
     fn load() -> Option<Nvml> {

@@ -6,6 +6,9 @@
 //! `sync()` returned, until it is killed. The test kills it with SIGKILL and
 //! checks that every record printed is still there.
 
+// A failed unwrap here is a failed test or run, with its place.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;

@@ -1,6 +1,9 @@
 //! Integration tests: the real `outpost` binary, real ONNX Runtime, real
 //! models fetched by `models/fetch` and built by `models/build`.
 
+// A failed unwrap here is a failed test or run, with its place.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod batching;
 mod boundaries;
 mod camera;

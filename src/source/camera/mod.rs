@@ -182,6 +182,7 @@ impl FpsGate {
 }
 
 /// What a panic carried, in words (a `&str` or `String` message).
+#[cfg(feature = "camera")]
 pub(crate) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())

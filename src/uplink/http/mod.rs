@@ -78,6 +78,14 @@ pub fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
     Some(d.min(MAX_RETRY_AFTER))
 }
 
+/// The fleet's time from a delivery's `Date` header (unix µs): a
+/// reference for the clock (a clock far ahead of every reference is not
+/// trusted).
+pub fn fleet_time(date: Option<&str>) -> Option<i64> {
+    let t = httpdate::parse_http_date(date?.trim()).ok()?;
+    Some(crate::clock::system::unix_us(t))
+}
+
 /// Stable for the same batch (also after a restart: outbox keys do not
 /// change), different for any other set of records of any device.
 pub fn idempotency_key(device: &str, keys: &[Key]) -> String {
@@ -158,12 +166,14 @@ pub(super) fn spawn(
 struct Answer {
     status: u16,
     retry_after: Option<String>,
+    /// The `Date` header: the fleet's time, a reference for the clock.
+    date: Option<String>,
     body: String,
 }
 
 impl Ctx {
     async fn post(&self, body: Vec<u8>, key: &str) -> Result<Answer, String> {
-        use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
+        use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, DATE, RETRY_AFTER};
         let resp = self
             .client
             .post(&self.cfg.url)
@@ -181,6 +191,11 @@ impl Ctx {
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
+        let date = resp
+            .headers()
+            .get(DATE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         // Read the body also on success, so the connection can be reused.
         let bytes = resp.bytes().await.map_err(error_chain)?;
         let body = if (200..300).contains(&status) {
@@ -191,6 +206,7 @@ impl Ctx {
         Ok(Answer {
             status,
             retry_after,
+            date,
             body,
         })
     }
@@ -311,6 +327,13 @@ async fn run(ctx: Ctx, shutdown: CancellationToken) {
                     }
                     UplinkStats::add(&ctx.stats.acked_total, n);
                     backoff.reset();
+                    if let Some(t) = answer
+                        .as_ref()
+                        .ok()
+                        .and_then(|a| fleet_time(a.date.as_deref()))
+                    {
+                        crate::clock::confirm(t);
+                    }
                 }
                 Verdict::Retry { after, reason } => {
                     UplinkStats::add(&ctx.stats.retries_total, n);

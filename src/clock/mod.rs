@@ -57,6 +57,7 @@ use crate::outbox::Outbox;
 use crate::record::{ClockLabel, ClockMark, IdGen};
 use crate::telemetry::metrics::{MetricSource, counter, gauge};
 
+pub mod clocks;
 mod correct;
 pub mod model;
 mod state;

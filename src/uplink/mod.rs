@@ -433,7 +433,15 @@ pub fn start_with_commands(
         UplinkConfig::Mqtt(c) => {
             mqtt::spawn(c.clone(), outbox, device, stats.clone(), commands, shutdown)?
         }
-        UplinkConfig::Http(c) => http::spawn(c.clone(), outbox, device, stats.clone(), shutdown)?,
+        UplinkConfig::Http(c) => http::spawn(
+            c.clone(),
+            outbox,
+            device,
+            stats.clone(),
+            Arc::new(crate::clock::clocks::RealClocks),
+            Box::new(crate::backoff::ThreadJitter),
+            shutdown,
+        )?,
     };
     Ok(Uplink { stats, task })
 }

@@ -13,6 +13,9 @@ use rand::{RngExt, SeedableRng};
 pub trait Jitter: Send + std::fmt::Debug {
     /// A uniform draw in `[0, 1)`.
     fn unit(&mut self) -> f64;
+    /// An independent generator for another part (a seeded one: seeded
+    /// from this one, so a run is still the same every time).
+    fn fork(&mut self) -> Box<dyn Jitter>;
 }
 
 /// The thread's random generator (seeded by the OS): every device of a
@@ -23,6 +26,9 @@ pub struct ThreadJitter;
 impl Jitter for ThreadJitter {
     fn unit(&mut self) -> f64 {
         rand::random_range(0.0..1.0)
+    }
+    fn fork(&mut self) -> Box<dyn Jitter> {
+        Box::new(ThreadJitter)
     }
 }
 
@@ -39,6 +45,9 @@ impl SeededJitter {
 impl Jitter for SeededJitter {
     fn unit(&mut self) -> f64 {
         self.0.random_range(0.0..1.0)
+    }
+    fn fork(&mut self) -> Box<dyn Jitter> {
+        Box::new(SeededJitter::new(self.0.random_range(0..u64::MAX)))
     }
 }
 

@@ -24,7 +24,6 @@ use tokio_util::sync::CancellationToken;
 pub use self::session::{Answer, Command, Next, Session, Settings};
 use super::stats::UplinkStats;
 use super::{HttpConfig, UplinkError, sleep_or_stop, tls};
-use crate::backoff::Jitter;
 use crate::clock::clocks::Clocks;
 use crate::outbox::{Key, Outbox};
 
@@ -126,16 +125,16 @@ struct Ctx {
     clocks: Arc<dyn Clocks>,
 }
 
-/// Starts the uplink: `clocks` for its timers, `jitter` for its backoff.
+/// Starts the uplink: `time` for its timers and its backoff's draws.
 pub(super) fn spawn(
     cfg: HttpConfig,
     outbox: Outbox,
     device: &str,
     stats: Arc<UplinkStats>,
-    clocks: Arc<dyn Clocks>,
-    jitter: Box<dyn Jitter>,
+    time: super::Time,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, UplinkError> {
+    let super::Time { clocks, jitter } = time;
     let mut b = reqwest::Client::builder()
         .timeout(cfg.timeout)
         .connect_timeout(cfg.timeout)

@@ -267,9 +267,7 @@ impl Session {
             }
             Verdict::Reject { reason } => {
                 self.stats.error(reason.clone());
-                let Some(batch) = self.work.pop_front() else {
-                    return None;
-                };
+                let batch = self.work.pop_front()?;
                 if let [one] = batch.as_slice() {
                     tracing::warn!(key = %one.key, %reason, "uplink: record refused by the fleet; moved to the dead letters");
                     self.dead = Some((one.key, reason));

@@ -1,8 +1,55 @@
 //! Retry delays, the one kind every reconnecting part uses (uplink, MQTT
 //! source and output, cameras). Free of I/O: the random draw is an argument
-//! of [`Backoff::next_with`], so the bounds are tested exactly.
+//! of [`Backoff::next_with`], so the bounds are tested exactly, and a part
+//! that is tested as a state machine (the uplink sessions) is handed its
+//! randomness as a [`Jitter`]: the thread's generator when running, a
+//! seeded one in tests, so a run is the same every time.
 
 use std::time::Duration;
+
+use rand::{RngExt, SeedableRng};
+
+/// Where the jitter's draws come from.
+pub trait Jitter: Send + std::fmt::Debug {
+    /// A uniform draw in `[0, 1)`.
+    fn unit(&mut self) -> f64;
+    /// An independent generator for another part (a seeded one: seeded
+    /// from this one, so a run is still the same every time).
+    fn fork(&mut self) -> Box<dyn Jitter>;
+}
+
+/// The thread's random generator (seeded by the OS): every device of a
+/// fleet draws differently.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ThreadJitter;
+
+impl Jitter for ThreadJitter {
+    fn unit(&mut self) -> f64 {
+        rand::random_range(0.0..1.0)
+    }
+    fn fork(&mut self) -> Box<dyn Jitter> {
+        Box::new(ThreadJitter)
+    }
+}
+
+/// A generator from a seed: the same draws every run (tests, simulations).
+#[derive(Debug)]
+pub struct SeededJitter(rand::rngs::StdRng);
+
+impl SeededJitter {
+    pub fn new(seed: u64) -> SeededJitter {
+        SeededJitter(rand::rngs::StdRng::seed_from_u64(seed))
+    }
+}
+
+impl Jitter for SeededJitter {
+    fn unit(&mut self) -> f64 {
+        self.0.random_range(0.0..1.0)
+    }
+    fn fork(&mut self) -> Box<dyn Jitter> {
+        Box::new(SeededJitter::new(self.0.random_range(0..u64::MAX)))
+    }
+}
 
 /// Exponential backoff with full jitter between `min` and a ceiling that
 /// doubles per attempt up to `max`. The jitter spreads a fleet that lost
@@ -37,9 +84,14 @@ impl Backoff {
         self.min + span.mul_f64(u.clamp(0.0, 1.0))
     }
 
+    /// The next delay with a draw from `jitter`.
+    pub fn next(&mut self, jitter: &mut dyn Jitter) -> Duration {
+        self.next_with(jitter.unit())
+    }
+
     /// The next delay with a fresh random draw.
     pub fn next_delay(&mut self) -> Duration {
-        self.next_with(rand::random_range(0.0..1.0))
+        self.next(&mut ThreadJitter)
     }
 
     /// After a success the next failure starts from `min` again.
@@ -112,6 +164,25 @@ mod tests {
             .collect();
         let distinct: std::collections::HashSet<_> = draws.iter().collect();
         assert!(distinct.len() > 40, "{draws:?}");
+    }
+
+    #[test]
+    fn a_seeded_jitter_draws_the_same_delays_every_run() {
+        let run = |seed| {
+            let mut j = SeededJitter::new(seed);
+            let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
+            (0..8).map(|_| b.next(&mut j)).collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+        for d in run(7) {
+            assert!(d >= Duration::from_millis(100) && d <= Duration::from_secs(10));
+        }
+        let mut j = SeededJitter::new(1);
+        for _ in 0..1000 {
+            let u = j.unit();
+            assert!((0.0..1.0).contains(&u), "{u}");
+        }
     }
 
     #[test]

@@ -27,9 +27,12 @@
 //!   kept in `<data_dir>/clock.json` (replaced atomically: at a sync, every
 //!   `save_interval` and at stop).
 //! - The clock is trusted when it is not behind the last known good time
-//!   (by more than 2 s) and, with `require_sync` (off by default), the kernel
-//!   says a time service keeps it synchronised (adjtimex: `STA_UNSYNC`
-//!   clear). A trusted clock that jumps far ahead is not followed by the
+//!   (by more than 2 s), not more than [`model::MAX_AHEAD_US`] (three
+//!   years) past the newest trusted reference (the last known good time or
+//!   a time the fleet confirmed: [`confirm`]) and, with `require_sync` (off
+//!   by default), the kernel says a time service keeps it synchronised
+//!   (adjtimex: `STA_UNSYNC` clear). The last known good time and the
+//!   boots' offsets are only ever taken from a trusted clock. A trusted clock that jumps far ahead is not followed by the
 //!   last known good time until it lost trust once or the machine
 //!   rebooted, so a bad step taken back later does not leave the device
 //!   behind its own bound.
@@ -54,6 +57,7 @@ use crate::outbox::Outbox;
 use crate::record::{ClockLabel, ClockMark, IdGen};
 use crate::telemetry::metrics::{MetricSource, counter, gauge};
 
+pub mod clocks;
 mod correct;
 pub mod model;
 mod state;
@@ -163,6 +167,8 @@ pub struct Clock {
     /// reading).
     trusted: AtomicBool,
     floor_us: AtomicI64,
+    /// The latest system clock trusted at the last reading.
+    ceiling_us: AtomicI64,
     /// Some boot's offset is known: until then no record is parsed for a
     /// correction (a device that never syncs pays a byte search only).
     offsets_known: AtomicBool,
@@ -209,6 +215,7 @@ impl Clock {
             }),
             trusted: AtomicBool::new(false),
             floor_us: AtomicI64::new(build_us()),
+            ceiling_us: AtomicI64::new(build_us().saturating_add(model::MAX_AHEAD_US)),
             offsets_known: AtomicBool::new(false),
             stats: ClockStats::default(),
         };
@@ -223,7 +230,7 @@ impl Clock {
     /// Takes the settings and the saved state (`path`), then a reading.
     pub fn configure(&self, cfg: &ClockConfig, path: &Path) -> Option<Change> {
         let saved = match SavedClock::load(path) {
-            Ok(s) => s,
+            Ok(s) => s.map(heal),
             Err(e) => {
                 // Replaced at the next save; the build time stands in.
                 tracing::warn!(error = %e, "clock: saved state unreadable; starting from the build time");
@@ -243,9 +250,17 @@ impl Clock {
                     s.pending,
                     s.offset_of(&self.boot_id),
                 ),
-                Some(s) => (s.last_good_us.max(build), None, false, None),
+                // Another boot's (or a healed) state: its bound holds from
+                // now on; this boot's unsynced records are still pending.
+                Some(s) => (
+                    s.last_good_us.max(build),
+                    None,
+                    s.boot_id == self.boot_id && s.pending,
+                    s.offset_of(&self.boot_id),
+                ),
                 None => (build, None, false, None),
             };
+            let confirmed = g.model.confirmed_us();
             g.model = Model::new(
                 cfg.require_sync,
                 good,
@@ -253,6 +268,12 @@ impl Clock {
                 pending || pending_here,
                 offset,
             );
+            for c in [confirmed, saved.as_ref().and_then(|s| s.confirmed_us)]
+                .into_iter()
+                .flatten()
+            {
+                g.model.confirm(c);
+            }
             g.saved = saved.unwrap_or_default();
             g.path = Some(path.to_path_buf());
             g.save_interval = cfg.save_interval;
@@ -290,6 +311,8 @@ impl Clock {
         }
         self.floor_us
             .store(g.model.floor_at(r.boot_us), Ordering::Relaxed);
+        self.ceiling_us
+            .store(g.model.ceiling_at(r.boot_us), Ordering::Relaxed);
         self.trusted.store(g.model.trusted(), Ordering::Relaxed);
         self.offsets_known
             .store(!g.saved.boots.is_empty(), Ordering::Relaxed);
@@ -323,6 +346,8 @@ impl Clock {
             g.saved.since_boot_us = at;
             g.saved.boot_id = self.boot_id.clone();
             g.saved.pending = g.model.pending();
+            g.saved.confirmed_us = g.model.confirmed_us();
+            g.saved.bounded = true;
             g.saved_at_boot_us = boot;
             (path, g.saved.clone())
         };
@@ -334,12 +359,26 @@ impl Clock {
         }
     }
 
+    /// A time the fleet confirmed (unix µs): an answer's `Date` from the
+    /// HTTP uplink, a verified signed command's issue time. A clock up to
+    /// three years past the newest one is not "ahead"; the next reading
+    /// (within a second) decides the trust.
+    pub fn confirm(&self, unix_us: i64) {
+        let mut g = self.lock();
+        if g.model.confirm(unix_us) {
+            let boot = self.source.boot_us();
+            self.ceiling_us
+                .store(g.model.ceiling_at(boot), Ordering::Relaxed);
+        }
+    }
+
     /// The time of a record made now.
     pub fn stamp(&self) -> Stamp {
         let wall = self.source.wall_us();
         let ts = rfc3339_us(wall);
         let trusted = self.trusted.load(Ordering::Relaxed)
-            && wall.saturating_add(model::TOLERANCE_US) >= self.floor_us.load(Ordering::Relaxed);
+            && wall.saturating_add(model::TOLERANCE_US) >= self.floor_us.load(Ordering::Relaxed)
+            && wall <= self.ceiling_us.load(Ordering::Relaxed);
         if trusted {
             return Stamp { ts, mark: None };
         }
@@ -415,7 +454,13 @@ impl Clock {
             system: rfc3339_us(wall),
             last_good: rfc3339_us(floor),
             offset_s: s(wall.saturating_sub(floor)),
-            trusted_time: rfc3339_us(wall.max(floor)),
+            trusted_time: rfc3339_us(g.model.trusted_now_us(&Reading {
+                wall_us: wall,
+                boot_us: boot,
+                kernel: KernelSync::Unknown,
+            })),
+            confirmed: g.model.confirmed_us().map(rfc3339_us),
+            ceiling: rfc3339_us(g.model.ceiling_at(boot)),
             boot_id: self.boot_id.clone(),
             since_boot_s: boot as f64 / 1e6,
             last_sync: g.last_sync.clone(),
@@ -489,12 +534,36 @@ impl Clock {
     }
 }
 
+/// A state file written before the "ahead" rule may hold a last known good
+/// time (and an offset) taken from a clock at 2100: what lies more than
+/// [`model::MAX_AHEAD_US`] past the build time and every confirmed time is
+/// dropped, so a device poisoned by an earlier version heals at its next
+/// start.
+fn heal(mut s: SavedClock) -> SavedClock {
+    if s.bounded {
+        return s;
+    }
+    let limit = build_us()
+        .max(s.confirmed_us.unwrap_or(i64::MIN))
+        .saturating_add(model::MAX_AHEAD_US);
+    if s.last_good_us > limit {
+        tracing::warn!(
+            last_good = %rfc3339_us(s.last_good_us),
+            "clock: the saved last known good time is far ahead of the build time; not taken"
+        );
+        s.last_good_us = 0;
+    }
+    s.boots.retain(|b| b.offset_us <= limit);
+    s
+}
+
 /// `/v1/status` `clock`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ClockStatus {
     /// The system clock is trusted (records carry no `clock` mark).
     pub synced: bool,
-    /// Why not: `behind` (the last known good time) or `kernel_unsynced`.
+    /// Why not: `behind` (the last known good time), `ahead` (more than
+    /// three years past the newest trusted reference) or `kernel_unsynced`.
     pub reason: Option<Distrust>,
     /// The kernel's sync state: `synced`, `unsynced`, `unknown`.
     pub kernel: KernelSync,
@@ -505,8 +574,15 @@ pub struct ClockStatus {
     pub last_good: String,
     /// System clock − last known good time, seconds (negative: behind it).
     pub offset_s: f64,
-    /// What TLS checks and signed commands use: the later of the two.
+    /// What TLS checks and signed commands use: the later of the two (the
+    /// newest trusted reference while the clock is far ahead of it).
     pub trusted_time: String,
+    /// The newest time the fleet confirmed (HTTP uplink `Date`, signed
+    /// command), if any.
+    pub confirmed: Option<String>,
+    /// The latest system clock trusted now: three years past the later of
+    /// the last known good time and `confirmed`.
+    pub ceiling: String,
     pub boot_id: String,
     pub since_boot_s: f64,
     pub last_sync: Option<SyncStatus>,
@@ -550,6 +626,11 @@ pub fn stamp_json(record: &mut serde_json::Value) {
 /// that offset is known now; otherwise the stored bytes.
 pub fn for_sending(record: &[u8]) -> Cow<'_, [u8]> {
     global().for_sending(record)
+}
+
+/// A time the fleet confirmed, unix µs (see [`Clock::confirm`]).
+pub fn confirm(unix_us: i64) {
+    global().confirm(unix_us)
 }
 
 /// The later of the system clock and the last known good time, unix ms.

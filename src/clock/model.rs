@@ -6,6 +6,15 @@
 //! 0.1% less than its rate (a crystal is off by far less), so that while
 //! the system clock cannot be trusted the bound still moves with the real
 //! time and never passes it. It never moves backwards.
+//!
+//! A clock far ahead of everything the device knows of the time is not
+//! trusted either: more than [`MAX_AHEAD_US`] past the newest trusted
+//! reference, which is the last known good time (never earlier than the
+//! build time) or a time the fleet confirmed ([`Model::confirm`]: the
+//! `Date` of an answer of the HTTP uplink, the issue time of a verified
+//! signed command), whichever is later. Such a clock gives no last known
+//! good time and no offset, so a device that once started with its clock
+//! at 2100 is not "behind" ever after.
 
 /// One look at the clocks, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +46,9 @@ pub enum Distrust {
     Behind,
     /// The kernel says its clock is not synchronised (and `require_sync`).
     KernelUnsynced,
+    /// The system clock is more than [`MAX_AHEAD_US`] past the newest
+    /// trusted reference (a bad real-time clock at 2100).
+    Ahead,
 }
 
 /// What an observation changed.
@@ -66,6 +78,15 @@ pub const TOLERANCE_US: i64 = 2_000_000;
 /// once (a sync) or across a reboot: a bad forward step taken back later
 /// must not leave the device "behind" its own last known good time.
 pub const MAX_FOLLOW_US: i64 = 5 * 60 * 1_000_000;
+/// How far past the newest trusted reference a clock may be and still be
+/// trusted: three years (1096 days). More than a device runs without a
+/// reference (the last known good time moves on with every trusted
+/// reading, so only a device kept off that long with no fleet contact
+/// meets it), more than a package waits between its build and its first
+/// start, and above the two-year steps a trusted clock may take and be
+/// taken back; far below the decades of a real-time clock reset to its
+/// highest year.
+pub const MAX_AHEAD_US: i64 = 1096 * 86_400 * 1_000_000;
 /// A change of system clock − time since boot larger than this between
 /// two readings is a step (NTP slews smaller errors).
 pub const STEP_US: i64 = 1_000_000;
@@ -88,6 +109,8 @@ pub struct Model {
     pending: bool,
     /// This boot's system clock − time since boot, from a trusted reading.
     offset_us: Option<i64>,
+    /// The newest time the fleet confirmed (unix µs).
+    confirmed_us: Option<i64>,
 }
 
 impl Model {
@@ -110,7 +133,36 @@ impl Model {
             continuous: good_boot_us.is_some(),
             pending,
             offset_us,
+            confirmed_us: None,
         }
+    }
+
+    /// A time the fleet confirmed (an HTTP answer's `Date`, a verified
+    /// signed command's issue time): a clock up to [`MAX_AHEAD_US`] past
+    /// it is not "ahead". Only the newest is kept; true when it is newer.
+    pub fn confirm(&mut self, unix_us: i64) -> bool {
+        if self.confirmed_us.is_some_and(|c| c >= unix_us) {
+            return false;
+        }
+        self.confirmed_us = Some(unix_us);
+        true
+    }
+
+    /// The newest time the fleet confirmed.
+    pub fn confirmed_us(&self) -> Option<i64> {
+        self.confirmed_us
+    }
+
+    /// The newest trusted reference at `boot_us`: the later of the last
+    /// known good time and the newest confirmed time.
+    pub fn reference_at(&self, boot_us: u64) -> i64 {
+        let floor = self.floor_at(boot_us);
+        self.confirmed_us.map_or(floor, |c| c.max(floor))
+    }
+
+    /// The latest system clock trusted at `boot_us`.
+    pub fn ceiling_at(&self, boot_us: u64) -> i64 {
+        self.reference_at(boot_us).saturating_add(MAX_AHEAD_US)
     }
 
     /// The last known good time, carried forward to `boot_us`.
@@ -141,8 +193,12 @@ impl Model {
         self.pending
     }
 
-    /// The later of the system clock and the last known good time.
+    /// The later of the system clock and the last known good time; the
+    /// newest trusted reference when the clock is far ahead of it.
     pub fn trusted_now_us(&self, r: &Reading) -> i64 {
+        if r.wall_us > self.ceiling_at(r.boot_us) {
+            return self.reference_at(r.boot_us);
+        }
         r.wall_us.max(self.floor_at(r.boot_us))
     }
 
@@ -154,13 +210,14 @@ impl Model {
         }
         let floor = self.floor_at(r.boot_us);
         let behind = r.wall_us.saturating_add(TOLERANCE_US) < floor;
+        let ahead = r.wall_us > self.ceiling_at(r.boot_us);
         let kernel_ok = match r.kernel {
             KernelSync::Synced => true,
             KernelSync::Unsynced => !self.require_sync,
             // Unreadable: the "behind" test alone decides.
             KernelSync::Unknown => true,
         };
-        let trusted = !behind && kernel_ok;
+        let trusted = !behind && !ahead && kernel_ok;
         let before = self.last.map(|(_, t)| t);
         let step_us = self.last.map(|(l, _)| offset(&r) - offset(&l));
         let mut change = None;
@@ -191,6 +248,8 @@ impl Model {
         } else {
             let why = if behind {
                 Distrust::Behind
+            } else if ahead {
+                Distrust::Ahead
             } else {
                 Distrust::KernelUnsynced
             };
@@ -417,6 +476,92 @@ mod tests {
         assert_eq!(m.floor_at(400 * S as u64), NOW);
         assert_eq!(m.observe(r(NOW + two_years, 400)), None);
         assert_eq!(m.floor_at(400 * S as u64), NOW + two_years);
+    }
+
+    /// 2100-01-01T00:00:00Z.
+    const Y2100: i64 = 4_102_444_800 * S;
+
+    #[test]
+    fn a_clock_far_ahead_of_every_reference_is_not_trusted_and_never_the_last_good_time() {
+        // A first start (no saved state) with the clock at 2100.
+        let mut m = Model::new(false, BUILD, None, false, None);
+        assert_eq!(
+            m.observe(r(Y2100, 10)),
+            Some(Change::Lost {
+                why: Distrust::Ahead,
+                step_us: None
+            })
+        );
+        assert_eq!(m.why(), Some(Distrust::Ahead));
+        assert!(m.pending());
+        assert_eq!(m.offset_us(), None);
+        assert_eq!(m.floor_at(10 * S as u64), BUILD);
+        // TLS and signed commands get the reference, not 2100.
+        assert_eq!(m.trusted_now_us(&r(Y2100, 10)), BUILD);
+        assert_eq!(m.observe(r(Y2100 + S, 11)), None);
+        // Set to the real time: a sync with the real offset.
+        assert_eq!(
+            m.observe(r(NOW, 20)),
+            Some(Change::Synced {
+                offset_us: NOW - 20 * S,
+                step_us: Some(NOW - Y2100 - 10 * S)
+            })
+        );
+        assert_eq!(m.floor_at(20 * S as u64), NOW);
+        // Up to the bound past the reference is trusted; beyond, not.
+        let mut m = Model::new(false, NOW, None, false, None);
+        assert_eq!(m.observe(r(NOW + MAX_AHEAD_US, 5)), None);
+        assert!(m.trusted());
+        let mut m = Model::new(false, NOW, None, false, None);
+        assert!(matches!(
+            m.observe(r(NOW + MAX_AHEAD_US + S, 5)),
+            Some(Change::Lost {
+                why: Distrust::Ahead,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_time_the_fleet_confirmed_lets_a_clock_far_past_the_build_be_trusted() {
+        let later = NOW + 5 * 365 * 86_400 * S;
+        let mut m = Model::new(false, BUILD, None, false, None);
+        assert!(matches!(
+            m.observe(r(later, 10)),
+            Some(Change::Lost {
+                why: Distrust::Ahead,
+                ..
+            })
+        ));
+        assert!(m.confirm(later - 60 * S));
+        assert!(!m.confirm(later - 120 * S));
+        assert_eq!(m.confirmed_us(), Some(later - 60 * S));
+        assert_eq!(m.trusted_now_us(&r(later, 10)), later);
+        assert!(matches!(
+            m.observe(r(later + S, 11)),
+            Some(Change::Synced { .. })
+        ));
+        assert_eq!(m.floor_at(11 * S as u64), later + S);
+    }
+
+    #[test]
+    fn a_trusted_clock_that_jumps_to_2100_loses_trust_and_the_floor_stays() {
+        let mut m = Model::new(false, BUILD, None, false, None);
+        assert_eq!(m.observe(r(NOW, 100)), None);
+        assert!(matches!(
+            m.observe(r(Y2100, 101)),
+            Some(Change::Lost {
+                why: Distrust::Ahead,
+                ..
+            })
+        ));
+        assert!(m.floor_at(101 * S as u64) < NOW + 2 * S);
+        assert_eq!(m.offset_us(), Some(NOW - 100 * S));
+        assert!(matches!(
+            m.observe(r(NOW + 2 * S, 102)),
+            Some(Change::Synced { .. })
+        ));
+        assert!(m.trusted());
     }
 
     #[test]

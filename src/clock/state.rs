@@ -26,6 +26,14 @@ pub struct SavedClock {
     /// trusted reading.
     #[serde(default)]
     pub boots: Vec<BootOffset>,
+    /// The newest time the fleet confirmed (unix µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmed_us: Option<i64>,
+    /// Written by a daemon that never takes the last known good time from a
+    /// clock far ahead of its references; a file without it may hold one
+    /// (a first start at 2100) and is checked at load.
+    #[serde(default)]
+    pub bounded: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,6 +123,8 @@ mod tests {
             since_boot_us: 5,
             pending: true,
             boots: Vec::new(),
+            confirmed_us: Some(1_796_083_100_000_000),
+            bounded: true,
         };
         for i in 0..10 {
             s.set_offset(&format!("boot-{i}"), i);

@@ -286,3 +286,123 @@ fn configuring_after_an_untrusted_default_reading_is_no_sync_without_records() {
         Some(Change::Synced { .. })
     ));
 }
+
+/// 2100-01-01T00:00:00Z.
+const Y2100: i64 = 4_102_444_800 * S;
+
+fn trust_not_behind() -> ClockConfig {
+    ClockConfig {
+        require_sync: false,
+        ..ClockConfig::default()
+    }
+}
+
+#[test]
+fn a_first_start_at_2100_leaves_no_trace_for_the_next_start() {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("clock.json");
+    let f = Fixture::new(Y2100, 10);
+    let c = f.clock.configure(&trust_not_behind(), &path);
+    assert!(
+        matches!(
+            c,
+            Some(Change::Lost {
+                why: Distrust::Ahead,
+                ..
+            })
+        ),
+        "{c:?}"
+    );
+    let st = f.clock.status();
+    assert_eq!(st.reason, Some(Distrust::Ahead));
+    assert!(
+        st.trusted_time
+            .starts_with(&rfc3339_us(BUILD_UNIX_S * S)[..10])
+    );
+    assert!(f.clock.trusted_now_us() < NOW);
+    let stamp = f.clock.stamp();
+    assert!(stamp.ts.starts_with("2100-"));
+    let stored = record(&stamp);
+    f.clock.save();
+    let saved = SavedClock::load(&path).unwrap().unwrap();
+    assert!(saved.last_good_us < NOW, "{saved:?}");
+    assert!(saved.boots.is_empty(), "{saved:?}");
+    assert!(saved.pending && saved.bounded);
+
+    // The same boot 50 s later, the real time: trusted at once, and the
+    // record made at 2100 goes with its real time.
+    let g = Fixture::new(NOW, 60);
+    let c = g.clock.configure(&trust_not_behind(), &path);
+    assert!(matches!(c, Some(Change::Synced { .. })), "{c:?}");
+    assert!(g.clock.stamp().mark.is_none());
+    let v: serde_json::Value = serde_json::from_slice(&g.clock.for_sending(&stored)).unwrap();
+    assert_eq!(v["ts"], rfc3339_us(NOW - 50 * S));
+    assert_eq!(v["clock"], "corrected");
+}
+
+#[test]
+fn a_state_saved_at_2100_by_an_earlier_version_is_not_taken() {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("clock.json");
+    let mut poisoned = SavedClock {
+        last_good_us: Y2100,
+        boot_id: "b1".into(),
+        since_boot_us: 10 * S as u64,
+        pending: false,
+        boots: Vec::new(),
+        confirmed_us: None,
+        bounded: false,
+    };
+    poisoned.set_offset("b1", Y2100 - 10 * S);
+    poisoned.set_offset("b0", NOW - 86_400 * S);
+    poisoned.save(&path).unwrap();
+    let g = Fixture::new(NOW, 60);
+    assert_eq!(g.clock.configure(&trust_not_behind(), &path), None);
+    let st = g.clock.status();
+    assert!(st.synced, "{st:?}");
+    assert!(g.clock.stamp().mark.is_none());
+    assert_eq!(g.clock.trusted_now_us(), NOW);
+    assert_eq!(g.clock.offset_of("b1"), Some(NOW - 60 * S));
+    assert_eq!(g.clock.offset_of("b0"), Some(NOW - 86_400 * S));
+    g.clock.save();
+    let saved = SavedClock::load(&path).unwrap().unwrap();
+    assert_eq!(saved.last_good_us, NOW);
+    assert!(saved.bounded);
+
+    // A file of this version is taken as it is: its bound was checked.
+    let mut far = SavedClock::load(&path).unwrap().unwrap();
+    far.last_good_us = Y2100;
+    far.boot_id = "b9".into();
+    far.save(&path).unwrap();
+    let h = Fixture::of_boot(NOW, 5, "b2");
+    h.clock.configure(&trust_not_behind(), &path);
+    assert_eq!(h.clock.status().reason, Some(Distrust::Behind));
+}
+
+#[test]
+fn a_time_the_fleet_confirmed_is_kept_across_restarts() {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("clock.json");
+    // Five years past the build: ahead, until the fleet confirms the time.
+    let later = NOW + 5 * 365 * 86_400 * S;
+    let f = Fixture::new(later, 10);
+    f.clock.configure(&trust_not_behind(), &path);
+    assert_eq!(f.clock.status().reason, Some(Distrust::Ahead));
+    assert!(f.clock.stamp().mark.is_some());
+    f.clock.confirm(later - 60 * S);
+    // The next reading decides: synced.
+    let c = f.set(later + S, 11);
+    assert!(matches!(c, Some(Change::Synced { .. })), "{c:?}");
+    assert!(f.clock.stamp().mark.is_none());
+    let st = f.clock.status();
+    assert_eq!(st.confirmed.as_deref(), Some(&*rfc3339_us(later - 60 * S)));
+    f.clock.save();
+    assert_eq!(
+        SavedClock::load(&path).unwrap().unwrap().confirmed_us,
+        Some(later - 60 * S)
+    );
+    // Another boot, a day later: trusted at once.
+    let g = Fixture::of_boot(later + 86_400 * S, 5, "b2");
+    assert_eq!(g.clock.configure(&trust_not_behind(), &path), None);
+    assert!(g.clock.status().synced);
+}

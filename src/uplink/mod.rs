@@ -430,12 +430,42 @@ pub fn start_with_commands(
     }
     let stats = Arc::new(UplinkStats::new(cfg.kind()));
     let task = match cfg {
-        UplinkConfig::Mqtt(c) => {
-            mqtt::spawn(c.clone(), outbox, device, stats.clone(), commands, shutdown)?
-        }
-        UplinkConfig::Http(c) => http::spawn(c.clone(), outbox, device, stats.clone(), shutdown)?,
+        UplinkConfig::Mqtt(c) => mqtt::spawn(
+            c.clone(),
+            outbox,
+            device,
+            stats.clone(),
+            commands,
+            Time::real(),
+            shutdown,
+        )?,
+        UplinkConfig::Http(c) => http::spawn(
+            c.clone(),
+            outbox,
+            device,
+            stats.clone(),
+            Time::real(),
+            shutdown,
+        )?,
     };
     Ok(Uplink { stats, task })
+}
+
+/// What an uplink reads the time from and draws its backoff from: handed
+/// in, so the sessions run on simulated clocks and a seed in tests.
+pub struct Time {
+    pub clocks: Arc<dyn crate::clock::clocks::Clocks>,
+    pub jitter: Box<dyn crate::backoff::Jitter>,
+}
+
+impl Time {
+    /// The machine's clocks and the thread's random generator.
+    pub fn real() -> Time {
+        Time {
+            clocks: Arc::new(crate::clock::clocks::RealClocks),
+            jitter: Box::new(crate::backoff::ThreadJitter),
+        }
+    }
 }
 
 /// Sleeps `d` unless `shutdown` is cancelled first; true when it was.

@@ -808,3 +808,114 @@ min_runs = 5
         "{c:#}"
     );
 }
+
+// ---- a clock from the future ---------------------------------------------------------
+
+/// The offset that puts the clock at 2100-01-01.
+fn to_2100() -> i64 {
+    4_102_444_800 - real_now_us() / 1_000_000
+}
+
+/// 2099-01-01: a `ts` at or after it came from the clock at 2100.
+const Y2099_US: i64 = 4_070_908_800_000_000;
+
+/// A device whose first start finds the clock at 2100 (a bad RTC), then
+/// restarts with the real time on the same data dir. The first start does
+/// not trust a clock that far ahead of everything it knows (the build
+/// time here: the fleet is down), marks its records and does not make
+/// 2100 its last known good time; the second start is trusted at once,
+/// its records carry no mark, and the first start's records reach the
+/// fleet with their real time. Before: 2100 became the last known good
+/// time, every record of the second start was `unsynced` and the fleet got
+/// all of them dated 2100.
+#[test]
+fn a_first_start_in_2100_does_not_poison_the_later_starts() {
+    const LATER: usize = 5;
+    let fleet = Ingest::start(false);
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeClock::new(dir.path(), to_2100());
+    let port = free_udp_port();
+    let cfg = config(port, &format!("{TRUST_NOT_BEHIND}{}", fleet.uplink()));
+    let mut d = Daemon::start_full(&cfg, dir, &fake.env(), true);
+    let first = wait_clock(&d, "the clock read in 2100", |c| {
+        c["system"].as_str().is_some_and(|s| s.starts_with("2100-"))
+    });
+    let t1 = real_now_us();
+    let early = [record(&mut d, port), record(&mut d, port)];
+    let t2 = real_now_us();
+    let dir = d.stop_keep_dir();
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("data/clock.json")).unwrap())
+            .unwrap();
+    let saved_good = saved["last_good_us"].as_i64().unwrap();
+
+    // The real clock, the same data dir; the fleet is back.
+    fleet.set_open(true);
+    let mut d = Daemon::start_full(&cfg, dir, &[], true);
+    let later: Vec<Value> = (0..LATER).map(|_| record(&mut d, port)).collect();
+    let all: Vec<&Value> = early.iter().chain(&later).collect();
+    let got = fleet.wait("every record", |g| {
+        all.iter().all(|r| !by_id(g, &r["id"]).is_empty())
+    });
+    let unsynced = later.iter().filter(|r| r["clock"] == "unsynced").count();
+    let at_fleet: Vec<&Value> = all.iter().map(|r| by_id(&got, &r["id"])[0]).collect();
+    let dated_2100 = at_fleet
+        .iter()
+        .filter(|v| unix_us(v["ts"].as_str().unwrap()) >= Y2099_US)
+        .count();
+    let c = d.status()["clock"].clone();
+    assert!(
+        unsynced == 0 && dated_2100 == 0 && saved_good < Y2099_US,
+        "second start: {unsynced} of {LATER} records unsynced; the fleet got {dated_2100} of {} \
+         records dated 2100; last known good time saved by the first start: {}\n\
+         first start's clock {first:#}\nsecond start's clock {c:#}\nat the fleet {at_fleet:#?}",
+        all.len(),
+        saved["last_good_us"],
+    );
+
+    // The first start did not trust 2100, and said why.
+    assert_eq!(first["synced"], false, "{first:#}");
+    assert_eq!(first["reason"], "ahead", "{first:#}");
+    assert!(
+        unix_us(first["last_good"].as_str().unwrap()) < real_now_us(),
+        "{first:#}"
+    );
+    assert!(
+        unix_us(first["trusted_time"].as_str().unwrap()) < Y2099_US,
+        "{first:#}"
+    );
+    for r in &early {
+        assert_eq!(r["clock"], "unsynced", "{r}");
+    }
+    // The second start trusts the real clock, and the first start's records
+    // reach the fleet with the real time they were made at.
+    let c = wait_clock(&d, "trusted at the real time", |c| c["synced"] == true);
+    assert!(c["reason"].is_null(), "{c:#}");
+    let good = unix_us(c["last_good"].as_str().unwrap());
+    assert!((good - real_now_us()).abs() < 60_000_000, "{c:#}");
+    for (r, sent) in all.iter().zip(&at_fleet).take(early.len()) {
+        assert_eq!(sent["clock"], "corrected", "{sent}");
+        let ts = unix_us(sent["ts"].as_str().unwrap());
+        assert!(
+            ts >= t1 - 2_000_000 && ts <= t2 + 2_000_000,
+            "{sent}: not the real time {r} was made at"
+        );
+    }
+    for (r, sent) in later.iter().zip(&at_fleet[early.len()..]) {
+        assert!(r.get("clock").is_none(), "{r}");
+        assert!(sent.get("clock").is_none(), "{sent}");
+        assert!((unix_us(sent["ts"].as_str().unwrap()) - real_now_us()).abs() < 60_000_000);
+    }
+    assert_eq!(
+        metric(&d, "outpost_clock_unsynced_records_total"),
+        Some(0.0)
+    );
+    let dir = d.stop_keep_dir();
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("data/clock.json")).unwrap())
+            .unwrap();
+    assert!(
+        saved["last_good_us"].as_i64().unwrap() < Y2099_US,
+        "{saved}"
+    );
+}

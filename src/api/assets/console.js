@@ -650,7 +650,7 @@
   function renderClock(c) {
     const card = $('clock');
     if (!c) return;
-    const why = { behind: 'behind the last known good time', kernel_unsynced: 'not synchronised' };
+    const why = { behind: 'behind the last known good time', kernel_unsynced: 'not synchronised', ahead: 'far ahead of every trusted reference' };
     badge(field(card, 'state'), c.synced ? 'trusted' : 'not trusted: ' + (why[c.reason] || c.reason), c.synced ? 'ok' : 'bad');
     set(card, 'system', c.system);
     set(card, 'last_good', c.last_good);

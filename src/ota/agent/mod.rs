@@ -372,6 +372,9 @@ impl Agent {
         };
         self.state.last_command = Some(c.issued_ms);
         self.save();
+        // Signed by the fleet: its issue time is a reference for the clock
+        // (a clock far ahead of every reference is not trusted).
+        crate::clock::confirm(i64::try_from(c.issued_ms.saturating_mul(1000)).unwrap_or(i64::MAX));
         self.wiring.stats.command("accepted");
         match req {
             Request::Poll => {

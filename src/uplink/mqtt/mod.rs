@@ -23,7 +23,7 @@
 mod session;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rumqttc::{
     AsyncClient, ConnectionError, Event, LastWill, MqttOptions, NetworkOptions, Outgoing, Packet,
@@ -38,7 +38,8 @@ use super::message::{Batcher, Template};
 use super::sparkplug::{self, Bounds, Topics};
 use super::stats::UplinkStats;
 use super::{MqttConfig, PayloadFormat, STATUS_VARS, TOPIC_VARS, UplinkError, sleep_or_stop, tls};
-use crate::backoff::Backoff;
+use crate::backoff::{Backoff, Jitter};
+use crate::clock::clocks::Clocks;
 use crate::outbox::Outbox;
 use crate::telemetry::logging::RateLimitedLog;
 
@@ -81,6 +82,7 @@ struct Ctx {
     sparkplug: Option<Topics>,
     /// A refused topic on every reconnect: one line per interval.
     log: RateLimitedLog,
+    clocks: Arc<dyn Clocks>,
 }
 
 /// How often a line that a flood repeats is logged at most (with the
@@ -93,8 +95,10 @@ pub(super) fn spawn(
     device: &str,
     stats: Arc<UplinkStats>,
     commands: Option<mpsc::Sender<Vec<u8>>>,
+    time: super::Time,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, UplinkError> {
+    let super::Time { clocks, mut jitter } = time;
     let tls = if cfg.tls {
         Some(Arc::new(tls::client_config(
             cfg.ca.as_deref(),
@@ -142,6 +146,7 @@ pub(super) fn spawn(
         status_topic,
         commands,
         tls,
+        clocks,
     };
     let settings = Settings {
         max_inflight: ctx.cfg.max_inflight as usize,
@@ -159,8 +164,13 @@ pub(super) fn spawn(
         backoff_min: ctx.cfg.backoff_min,
         backoff_max: ctx.cfg.backoff_max,
     };
-    let session = Session::new(settings, ctx.stats.clone(), Instant::now());
-    Ok(tokio::spawn(run(ctx, session, shutdown)))
+    let session = Session::new(
+        settings,
+        ctx.stats.clone(),
+        jitter.fork(),
+        ctx.clocks.monotonic(),
+    );
+    Ok(tokio::spawn(run(ctx, session, jitter, shutdown)))
 }
 
 /// How a connection ended.
@@ -172,7 +182,12 @@ enum End {
     },
 }
 
-async fn run(ctx: Ctx, mut session: Session, shutdown: CancellationToken) {
+async fn run(
+    ctx: Ctx,
+    mut session: Session,
+    mut jitter: Box<dyn Jitter>,
+    shutdown: CancellationToken,
+) {
     let mut backoff = Backoff::new(ctx.cfg.backoff_min, ctx.cfg.backoff_max);
     let broker = format!("{}:{}", ctx.cfg.host, ctx.port());
     loop {
@@ -189,7 +204,7 @@ async fn run(ctx: Ctx, mut session: Session, shutdown: CancellationToken) {
                 if connected {
                     backoff.reset();
                 }
-                let delay = backoff.next_delay();
+                let delay = backoff.next(jitter.as_mut());
                 if connected {
                     tracing::warn!(%broker, %reason, retry_in = ?delay, "uplink: disconnected from the fleet broker");
                 } else {
@@ -242,7 +257,7 @@ impl Ctx {
         let will = match &self.sparkplug {
             Some(t) => LastWill::new(
                 t.node("NDEATH"),
-                sparkplug::ndeath(bd_seq, unix_ms()),
+                sparkplug::ndeath(bd_seq, self.clocks.unix_ms()),
                 QoS::AtLeastOnce,
                 false,
             ),
@@ -356,8 +371,8 @@ fn drive(
     client: &AsyncClient,
 ) -> Result<Option<Duration>, BrokerError> {
     loop {
-        let now = Instant::now();
-        match session.next(now, unix_ms()) {
+        let now = ctx.clocks.monotonic();
+        match session.next(now, ctx.clocks.unix_ms()) {
             Next::Wait(w) => return Ok(w),
             Next::Do(Command::Publish(Publish {
                 topic,
@@ -375,15 +390,15 @@ fn drive(
                 .map_err(|e| BrokerError::Subscribe(Box::new(e)))?,
             Next::Do(Command::Read { after, limit }) => {
                 let page = ctx.outbox.pending(after, limit);
-                session.page(Instant::now(), page);
+                session.page(ctx.clocks.monotonic(), page);
             }
             Next::Do(Command::Ack(keys)) => {
                 let r = ctx.outbox.ack(&keys);
-                session.ack_done(Instant::now(), &keys, r);
+                session.ack_done(ctx.clocks.monotonic(), &keys, r);
             }
             Next::Do(Command::DeadLetter { key, reason }) => {
                 let r = ctx.outbox.dead_letter(key, &reason);
-                session.dead_letter_done(Instant::now(), key, r);
+                session.dead_letter_done(ctx.clocks.monotonic(), key, r);
             }
         }
     }
@@ -451,7 +466,7 @@ fn on_event(ctx: &Ctx, session: &mut Session, ev: Event) -> Result<(), BrokerErr
                 pending = ctx.outbox.stats().records,
                 "uplink: connected to the fleet broker"
             );
-            session.connected(Instant::now(), unix_ms());
+            session.connected(ctx.clocks.monotonic(), ctx.clocks.unix_ms());
         }
         Event::Incoming(Packet::SubAck(ack)) => {
             // One SUBSCRIBE at CONNECT: a return code per topic, in order.
@@ -504,7 +519,7 @@ async fn close(ctx: &Ctx, session: &mut Session, client: &AsyncClient, rx: &mut 
     if !session.is_connected() {
         return End::Stopped;
     }
-    session.close(unix_ms());
+    session.close(ctx.clocks.unix_ms());
     let handed = drive(ctx, session, client).is_ok();
     let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
     while handed && session.in_flight() > 0 {
@@ -557,11 +572,4 @@ fn closed_by_peer(e: &ConnectionError) -> bool {
         }
         _ => false,
     }
-}
-
-/// Unix milliseconds now (Sparkplug timestamps).
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -14,7 +14,9 @@
 //! letter) until it says [`Next::Wait`]. The driver carries each command
 //! out in the order given and answers every outbox command before it asks
 //! again ([`Session::page`], [`Session::ack_done`],
-//! [`Session::dead_letter_done`]). Time comes in as arguments.
+//! [`Session::dead_letter_done`]). Time comes in as arguments (the driver
+//! reads the clocks it is handed) and the outbox backoff draws from the
+//! [`Jitter`] the session is built with.
 //!
 //! Invariants:
 //! - Every publish is booked in the in-flight table and queued for rumqttc
@@ -46,7 +48,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backoff::Backoff;
+use crate::backoff::{Backoff, Jitter};
 use crate::outbox::{Entry, Key, OutboxError};
 use crate::telemetry::logging::RateLimitedLog;
 use crate::uplink::inflight::{BookError, InFlight};
@@ -172,6 +174,8 @@ pub struct Session {
     /// The outbox command handed out and not answered yet.
     awaiting: Option<OutboxOp>,
     outbox_backoff: Backoff,
+    /// The draws of the outbox backoff.
+    jitter: Box<dyn Jitter>,
     /// After a failed outbox operation: none before this.
     outbox_retry_at: Option<Instant>,
 }
@@ -186,8 +190,14 @@ enum Fill {
 }
 
 impl Session {
-    pub fn new(set: Settings, stats: Arc<UplinkStats>, now: Instant) -> Session {
+    pub fn new(
+        set: Settings,
+        stats: Arc<UplinkStats>,
+        jitter: Box<dyn Jitter>,
+        now: Instant,
+    ) -> Session {
         Session {
+            jitter,
             bucket: TokenBucket::new(set.max_bytes_per_s, now),
             outbox_backoff: Backoff::new(set.backoff_min, set.backoff_max),
             set,
@@ -380,7 +390,7 @@ impl Session {
         let e = UplinkError::Outbox { op, source };
         UplinkStats::add(&self.stats.outbox_errors_total, 1);
         self.stats.error(e.to_string());
-        let delay = self.outbox_backoff.next_delay();
+        let delay = self.outbox_backoff.next(self.jitter.as_mut());
         self.outbox_retry_at = Some(now + delay);
         if let Some(suppressed) = self.log.allow("outbox_failed") {
             tracing::warn!(

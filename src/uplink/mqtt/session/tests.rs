@@ -150,7 +150,12 @@ impl World {
         let stats = Arc::new(UplinkStats::new("mqtt"));
         let now = Instant::now();
         World {
-            s: Session::new(settings(window, page, batch, sparkplug), stats.clone(), now),
+            s: Session::new(
+                settings(window, page, batch, sparkplug),
+                stats.clone(),
+                Box::new(crate::backoff::SeededJitter::new(window as u64)),
+                now,
+            ),
             stats,
             sparkplug,
             window,

@@ -6,20 +6,26 @@
 //! other 4xx splits the batch in halves until the refused records stand
 //! alone, and those go to the dead letters: a bad record costs about
 //! 2·log2(batch) requests and never blocks the ones behind it.
+//!
+//! What to send, when, and what to ack is decided by the I/O-free
+//! [`Session`] (`session.rs`); this file is its driver: the HTTP client,
+//! the outbox calls, the timers and the stop, with the clocks and the
+//! backoff's randomness handed in.
 
-use std::collections::VecDeque;
+mod session;
+
 use std::io::Write;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use super::pace::TokenBucket;
+pub use self::session::{Answer, Command, Next, Session, Settings};
 use super::stats::UplinkStats;
 use super::{HttpConfig, UplinkError, sleep_or_stop, tls};
-use crate::backoff::Backoff;
-use crate::outbox::{Entry, Key, Outbox};
+use crate::clock::clocks::Clocks;
+use crate::outbox::{Key, Outbox};
 
 /// The longest `Retry-After` honoured; a longer one is cut to this.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
@@ -78,6 +84,14 @@ pub fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
     Some(d.min(MAX_RETRY_AFTER))
 }
 
+/// The fleet's time from a delivery's `Date` header (unix µs): a
+/// reference for the clock (a clock far ahead of every reference is not
+/// trusted).
+pub fn fleet_time(date: Option<&str>) -> Option<i64> {
+    let t = httpdate::parse_http_date(date?.trim()).ok()?;
+    Some(crate::clock::system::unix_us(t))
+}
+
 /// Stable for the same batch (also after a restart: outbox keys do not
 /// change), different for any other set of records of any device.
 pub fn idempotency_key(device: &str, keys: &[Key]) -> String {
@@ -104,20 +118,23 @@ pub fn ndjson_gzip(
 
 struct Ctx {
     cfg: HttpConfig,
-    device: String,
     outbox: Outbox,
     stats: Arc<UplinkStats>,
     client: reqwest::Client,
     headers: reqwest::header::HeaderMap,
+    clocks: Arc<dyn Clocks>,
 }
 
+/// Starts the uplink: `time` for its timers and its backoff's draws.
 pub(super) fn spawn(
     cfg: HttpConfig,
     outbox: Outbox,
     device: &str,
     stats: Arc<UplinkStats>,
+    time: super::Time,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, UplinkError> {
+    let super::Time { clocks, jitter } = time;
     let mut b = reqwest::Client::builder()
         .timeout(cfg.timeout)
         .connect_timeout(cfg.timeout)
@@ -143,27 +160,28 @@ pub(super) fn spawn(
         value.set_sensitive(true);
         headers.insert(name, value);
     }
+    let set = Settings {
+        device: device.to_string(),
+        batch_records: cfg.batch_records,
+        backoff_min: cfg.backoff_min,
+        backoff_max: cfg.backoff_max,
+        max_bytes_per_s: cfg.max_bytes_per_s,
+    };
+    let session = Session::new(set, stats.clone(), jitter, clocks.monotonic());
     let ctx = Ctx {
         cfg,
-        device: device.to_string(),
         outbox,
         stats,
         client,
         headers,
+        clocks,
     };
-    Ok(tokio::spawn(run(ctx, shutdown)))
-}
-
-/// A response, reduced to what [`classify`] needs.
-struct Answer {
-    status: u16,
-    retry_after: Option<String>,
-    body: String,
+    Ok(tokio::spawn(run(ctx, session, shutdown)))
 }
 
 impl Ctx {
     async fn post(&self, body: Vec<u8>, key: &str) -> Result<Answer, String> {
-        use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
+        use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, DATE, RETRY_AFTER};
         let resp = self
             .client
             .post(&self.cfg.url)
@@ -181,6 +199,11 @@ impl Ctx {
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
+        let date = resp
+            .headers()
+            .get(DATE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         // Read the body also on success, so the connection can be reused.
         let bytes = resp.bytes().await.map_err(error_chain)?;
         let body = if (200..300).contains(&status) {
@@ -191,6 +214,7 @@ impl Ctx {
         Ok(Answer {
             status,
             retry_after,
+            date,
             body,
         })
     }
@@ -211,142 +235,64 @@ fn error_chain(e: reqwest::Error) -> String {
     s
 }
 
-async fn run(ctx: Ctx, shutdown: CancellationToken) {
-    let mut backoff = Backoff::new(ctx.cfg.backoff_min, ctx.cfg.backoff_max);
-    let mut bucket = TokenBucket::new(ctx.cfg.max_bytes_per_s, Instant::now());
+/// Carries out what the session asks, one command at a time.
+async fn run(ctx: Ctx, mut session: Session, shutdown: CancellationToken) {
     let notify = ctx.outbox.notified();
-    let url = ctx.cfg.url.clone();
-    'outer: loop {
+    loop {
         if shutdown.is_cancelled() {
             break;
         }
-        // Always from the oldest: acked and dead-lettered records are gone,
-        // so this is the next batch, and a failed ack heals itself here.
-        let page = match ctx.outbox.pending(None, ctx.cfg.batch_records) {
-            Ok(p) => p,
-            Err(e) => {
-                ctx.stats.error(format!("outbox read: {e}"));
-                tracing::error!(error = %e, "uplink: cannot read the outbox");
-                if sleep_or_stop(backoff.next_delay(), &shutdown).await {
+        let now = ctx.clocks.monotonic();
+        match session.next(now) {
+            Next::Do(Command::Read { limit }) => {
+                let page = ctx.outbox.pending(None, limit);
+                session.page(ctx.clocks.monotonic(), page);
+            }
+            Next::Do(Command::Post { batch, key }) => {
+                let body = match ndjson_gzip(
+                    batch
+                        .iter()
+                        .map(|e| crate::clock::for_sending(e.record.as_slice())),
+                ) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        // Writing to memory does not fail; if it ever does, retry.
+                        session.not_posted(ctx.clocks.monotonic(), format!("gzip: {e}"));
+                        continue;
+                    }
+                };
+                session.posting(ctx.clocks.monotonic(), body.len());
+                let answer = tokio::select! {
+                    a = ctx.post(body, &key) => a,
+                    // The batch stays in the outbox and goes again next start.
+                    _ = shutdown.cancelled() => break,
+                };
+                let confirmed =
+                    session.answered(ctx.clocks.monotonic(), ctx.clocks.realtime(), answer);
+                if let Some(t) = confirmed {
+                    crate::clock::confirm(t);
+                }
+            }
+            Next::Do(Command::Ack(keys)) => {
+                let r = ctx.outbox.ack(&keys);
+                session.ack_done(ctx.clocks.monotonic(), r);
+            }
+            Next::Do(Command::DeadLetter { key, reason }) => {
+                let r = ctx.outbox.dead_letter(key, &reason);
+                session.dead_letter_done(ctx.clocks.monotonic(), r);
+            }
+            Next::Wait(Some(d)) => {
+                if sleep_or_stop(d, &shutdown).await {
                     break;
                 }
-                continue;
             }
-        };
-        if page.is_empty() {
-            tokio::select! {
-                _ = notify.notified() => {}
-                _ = tokio::time::sleep(IDLE_POLL) => {}
-                _ = shutdown.cancelled() => break,
-            }
-            continue;
-        }
-        let mut work: VecDeque<Vec<Entry>> = VecDeque::from([page]);
-        while let Some(batch) = work.pop_front() {
-            let wait = bucket.ready_in(Instant::now());
-            if !wait.is_zero() && sleep_or_stop(wait, &shutdown).await {
-                break 'outer;
-            }
-            let keys: Vec<Key> = batch.iter().map(|e| e.key).collect();
-            let body = match ndjson_gzip(
-                batch
-                    .iter()
-                    .map(|e| crate::clock::for_sending(e.record.as_slice())),
-            ) {
-                Ok(b) => b,
-                Err(e) => {
-                    // Writing to memory does not fail; if it ever does, retry.
-                    ctx.stats.error(format!("gzip: {e}"));
-                    if sleep_or_stop(backoff.next_delay(), &shutdown).await {
-                        break 'outer;
-                    }
-                    work.push_front(batch);
-                    continue;
+            Next::Wait(None) => {
+                tokio::select! {
+                    _ = notify.notified() => {}
+                    _ = tokio::time::sleep(IDLE_POLL) => {}
+                    _ = shutdown.cancelled() => break,
                 }
-            };
-            let idem = idempotency_key(&ctx.device, &keys);
-            let n = keys.len() as u64;
-            bucket.take(body.len(), Instant::now());
-            UplinkStats::add(&ctx.stats.sent_total, n);
-            UplinkStats::add(&ctx.stats.bytes_total, body.len() as u64);
-            let answer = tokio::select! {
-                a = ctx.post(body, &idem) => a,
-                // The batch stays in the outbox and goes again next start.
-                _ = shutdown.cancelled() => break 'outer,
-            };
-            let verdict = match &answer {
-                Ok(a) => {
-                    if !ctx.stats.is_connected() {
-                        tracing::info!(%url, status = a.status, "uplink: the fleet endpoint answers");
-                    }
-                    ctx.stats.set_connected(true);
-                    classify(
-                        a.status,
-                        a.retry_after.as_deref(),
-                        SystemTime::now(),
-                        &a.body,
-                    )
-                }
-                Err(e) => {
-                    if ctx.stats.is_connected() {
-                        tracing::warn!(%url, error = %e, "uplink: the fleet endpoint is unreachable");
-                        UplinkStats::add(&ctx.stats.disconnects_total, 1);
-                    }
-                    ctx.stats.set_connected(false);
-                    Verdict::Retry {
-                        after: None,
-                        reason: e.clone(),
-                    }
-                }
-            };
-            match verdict {
-                Verdict::Ack => {
-                    if let Err(e) = ctx.outbox.ack(&keys) {
-                        ctx.stats.error(format!("outbox ack: {e}"));
-                        tracing::error!(error = %e, "uplink: outbox ack failed; the batch goes again");
-                        if sleep_or_stop(backoff.next_delay(), &shutdown).await {
-                            break 'outer;
-                        }
-                        continue 'outer;
-                    }
-                    UplinkStats::add(&ctx.stats.acked_total, n);
-                    backoff.reset();
-                }
-                Verdict::Retry { after, reason } => {
-                    UplinkStats::add(&ctx.stats.retries_total, n);
-                    ctx.stats.error(reason.clone());
-                    let delay = match after {
-                        Some(a) => a.max(ctx.cfg.backoff_min),
-                        None => backoff.next_delay(),
-                    };
-                    tracing::warn!(%url, %reason, records = n, retry_in = ?delay, "uplink: batch not delivered; retrying");
-                    if sleep_or_stop(delay, &shutdown).await {
-                        break 'outer;
-                    }
-                    work.push_front(batch);
-                }
-                Verdict::Reject { reason } => {
-                    ctx.stats.error(reason.clone());
-                    if let [one] = batch.as_slice() {
-                        tracing::warn!(key = %one.key, %reason, "uplink: record refused by the fleet; moved to the dead letters");
-                        if let Err(e) = ctx.outbox.dead_letter(one.key, &reason) {
-                            ctx.stats.error(format!("outbox dead letter: {e}"));
-                            tracing::error!(error = %e, "uplink: dead letter failed");
-                            if sleep_or_stop(backoff.next_delay(), &shutdown).await {
-                                break 'outer;
-                            }
-                            continue 'outer;
-                        }
-                        UplinkStats::add(&ctx.stats.dead_letters_total, 1);
-                    } else {
-                        // Bisect: the halves go first, oldest half first.
-                        let mut left = batch;
-                        let right = left.split_off(left.len() / 2);
-                        tracing::debug!(%reason, records = n, "uplink: batch refused; splitting it");
-                        work.push_front(right);
-                        work.push_front(left);
-                    }
-                }
+                session.appended();
             }
         }
     }

@@ -229,6 +229,13 @@ impl PipelineTracking {
         &self.stats
     }
 
+    /// The counts the status and the metrics show, failed snapshots included.
+    pub fn counts(&self) -> super::TrackCounts {
+        let mut c = self.stats.snapshot();
+        c.snapshots_failed = self.snapshots.as_ref().map_or(0, |s| s.failed());
+        c
+    }
+
     pub fn emit(&self) -> Emit {
         self.emit
     }

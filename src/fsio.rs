@@ -18,7 +18,9 @@ pub fn fsync_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Replaces `path` atomically with `bytes`: `<path>.tmp`, fsync, rename,
-/// fsync the folder (created when missing).
+/// fsync the folder (created when missing). When a step before the rename
+/// fails (a full disk), the temporary is removed: a failed write leaves
+/// nothing behind, or every failure would cost the disk another inode.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -26,12 +28,28 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     };
     std::fs::create_dir_all(dir)?;
     let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
+    let written = write_synced(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        // The write's own error is the one worth telling; a temporary that
+        // cannot be removed either (read-only disk) was never created.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     fsync_dir(dir)
+}
+
+/// `bytes` into a new file at `path`, fsynced.
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+/// What a file takes on disk: its allocated blocks (`st_blocks` counts
+/// 512-byte units), not its length. A 3 kB file takes a whole 4 KiB block.
+pub fn disk_bytes(m: &std::fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    m.blocks().saturating_mul(512)
 }
 
 /// Moves `file` into `dir` (created when missing) under its own name, or
@@ -66,6 +84,31 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["state.json"]);
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_temporary() {
+        let d = tempfile::tempdir().unwrap();
+        // The rename fails: a folder (not empty) stands where the file would go.
+        let p = d.path().join("taken");
+        std::fs::create_dir_all(p.join("inner")).unwrap();
+        assert!(write_atomic(&p, b"bytes").is_err());
+        let names: Vec<_> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["taken"]);
+    }
+
+    #[test]
+    fn disk_bytes_are_whole_blocks() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("small");
+        std::fs::write(&p, [1u8; 3000]).unwrap();
+        std::fs::File::open(&p).unwrap().sync_all().unwrap();
+        let m = std::fs::metadata(&p).unwrap();
+        assert!(disk_bytes(&m) >= 3000, "{}", disk_bytes(&m));
+        assert_eq!(disk_bytes(&m) % 512, 0);
     }
 
     #[test]

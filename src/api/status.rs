@@ -309,7 +309,7 @@ impl PipelineStatus {
             frame_age: st.frame_age_us.summary(),
             camera: st.camera.as_ref().map(|c| c.status()),
             tracking: p.tracking().map(|t| TrackingStatus {
-                counts: t.stats().snapshot(),
+                counts: t.counts(),
                 view: t.view(),
             }),
         }

@@ -1,6 +1,7 @@
 //! The tracking families of `/metrics`: tracks started, open and ended,
 //! objects in each zone and entries per zone and label, crossings per line,
-//! direction and label, events by kind. One row set per tracking pipeline.
+//! direction and label, events by kind, snapshots that could not be
+//! written. One row set per tracking pipeline.
 
 use prometheus_client::encoding::DescriptorEncoder;
 
@@ -20,10 +21,12 @@ pub fn encode(
     let (mut started, mut open, mut ended, mut events) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut inside, mut entered, mut crossed) = (Vec::new(), Vec::new(), Vec::new());
+    let mut snapshots_failed = Vec::new();
     for p in pipes {
         let Some(t) = p.tracking() else { continue };
-        let c = t.stats().snapshot();
+        let c = t.counts();
         started.push((labels(p, &[]), c.tracks_started));
+        snapshots_failed.push((labels(p, &[]), c.snapshots_failed));
         open.push((labels(p, &[]), c.tracks_open as f64));
         for (reason, n) in &c.tracks_ended {
             ended.push((labels(p, &[("reason", reason)]), *n));
@@ -91,5 +94,11 @@ pub fn encode(
         "outpost_line_crossings",
         "Line crossings, by direction and label",
         &crossed,
+    )?;
+    counter(
+        enc,
+        "outpost_track_snapshots_failed",
+        "Best crops of tracks that could not be written (a full or read-only disk)",
+        &snapshots_failed,
     )
 }

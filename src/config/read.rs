@@ -14,7 +14,9 @@ use toml::Spanned;
 use toml::de::{DeArray, DeTable, DeValue};
 
 use super::Config;
-use super::locate::{self, Located, Path, Seg, line_of, locate, message_path, parse_path, path_at};
+use super::locate::{
+    self, Lines, Located, Path, Seg, line_of, locate, message_path, parse_path, path_at,
+};
 
 /// One problem: where, and what.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,7 +88,7 @@ pub fn interpolate_value(
 /// never replaced); problems come with the line of their value in `text`.
 fn interpolate_doc(
     t: &mut DeTable<'_>,
-    text: &str,
+    text: &Lines,
     get: &impl Fn(&str) -> Option<String>,
     problems: &mut Vec<(usize, String)>,
 ) {
@@ -97,13 +99,14 @@ fn interpolate_doc(
 
 fn interpolate_in(
     v: &mut Spanned<DeValue<'_>>,
-    text: &str,
+    text: &Lines,
     get: &impl Fn(&str) -> Option<String>,
     problems: &mut Vec<(usize, String)>,
 ) {
-    let line = line_of(text, v.span().start);
+    let start = v.span().start;
     match v.get_mut() {
         DeValue::String(s) if s.contains('$') => {
+            let line = text.line(start);
             let (out, found) = interpolate_value(s, get);
             problems.extend(found.into_iter().map(|p| (line, p)));
             *s = std::borrow::Cow::Owned(out);
@@ -136,8 +139,9 @@ pub fn read(
             }]);
         }
     };
+    let lines = Lines::new(text);
     let mut unset = Vec::new();
-    interpolate_doc(&mut doc, text, &env, &mut unset);
+    interpolate_doc(&mut doc, &lines, &env, &mut unset);
     let mut problems: Vec<Problem> = unset
         .iter()
         .map(|(l, m)| Problem {
@@ -146,7 +150,11 @@ pub fn read(
         })
         .collect();
     let unset_lines: BTreeSet<usize> = unset.iter().map(|(l, _)| *l).collect();
-    let reader = Reader { text, orig: &doc };
+    let reader = Reader {
+        text,
+        lines: &lines,
+        orig: &doc,
+    };
     let mut found = Vec::new();
     let cleaned = reader.read_parts(&mut found);
     match try_read(&cleaned) {
@@ -260,6 +268,7 @@ fn humanize(msg: &str) -> String {
 
 struct Reader<'a, 'i> {
     text: &'a str,
+    lines: &'a Lines,
     orig: &'a DeTable<'i>,
 }
 
@@ -364,7 +373,7 @@ impl<'i> Reader<'_, 'i> {
     }
 
     fn problem(&self, l: &Located, what: String) -> Problem {
-        let line = l.at.map(|o| line_of(self.text, o));
+        let line = l.at.map(|o| self.lines.line(o));
         if l.path.is_empty() {
             return Problem { line, text: what };
         }
@@ -406,7 +415,7 @@ impl<'i> Reader<'_, 'i> {
             }
         }
         let l = locate(tree, self.orig, &path);
-        let line = l.at.map(|o| line_of(self.text, o));
+        let line = l.at.map(|o| self.lines.line(o));
         Problem {
             line,
             text: format!(

@@ -206,14 +206,12 @@ impl Core {
             };
             let built = match &p.track {
                 Some(track) => {
-                    // Numbers past every earlier boot's: a million per boot.
-                    let boot = self.ids.boot;
+                    // The boot is in the id, so the numbers start at 1 each
+                    // boot; they are kept across reloads within it.
                     let numbers = self
                         .track_numbers
                         .entry(p.name.clone())
-                        .or_insert_with(|| {
-                            Arc::new(boot.saturating_mul(1_000_000).saturating_add(1).into())
-                        })
+                        .or_insert_with(|| Arc::new(1.into()))
                         .clone();
                     let tracking =
                         crate::track::PipelineTracking::new(crate::track::TrackingSetup {
@@ -223,7 +221,9 @@ impl Core {
                             emit: p.emit,
                             device: &self.device,
                             pipeline: &p.name,
+                            boot: self.ids.boot,
                             numbers,
+                            max_record_bytes: crate::uplink::max_record_bytes(cfg.uplink.as_ref()),
                             default_label: "object",
                             snapshots: track_snapshots(
                                 &cfg.data_dir,

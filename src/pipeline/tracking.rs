@@ -5,21 +5,27 @@
 //! that stops or is replaced by another config ends them with `restart`.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
 use super::hook::{FrameMeta, HookOutput, StreamEnd, StreamHook};
 use super::snapshot::thumbnail;
+use crate::telemetry::logging::RateLimitedLog;
 use crate::track::{EndReason, PipelineTracking, StreamState};
 
 pub struct TrackingHook {
     tracking: Arc<PipelineTracking>,
+    /// A full disk fails every snapshot of every frame: said once in a while.
+    log: RateLimitedLog,
 }
 
 impl TrackingHook {
     pub fn new(tracking: Arc<PipelineTracking>) -> Self {
-        TrackingHook { tracking }
+        TrackingHook {
+            tracking,
+            log: RateLimitedLog::new(Duration::from_secs(5)),
+        }
     }
 }
 
@@ -39,9 +45,18 @@ impl StreamHook for TrackingHook {
                 let Some(jpeg) = thumbnail(&crop, self.tracking.snapshot_max_bytes()) else {
                     continue;
                 };
-                // A snapshot is a convenience: a full disk costs it, not the frame.
-                if let Err(e) = store.put(name, &jpeg) {
-                    tracing::warn!(pipeline = meta.pipeline, error = %e, "track snapshot not kept");
+                // A snapshot is a convenience: a full disk costs it (counted
+                // by the store), not the frame.
+                if let Err(e) = store.put(name, &jpeg)
+                    && let Some(suppressed) = self.log.allow("snapshot")
+                {
+                    tracing::warn!(
+                        pipeline = meta.pipeline,
+                        error = %e,
+                        suppressed,
+                        failed = store.failed(),
+                        "track snapshot not kept"
+                    );
                 }
             }
         }

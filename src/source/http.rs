@@ -1,6 +1,13 @@
 //! HTTP: `POST /v1/pipelines/{name}/infer` on the local API. The body is the
 //! payload; `?stream=NAME` names the stream (default `http`). The answer is
 //! the records the frame produced (also stored like any other), as JSON.
+//!
+//! A `200` means the records are durable: the answer waits for the
+//! outbox's group commit that holds them (at most about its
+//! `flush_interval`, sharing the fsync with every other record of that
+//! window), as a QoS 1 MQTT source waits before acknowledging. A record
+//! answered `200` survives a crash or power loss that follows; one whose
+//! commit failed is answered `503` and may be sent again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -59,6 +66,10 @@ pub enum InferError {
     Stopping,
     #[error("no result in time")]
     Timeout,
+    /// The records were made but could not be made durable (a full or
+    /// failing disk): the caller should send the frame again.
+    #[error("records not stored durably: {0}")]
+    NotDurable(String),
 }
 
 impl InferError {
@@ -75,7 +86,9 @@ impl InferError {
                     StatusCode::SERVICE_UNAVAILABLE
                 }
             },
-            InferError::QueueFull | InferError::Stopping => StatusCode::SERVICE_UNAVAILABLE,
+            InferError::QueueFull | InferError::Stopping | InferError::NotDurable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             InferError::Timeout => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -152,11 +165,31 @@ async fn infer_inner(
     if !ctx.submit(frame).await {
         return Err(InferError::Stopping);
     }
-    match tokio::time::timeout(RESULT_TIMEOUT, rx).await {
-        Ok(Ok(r)) => r.map_err(InferError::Frame),
+    let records = match tokio::time::timeout(RESULT_TIMEOUT, rx).await {
+        Ok(Ok(r)) => r.map_err(InferError::Frame)?,
         // The frame was dropped from a full queue or the daemon is stopping.
-        Ok(Err(_)) => Err(InferError::QueueFull),
-        Err(_) => Err(InferError::Timeout),
+        Ok(Err(_)) => return Err(InferError::QueueFull),
+        Err(_) => return Err(InferError::Timeout),
+    };
+    if !records.is_empty()
+        && let Some(outbox) = ctx.outbox.clone()
+    {
+        durable(outbox).await?;
+    }
+    Ok(records)
+}
+
+/// Waits until what the outbox holds now (this frame's records) is
+/// durable: the regular group commit, no fsync of its own.
+async fn durable(outbox: crate::outbox::Outbox) -> Result<(), InferError> {
+    let wait = tokio::task::spawn_blocking(move || outbox.wait_committed());
+    match tokio::time::timeout(RESULT_TIMEOUT, wait).await {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(e))) => Err(InferError::NotDurable(e.to_string())),
+        Ok(Err(e)) => Err(InferError::NotDurable(e.to_string())),
+        Err(_) => Err(InferError::NotDurable(
+            "the commit did not end in time".into(),
+        )),
     }
 }
 

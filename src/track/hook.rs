@@ -5,8 +5,16 @@
 //!
 //! Per frame: the boxes of the value are tracked, their track ids written
 //! into it (local outputs get every frame's tracked boxes), the frame's
-//! events come back as one record's outputs (`{"events": [...]}`), and with
+//! events come back as records' outputs (`{"events": [...]}`), and with
 //! `emit = "events"` the frame's own record is not sent upstream.
+//!
+//! A frame's events fit the uplink: when they would make a record larger
+//! than `max_record_bytes` (the uplink's `max_packet_bytes` less room for
+//! the rest of the record), they are split over several records, each
+//! with the frame's reference (`frame`, `{boot}-{n}`: the stream's `n`th
+//! frame this boot), its `part` (1, 2, ...) and the number of `parts`. A
+//! busy frame (hundreds of objects entering dozens of zones) is never
+//! dropped whole for its size.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -33,6 +41,10 @@ pub struct PipelineTracking {
     emit: Emit,
     /// `{device}/{pipeline}/`.
     prefix: String,
+    /// This boot's number, in every track id.
+    boot: u64,
+    /// A frame's events go in records of at most about this many bytes.
+    max_record_bytes: usize,
     numbers: Arc<AtomicU64>,
     default_label: String,
     snapshots: Option<Arc<SnapshotStore>>,
@@ -118,8 +130,9 @@ impl StreamState {
 /// What one frame gave.
 #[derive(Debug, Default)]
 pub struct Step {
-    /// The outputs of an events record (`{"events": [...]}`), if any happened.
-    pub events: Option<Value>,
+    /// The outputs of the events records (`{"events": [...]}`, more than
+    /// one when they would not fit one record), if any happened.
+    pub events: Vec<Value>,
     /// Whether the frame's own record still goes upstream (`emit = "frames"`).
     pub send_frame: bool,
     /// Boxes whose crop is their track's best so far: the snapshot name to
@@ -135,10 +148,15 @@ pub struct TrackingSetup<'a> {
     pub emit: Option<Emit>,
     pub device: &'a str,
     pub pipeline: &'a str,
-    /// Gives each track its `{n}`: shared by the pipeline's streams and
-    /// kept across reloads, starting past any earlier boot's (the boot
-    /// counter times a million), so ids never repeat.
+    /// The outbox's boot number (the one in record ids): it never repeats
+    /// on a device, so neither do track ids that carry it.
+    pub boot: u64,
+    /// Gives each track its `{n}` within the boot: shared by the
+    /// pipeline's streams and kept across reloads.
     pub numbers: Arc<AtomicU64>,
+    /// The largest record the uplink sends (`max_packet_bytes`): a frame's
+    /// events are split over records that fit it ([`events_budget`]).
+    pub max_record_bytes: usize,
     /// The label of boxes without `label` or `class` (MTCNN faces, text boxes).
     pub default_label: &'a str,
     pub snapshots: Option<Arc<SnapshotStore>>,
@@ -151,6 +169,8 @@ impl PipelineTracking {
             stats: Arc::new(TrackStats::default()),
             emit: s.emit.unwrap_or_default(),
             prefix: format!("{}/{}/", s.device, s.pipeline),
+            boot: s.boot,
+            max_record_bytes: s.max_record_bytes,
             numbers: s.numbers,
             default_label: s.default_label.to_string(),
             snapshots: s.snapshots,
@@ -229,6 +249,13 @@ impl PipelineTracking {
         &self.stats
     }
 
+    /// The counts the status and the metrics show, failed snapshots included.
+    pub fn counts(&self) -> super::TrackCounts {
+        let mut c = self.stats.snapshot();
+        c.snapshots_failed = self.snapshots.as_ref().map_or(0, |s| s.failed());
+        c
+    }
+
     pub fn emit(&self) -> Emit {
         self.emit
     }
@@ -253,7 +280,7 @@ impl PipelineTracking {
             tracker: StreamTracker::new(
                 Arc::clone(&self.spec),
                 Arc::clone(&self.stats),
-                format!("{}{stream}/", self.prefix),
+                format!("{}{stream}/{}-", self.prefix, self.boot),
                 Arc::clone(&self.numbers),
             ),
             stream: stream.to_string(),
@@ -281,30 +308,33 @@ impl PipelineTracking {
             .filter(|(o, _)| o.best)
             .filter_map(|(o, d)| Some((snapshot_name(o.track.as_deref()?), d.bbox)))
             .collect();
+        let frame = st.tracker.frames();
         Step {
-            events: self.events(out.events),
+            events: self.events(out.events, frame),
             send_frame: self.emit == Emit::Frames,
             best_crops,
         }
     }
 
     /// The stream is gone (`StreamEnd`) or the daemon stops (`Restart`):
-    /// its open tracks end.
-    pub fn end(&self, st: &mut StreamState, reason: EndReason, at: SystemTime) -> Option<Value> {
+    /// its open tracks end (as the frame after its last one).
+    pub fn end(&self, st: &mut StreamState, reason: EndReason, at: SystemTime) -> Vec<Value> {
         let ev = st.tracker.finish(reason, at);
+        let frame = st.tracker.frames() + 1;
         let mut slot = self.live_slot();
         if slot.tracks.as_ref().is_some_and(|t| t.stream == st.stream) {
             slot.tracks = None;
         }
         drop(slot);
-        self.events(ev)
+        self.events(ev, frame)
     }
 
-    /// The events as a record's outputs (none with `emit = "frames"`), each
-    /// `track_end` naming its snapshot when one was kept.
-    fn events(&self, mut ev: Vec<Event>) -> Option<Value> {
+    /// The events as records' outputs (none with `emit = "frames"`), each
+    /// `track_end` naming its snapshot when one was kept; split over
+    /// several records when one would be larger than `max_record_bytes`.
+    fn events(&self, mut ev: Vec<Event>, frame: u64) -> Vec<Value> {
         if ev.is_empty() || self.emit == Emit::Frames {
-            return None;
+            return Vec::new();
         }
         if let Some(store) = &self.snapshots {
             for e in &mut ev {
@@ -320,8 +350,53 @@ impl PipelineTracking {
                 }
             }
         }
-        Some(json!({ "events": ev }))
+        let parts = split(
+            ev.iter().map(|e| json!(e)).collect(),
+            events_budget(self.max_record_bytes),
+        );
+        let n = parts.len();
+        if n <= 1 {
+            return parts.into_iter().map(|p| json!({ "events": p })).collect();
+        }
+        let frame = format!("{}-{frame}", self.boot);
+        parts
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| json!({ "events": p, "frame": frame, "part": i + 1, "parts": n }))
+            .collect()
     }
+}
+
+/// What a record holds besides its events, at most: id, device, pipeline,
+/// stream, times, model, the part's reference.
+const ENVELOPE_BYTES: usize = 8 << 10;
+
+/// Bytes of events one record may carry when records are at most
+/// `max_record_bytes` (the envelope takes at most half of a small one).
+pub fn events_budget(max_record_bytes: usize) -> usize {
+    max_record_bytes.saturating_sub(ENVELOPE_BYTES.min(max_record_bytes / 2))
+}
+
+/// Events in order, in parts whose JSON (`[a,b,...]`) is at most `budget`
+/// bytes; an event larger than that on its own is a part by itself.
+fn split(events: Vec<Value>, budget: usize) -> Vec<Vec<Value>> {
+    let mut parts = Vec::new();
+    let mut part = Vec::new();
+    let mut bytes = 2;
+    for e in events {
+        // Its text and the comma before it.
+        let n = e.to_string().len() + 1;
+        if !part.is_empty() && bytes + n > budget {
+            parts.push(std::mem::take(&mut part));
+            bytes = 2;
+        }
+        bytes += n;
+        part.push(e);
+    }
+    if !part.is_empty() {
+        parts.push(part);
+    }
+    parts
 }
 
 /// A track id as one URL path segment (its `/` and anything unusual
@@ -356,7 +431,9 @@ mod tests {
             emit,
             device: "gw",
             pipeline: "gate",
-            numbers: Arc::new(7_000_001.into()),
+            boot: 7,
+            numbers: Arc::new(1.into()),
+            max_record_bytes: 1 << 20,
             default_label: "face",
             snapshots,
         })
@@ -383,7 +460,7 @@ mod tests {
             let step = p.frame(&mut st, t(f), Some((320, 240)), &mut v);
             assert!(!step.send_frame);
             if f >= 3 {
-                assert_eq!(v["boxes"][0]["track"], "gw/gate/cam/7000001");
+                assert_eq!(v["boxes"][0]["track"], "gw/gate/cam/7-1");
                 // Scores rise every frame: each is the best so far.
                 assert_eq!(step.best_crops.len(), 1);
                 store.put(&step.best_crops[0].0, b"jpeg").unwrap();
@@ -399,18 +476,19 @@ mod tests {
         assert_eq!(live.stream, "cam");
         assert_eq!(live.ts, t(10));
         assert_eq!(live.boxes.len(), 1);
-        assert_eq!(live.boxes[0].track, "gw/gate/cam/7000001");
+        assert_eq!(live.boxes[0].track, "gw/gate/cam/7-1");
         assert_eq!(live.boxes[0].label, "face");
         assert_eq!(live.boxes[0].bbox, [20.0, 10.0, 60.0, 60.0]);
-        let end = p.end(&mut st, EndReason::Restart, t(11)).unwrap();
-        let e = &end["events"][0];
+        let end = p.end(&mut st, EndReason::Restart, t(11));
+        assert_eq!(end.len(), 1);
+        let e = &end[0]["events"][0];
         assert_eq!(e["event"], "track_end");
         assert_eq!(e["reason"], "restart");
         assert_eq!(
             e["snapshot"],
-            "/v1/pipelines/gate/tracks/gw%2Fgate%2Fcam%2F7000001/snapshot.jpg"
+            "/v1/pipelines/gate/tracks/gw%2Fgate%2Fcam%2F7-1/snapshot.jpg"
         );
-        assert!(p.end(&mut st, EndReason::Restart, t(12)).is_none());
+        assert!(p.end(&mut st, EndReason::Restart, t(12)).is_empty());
         // The stream is gone: its boxes are no longer shown.
         assert!(p.view().live.is_none());
         assert_eq!(p.view().frame_size, Some([320, 240]));
@@ -424,8 +502,77 @@ mod tests {
         for f in 1..=5 {
             let mut v = face(10.0, 0.9);
             let step = p.frame(&mut st, t(f), None, &mut v);
-            assert!(step.send_frame && step.events.is_none());
+            assert!(step.send_frame && step.events.is_empty());
         }
         assert_eq!(p.stats().snapshot().tracks_started, 1);
+    }
+
+    #[test]
+    fn a_busy_frames_events_are_split_to_fit_and_none_is_lost() {
+        let track = TrackConfig {
+            min_hits: 1,
+            max_tracks: 300,
+            ..TrackConfig::default()
+        };
+        let zones: Vec<ZoneConfig> = (0..50)
+            .map(|i| ZoneConfig {
+                name: format!("z{i}"),
+                polygon: vec![[0.0, 0.0], [1000.0, 0.0], [1000.0, 1000.0], [0.0, 1000.0]],
+                inertia: 1,
+                loiter: None,
+                classes: Vec::new(),
+            })
+            .collect();
+        let p = PipelineTracking::new(TrackingSetup {
+            track: &track,
+            zones: &zones,
+            lines: &[],
+            emit: None,
+            device: "gw",
+            pipeline: "gate",
+            boot: 4,
+            numbers: Arc::new(1.into()),
+            max_record_bytes: 64 << 10,
+            default_label: "face",
+            snapshots: None,
+        });
+        let mut st = p.stream("cam");
+        let boxes: Vec<Value> = (0..256)
+            .map(|i| {
+                let (x, y) = ((i % 16) as f64 * 40.0, (i / 16) as f64 * 40.0);
+                json!({"box": [x, y, x + 20.0, y + 20.0], "score": 0.9})
+            })
+            .collect();
+        let mut v = json!({ "boxes": boxes });
+        let step = p.frame(&mut st, t(1), None, &mut v);
+        let n = step.events.len();
+        assert!(n > 1, "one record of {} events", n);
+        let mut enters = 0;
+        for (i, r) in step.events.iter().enumerate() {
+            assert!(r.to_string().len() <= events_budget(64 << 10) + 100);
+            assert_eq!(r["frame"], "4-1");
+            assert_eq!(r["part"], i + 1);
+            assert_eq!(r["parts"], n);
+            enters += r["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["event"] == "zone_enter")
+                .count();
+        }
+        assert_eq!(enters, 256 * 50);
+    }
+
+    #[test]
+    fn split_keeps_order_and_an_oversize_event_alone() {
+        let ev: Vec<Value> = (0..10).map(|i| json!({ "n": i })).collect();
+        let parts = split(ev.clone(), 30);
+        assert!(parts.len() > 1);
+        assert_eq!(parts.concat(), ev);
+        for p in &parts {
+            assert!(Value::from(p.clone()).to_string().len() <= 30, "{p:?}");
+        }
+        let big = vec![json!({ "text": "x".repeat(100) })];
+        assert_eq!(split(big.clone(), 30), vec![big]);
     }
 }

@@ -3,17 +3,21 @@
 //! `/v1/pipelines/{name}/tracks/{id}/snapshot.jpg`.
 //!
 //! Invariants:
-//! - the files' sizes add up to at most `budget` bytes: a new or replaced
-//!   snapshot evicts the least recently written others first (one larger
-//!   than the whole budget is refused);
+//! - what the files take on disk (their allocated blocks, not their
+//!   lengths: a 3 kB JPEG takes a 4 KiB block) adds up to at most `budget`
+//!   bytes: a new or replaced snapshot evicts the least recently written
+//!   others first (one larger than the whole budget is refused);
 //! - a file is written whole (write to a temporary name, fsync, rename), so
-//!   a crash leaves the old snapshot or the new one, never half of one;
+//!   a crash leaves the old snapshot or the new one, never half of one; a
+//!   write that fails (a full or read-only disk) leaves no temporary and is
+//!   counted ([`SnapshotStore::failed`]);
 //! - the index is rebuilt from the folder at open, so the budget holds
 //!   across restarts.
 
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
@@ -22,11 +26,13 @@ pub struct SnapshotStore {
     dir: PathBuf,
     budget: u64,
     index: Mutex<Index>,
+    /// Writes that failed since the store was opened.
+    failed: AtomicU64,
 }
 
 #[derive(Default)]
 struct Index {
-    /// name -> (bytes, write order)
+    /// name -> (bytes on disk, write order)
     files: HashMap<String, (u64, u64)>,
     total: u64,
     seq: u64,
@@ -72,13 +78,18 @@ impl SnapshotStore {
                 continue;
             };
             let m = e.metadata()?;
-            found.push((m.modified().ok(), name.to_string(), m.len()));
+            found.push((
+                m.modified().ok(),
+                name.to_string(),
+                crate::fsio::disk_bytes(&m),
+            ));
         }
         found.sort();
         let store = SnapshotStore {
             dir: dir.to_path_buf(),
             budget,
             index: Mutex::new(Index::default()),
+            failed: AtomicU64::new(0),
         };
         {
             let mut ix = store.lock();
@@ -121,14 +132,29 @@ impl SnapshotStore {
     }
 
     /// Stores (or replaces) the snapshot `name`; `Ok(false)` when it alone
-    /// is larger than the budget.
+    /// is larger than the budget. A failed write is counted.
     pub fn put(&self, name: &str, jpeg: &[u8]) -> io::Result<bool> {
-        let len = jpeg.len() as u64;
-        if len > self.budget {
+        if jpeg.len() as u64 > self.budget {
             return Ok(false);
         }
-        crate::fsio::write_atomic(&self.path(name), jpeg)?;
+        let path = self.path(name);
+        let written = crate::fsio::write_atomic(&path, jpeg).and_then(|()| path.metadata());
+        let len = match written {
+            Ok(m) => crate::fsio::disk_bytes(&m),
+            Err(e) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
         let mut ix = self.lock();
+        if len > self.budget {
+            // Its blocks alone are over the budget: it goes again.
+            if let Some((old, _)) = ix.files.remove(name) {
+                ix.total -= old;
+            }
+            let _ = std::fs::remove_file(&path);
+            return Ok(false);
+        }
         ix.seq += 1;
         let seq = ix.seq;
         if let Some((old, _)) = ix.files.insert(name.to_string(), (len, seq)) {
@@ -150,7 +176,12 @@ impl SnapshotStore {
         self.lock().files.contains_key(name)
     }
 
-    /// Bytes held, and the number of snapshots.
+    /// Writes that failed (a full or read-only disk) since the store opened.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Bytes held on disk, and the number of snapshots.
     pub fn usage(&self) -> (u64, usize) {
         let ix = self.lock();
         (ix.total, ix.files.len())
@@ -173,20 +204,58 @@ mod tests {
     #[test]
     fn the_budget_holds_oldest_first_and_across_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let s = SnapshotStore::open(dir.path(), 250).unwrap();
+        let block = {
+            let p = dir.path().join("probe");
+            std::fs::write(&p, [0u8; 100]).unwrap();
+            std::fs::File::open(&p).unwrap().sync_all().unwrap();
+            let b = crate::fsio::disk_bytes(&p.metadata().unwrap());
+            std::fs::remove_file(&p).unwrap();
+            b
+        };
+        // Room for two small files' blocks, not three.
+        let s = SnapshotStore::open(dir.path(), 2 * block + block / 2).unwrap();
         assert!(s.put("a", &[1; 100]).unwrap());
         assert!(s.put("b", &[2; 100]).unwrap());
         // Replacing a's snapshot makes it the newest; c then evicts b.
         assert!(s.put("a", &[3; 80]).unwrap());
         assert!(s.put("c", &[4; 100]).unwrap());
-        assert_eq!(s.usage(), (180, 2));
+        assert_eq!(s.usage(), (2 * block, 2));
         assert!(s.get("b").is_none());
         assert_eq!(s.get("a").unwrap(), vec![3; 80]);
-        assert!(!s.put("huge", &[0; 251]).unwrap());
+        assert!(!s.put("huge", &vec![0; 3 * block as usize]).unwrap());
         drop(s);
         std::fs::write(dir.path().join("x.jpg.tmp"), b"half").unwrap();
-        let s = SnapshotStore::open(dir.path(), 150).unwrap();
+        let s = SnapshotStore::open(dir.path(), block + block / 2).unwrap();
         assert_eq!(s.usage().1, 1, "reopened under a smaller budget");
         assert!(!dir.path().join("x.jpg.tmp").exists());
+    }
+
+    #[test]
+    fn small_files_count_their_blocks_not_their_length() {
+        // The case: 200 kB of budget, snapshots of a few hundred
+        // bytes each; by length 316 of them fitted and took 1,288 KiB.
+        let dir = tempfile::tempdir().unwrap();
+        let s = SnapshotStore::open(dir.path(), 200_000).unwrap();
+        for i in 0..400 {
+            assert!(s.put(&format!("t{i}"), &[7; 600]).unwrap());
+        }
+        let on_disk: u64 = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| crate::fsio::disk_bytes(&e.unwrap().metadata().unwrap()))
+            .sum();
+        assert!(on_disk <= 200_000, "{on_disk} bytes on disk");
+        assert_eq!(s.usage().0, on_disk);
+    }
+
+    #[test]
+    fn a_failed_write_is_counted_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SnapshotStore::open(dir.path(), 1 << 20).unwrap();
+        // A folder where the snapshot would go: the rename fails.
+        std::fs::create_dir_all(dir.path().join("busy.jpg/inner")).unwrap();
+        assert!(s.put("busy", b"jpeg").is_err());
+        assert_eq!(s.failed(), 1);
+        assert!(!dir.path().join("busy.tmp").exists());
+        assert_eq!(s.usage(), (0, 0));
     }
 }

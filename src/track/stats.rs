@@ -53,6 +53,8 @@ pub struct TrackCounts {
     pub lines: BTreeMap<String, BTreeMap<&'static str, BTreeMap<String, u64>>>,
     /// Detections left untracked, by reason.
     pub untracked: BTreeMap<&'static str, u64>,
+    /// Best crops that could not be written (a full or read-only disk).
+    pub snapshots_failed: u64,
 }
 
 impl TrackStats {
@@ -140,6 +142,7 @@ impl TrackStats {
             zones,
             lines,
             untracked: c.untracked.clone(),
+            snapshots_failed: 0,
         }
     }
 }

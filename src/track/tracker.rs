@@ -202,7 +202,7 @@ struct Track {
 pub struct StreamTracker {
     spec: Arc<TrackingSpec>,
     stats: Arc<TrackStats>,
-    /// `{device}/{pipeline}/{stream}/`.
+    /// `{device}/{pipeline}/{stream}/{boot}-`.
     prefix: String,
     /// The next `{n}`, shared by the pipeline's streams.
     numbers: Arc<AtomicU64>,
@@ -214,9 +214,10 @@ pub struct StreamTracker {
 }
 
 impl StreamTracker {
-    /// `prefix` begins every track id (`{device}/{pipeline}/{stream}/`);
-    /// `numbers` gives each confirmed track its `{n}` (a counter the caller
-    /// shares between streams and keeps past earlier runs, so ids never repeat).
+    /// `prefix` begins every track id (`{device}/{pipeline}/{stream}/{boot}-`:
+    /// the boot keeps ids of different boots apart); `numbers` gives each
+    /// confirmed track its `{n}` (a counter the caller shares between
+    /// streams and keeps across reloads, so ids never repeat within a boot).
     pub fn new(
         spec: Arc<TrackingSpec>,
         stats: Arc<TrackStats>,
@@ -239,6 +240,11 @@ impl StreamTracker {
     /// Open tracks (tentative ones included).
     pub fn open_tracks(&self) -> usize {
         self.tracks.len()
+    }
+
+    /// Frames seen so far (the newest one's number, from 1).
+    pub fn frames(&self) -> u64 {
+        self.frame
     }
 
     /// The `{n}` the next confirmed track gets.

@@ -191,6 +191,17 @@ fn default_max_inflight() -> u16 {
 fn default_max_packet() -> usize {
     1 << 20
 }
+
+/// The largest record the uplink sends whole: MQTT's `max_packet_bytes`;
+/// the HTTP uplink (no packet limit of its own) and no uplink take the same
+/// default. What a producer of large records (a busy frame's tracking
+/// events) splits them to fit.
+pub fn max_record_bytes(uplink: Option<&UplinkConfig>) -> usize {
+    match uplink {
+        Some(UplinkConfig::Mqtt(m)) => m.max_packet_bytes,
+        Some(UplinkConfig::Http(_)) | None => default_max_packet(),
+    }
+}
 fn default_keep_alive() -> Duration {
     Duration::from_secs(30)
 }

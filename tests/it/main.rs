@@ -31,6 +31,7 @@ mod providers;
 mod read_only_disk;
 mod reference;
 mod registry;
+mod round_three;
 mod runtime;
 mod service;
 mod sparkplug;

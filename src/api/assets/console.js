@@ -282,7 +282,7 @@
 
   function finite(...xs) { return xs.every(x => typeof x === 'number' && isFinite(x)); }
 
-  // `{device}/{pipeline}/{stream}/{n}`: its number is what tells tracks apart.
+  // `{device}/{pipeline}/{stream}/{boot}-{n}`: `{boot}-{n}` tells tracks apart.
   function shortId(id) {
     const s = String(id || '');
     const i = s.lastIndexOf('/');

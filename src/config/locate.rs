@@ -174,38 +174,46 @@ fn start_of(v: &Spanned<DeValue<'_>>) -> usize {
 /// Resolves `path`, read in `tree` (a copy of `orig` with parts taken out),
 /// to the file: each index becomes the index of the same element in `orig`.
 pub fn locate(tree: &DeTable<'_>, orig: &DeTable<'_>, path: &[Seg]) -> Located {
-    let tree_root = Spanned::new(0..0, DeValue::Table(tree.clone()));
-    let orig_root = Spanned::new(0..0, DeValue::Table(orig.clone()));
-    let mut t: &Spanned<DeValue<'_>> = &tree_root;
-    let mut o: &Spanned<DeValue<'_>> = &orig_root;
     let mut out = Vec::with_capacity(path.len());
     let mut at = None;
     let mut found = 0;
-    for seg in path {
-        let Some(tc) = child(t, seg) else { break };
-        let file_seg = match seg {
-            Seg::Key(_) => seg.clone(),
-            Seg::Index(_) => {
-                // The same element in the file: the one with the same span.
-                let DeValue::Array(oa) = o.get_ref() else {
-                    break;
-                };
-                let span = tc.value.span();
-                match oa.iter().position(|e| e.span() == span) {
-                    Some(j) => Seg::Index(j),
-                    None => break,
+    // The first step is a top-level key, taken from both tables as they
+    // are: a copy of either per problem made reading a config with many
+    // problems quadratic in its size.
+    let first = match path.first() {
+        Some(Seg::Key(k)) => tree.get_key_value(k.as_str()).zip(orig.get(k.as_str())),
+        _ => None,
+    };
+    if let Some(((key, mut t), mut o)) = first {
+        at = Some(key.span().start);
+        out.push(path[0].clone());
+        found = 1;
+        for seg in &path[1..] {
+            let Some(tc) = child(t, seg) else { break };
+            let file_seg = match seg {
+                Seg::Key(_) => seg.clone(),
+                Seg::Index(_) => {
+                    // The same element in the file: the one with the same span.
+                    let DeValue::Array(oa) = o.get_ref() else {
+                        break;
+                    };
+                    let span = tc.value.span();
+                    match oa.iter().position(|e| e.span() == span) {
+                        Some(j) => Seg::Index(j),
+                        None => break,
+                    }
                 }
-            }
-        };
-        let Some(oc) = child(o, &file_seg) else { break };
-        at = Some(match tc.key {
-            Some(k) => k.start,
-            None => start_of(tc.value),
-        });
-        out.push(file_seg);
-        found += 1;
-        t = tc.value;
-        o = oc.value;
+            };
+            let Some(oc) = child(o, &file_seg) else { break };
+            at = Some(match tc.key {
+                Some(k) => k.start,
+                None => start_of(tc.value),
+            });
+            out.push(file_seg);
+            found += 1;
+            t = tc.value;
+            o = oc.value;
+        }
     }
     // Steps the file does not have keep their own indexes.
     out.extend(path[found..].iter().cloned());
@@ -335,22 +343,22 @@ pub fn show_path(path: &[Seg]) -> String {
 
 /// `pipeline "gate" (line 12)`, or `[[pipelines]] #3 (line 12)` for one
 /// without a readable name; `n` counts in the file.
-pub fn show_pipeline(orig: &DeTable<'_>, text: &str, n: usize) -> String {
-    show_entry(orig, text, "pipelines", "pipeline", n)
+pub fn show_pipeline(orig: &DeTable<'_>, lines: &Lines, n: usize) -> String {
+    show_entry(orig, lines, "pipelines", "pipeline", n)
 }
 
 /// `camera "gate" (line 3)`, or `[[cameras]] #2 (line 3)`; `n` counts in the file.
-pub fn show_camera(orig: &DeTable<'_>, text: &str, n: usize) -> String {
-    show_entry(orig, text, "cameras", "camera", n)
+pub fn show_camera(orig: &DeTable<'_>, lines: &Lines, n: usize) -> String {
+    show_entry(orig, lines, "cameras", "camera", n)
 }
 
 /// An element of the array of tables `array` by its `name`, as a `word`.
-fn show_entry(orig: &DeTable<'_>, text: &str, array: &str, word: &str, n: usize) -> String {
+fn show_entry(orig: &DeTable<'_>, lines: &Lines, array: &str, word: &str, n: usize) -> String {
     let path = [Seg::Key(array.into()), Seg::Index(n)];
     let Some(v) = get(orig, &path) else {
         return format!("[[{array}]] #{}", n + 1);
     };
-    let line = line_of(text, start_of(v));
+    let line = lines.line(start_of(v));
     let name = match v.get_ref() {
         DeValue::Table(t) => t
             .get("name")
@@ -365,13 +373,13 @@ fn show_entry(orig: &DeTable<'_>, text: &str, array: &str, word: &str, n: usize)
 }
 
 /// A located path in words: `pipeline "gate" (line 12), outputs#1.topic`.
-pub fn show_located(orig: &DeTable<'_>, text: &str, path: &[Seg]) -> String {
+pub fn show_located(orig: &DeTable<'_>, lines: &Lines, path: &[Seg]) -> String {
     match path {
         [Seg::Key(k), Seg::Index(n), rest @ ..] if k == "pipelines" || k == "cameras" => {
             let p = if k == "pipelines" {
-                show_pipeline(orig, text, *n)
+                show_pipeline(orig, lines, *n)
             } else {
-                show_camera(orig, text, *n)
+                show_camera(orig, lines, *n)
             };
             if rest.is_empty() {
                 p
@@ -455,7 +463,7 @@ mod tests {
         assert_eq!(l.found, 5);
         assert_eq!(line_of(text, l.at.unwrap()), 11);
         assert_eq!(
-            show_located(&doc, text, &l.path),
+            show_located(&doc, &Lines::new(text), &l.path),
             "pipeline \"gate\" (line 7), outputs#2.topic"
         );
         let l = locate(
@@ -483,7 +491,7 @@ mod tests {
         assert_eq!(l.path[1], Seg::Index(2));
         assert_eq!(line_of(text, l.at.unwrap()), 6);
         assert_eq!(
-            show_located(&orig, text, &l.path),
+            show_located(&orig, &Lines::new(text), &l.path),
             "pipeline \"c\" (line 5), name"
         );
         assert!(remove(
@@ -495,7 +503,7 @@ mod tests {
             &[k("pipelines"), Seg::Index(0), k("name")]
         ));
         assert_eq!(
-            show_located(&orig, text, &[k("pipelines"), Seg::Index(7)]),
+            show_located(&orig, &Lines::new(text), &[k("pipelines"), Seg::Index(7)]),
             "[[pipelines]] #8"
         );
     }

@@ -381,7 +381,7 @@ impl<'i> Reader<'_, 'i> {
             line,
             text: format!(
                 "{}: {what}",
-                locate::show_located(self.orig, self.text, &l.path)
+                locate::show_located(self.orig, self.lines, &l.path)
             ),
         }
     }
@@ -420,7 +420,7 @@ impl<'i> Reader<'_, 'i> {
             line,
             text: format!(
                 "{}{}",
-                locate::show_located(self.orig, self.text, &l.path),
+                locate::show_located(self.orig, self.lines, &l.path),
                 self.pipelines_in(tree, rest)
             ),
         }
@@ -443,7 +443,7 @@ impl<'i> Reader<'_, 'i> {
                         rest = &rest[i + n..];
                         continue;
                     };
-                    out.push_str(&locate::show_pipeline(self.orig, self.text, *j));
+                    out.push_str(&locate::show_pipeline(self.orig, self.lines, *j));
                     // `pipelines[2]` alone: anything after it stays.
                     let first = rest[i..].find(']').map_or(n, |e| e + 1);
                     rest = &rest[i + first..];
@@ -544,6 +544,23 @@ mod tests {
         assert!(!p.is_empty(), "{p:?}");
         assert!(
             p[0].starts_with("line 6: pipeline \"a\" (line 1), source."),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn a_line_of_three_points_and_a_vanishing_fps_are_refused_with_their_lines() {
+        let p = problems(
+            "[[pipelines]]\nname = \"a\"\nmodel = \"m\"\nsource = { type = \"http\" }\n[pipelines.track]\n[[pipelines.lines]]\nname = \"gate\"\npoints = [[0, 0], [100, 0], [100, 100]]\n",
+        );
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].starts_with("line 8: "), "{p:?}");
+        assert!(p[0].contains("exactly two points"), "{p:?}");
+        let p = problems(
+            "[[pipelines]]\nname = \"a\"\nmodel = \"m\"\nsource = { type = \"camera\", url = \"rtsp://h/x\",\n  fps = 1e-300 }\n",
+        );
+        assert!(
+            p.iter().any(|p| p.contains("fps: 1e-300 is out of range")),
             "{p:?}"
         );
     }

@@ -142,6 +142,9 @@ pub enum Transport {
     Udp,
 }
 
+/// The slowest `fps`: a frame every 1000 s.
+const MIN_FPS: f64 = 0.001;
+
 /// Largest `queue`: a camera that queues more is not "latest frame" any more.
 const MAX_QUEUE: usize = 64;
 /// Largest `width` or `height` (GStreamer caps hold them as 32-bit ints;
@@ -257,10 +260,12 @@ impl CameraConfig {
             }
             None => p.extend(self.inline_def("").validate(at)),
         }
+        // Below one frame in 1000 s a pipeline would wait for its first
+        // frame practically for ever (`1e-300` was accepted).
         if let Some(f) = self.fps
-            && !(f.is_finite() && f > 0.0 && f <= 1000.0)
+            && !(f.is_finite() && (MIN_FPS..=1000.0).contains(&f))
         {
-            p.push(format!("{at}.fps: {f} is out of range (0, 1000]"));
+            p.push(format!("{at}.fps: {f:?} is out of range 0.001..=1000"));
         }
         if self.queue == 0 || self.queue > MAX_QUEUE {
             p.push(format!(

@@ -7,6 +7,7 @@ mod camera;
 mod camera_shared;
 mod check_report;
 mod clock;
+mod coco;
 mod common;
 mod console;
 mod detection_layouts;

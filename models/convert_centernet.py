@@ -35,6 +35,8 @@ Usage: convert_centernet.py --model-dir DIR --out FILE.onnx --image PHOTO
 import argparse
 import base64
 import copy
+import hashlib
+import heapq
 import json
 import os
 import shutil
@@ -212,7 +214,6 @@ def canonicalize(m):
     name), so equal keys mean equal computations. Nodes are then written in
     a topological order that breaks ties by key, and renamed `<op>_<n>`;
     initializers are merged by key and renamed `const_<n>` in order of use."""
-    import hashlib
     g = m.graph
     keys = {}
     for i in g.input:
@@ -248,12 +249,11 @@ def canonicalize(m):
         node_key[id(n)] = h.hexdigest()
         return node_key[id(n)]
 
-    import sys as _sys
-    _sys.setrecursionlimit(max(_sys.getrecursionlimit(), 10000))
+    # ONNX lists nodes in a topological order: each key_of recurses at most
+    # into keys already known.
     for n in g.node:
         key_of(n)
     # Topological order, ties broken by key.
-    import heapq
     waiting = {id(n): sum(1 for i in n.input if i in producers) for n in g.node}
     consumers = {}
     for n in g.node:

@@ -11,6 +11,7 @@ mod camera_hostile;
 mod camera_shared;
 mod check_report;
 mod clock;
+mod coco;
 mod common;
 mod console;
 mod detection_layouts;

@@ -194,6 +194,7 @@ fn every_model_manifest_preprocess_and_postprocess_validate_and_build() {
         "mtcnn_pnet",
         "mtcnn_rnet",
         "mtcnn_onet",
+        "coco_det",
         "classifier",
         "sensor_mlp",
     ] {

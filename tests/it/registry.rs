@@ -116,6 +116,7 @@ fn models_list_loads_every_fetched_and_built_model() {
         names,
         [
             "classifier",
+            "coco_det",
             "det_detr",
             "det_rtdetr",
             "det_ssd",

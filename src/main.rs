@@ -7,6 +7,7 @@ use outpost::backend::ort::RuntimeError;
 use outpost::cli::{self, Cli, infer::BadInput};
 use outpost::config::ConfigError;
 use outpost::daemon::DaemonError;
+use outpost::model::import::ImportRefused;
 use outpost::model::registry::ModelError;
 
 /// Exit codes scripts can rely on.
@@ -38,7 +39,7 @@ fn main() -> ExitCode {
                 EXIT_MODEL
             } else if e.is::<BadInput>() {
                 EXIT_INPUT
-            } else if e.is::<ConfigError>() {
+            } else if e.is::<ConfigError>() || e.is::<ImportRefused>() {
                 EXIT_CONFIG
             } else {
                 EXIT_ERROR

@@ -1,5 +1,12 @@
-//! `outpost models inspect MODEL` and `outpost models list`.
+//! `outpost models inspect MODEL`, `outpost models list` and `outpost
+//! models import FILE.onnx`.
 
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use crate::model::import::{GraphFacts, Hints, ImportRefused, guess};
+use crate::model::manifest::Manifest;
 use crate::model::registry::{LoadedModel, Registry, open_model_arg};
 
 #[derive(Debug, clap::Subcommand)]
@@ -17,6 +24,30 @@ pub enum ModelsCommand {
     List {
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        run: super::RunOpts,
+    },
+    /// A model folder from an .onnx file: a manifest with every input and
+    /// output, and the pre- and postprocessing recognised from the graph.
+    Import {
+        /// The .onnx file.
+        file: PathBuf,
+        /// The model's name (its folder in the model directory); default:
+        /// the file's name without `.onnx`.
+        #[arg(long)]
+        name: Option<String>,
+        /// Class names, one per line (a text recogniser: its dictionary).
+        #[arg(long)]
+        labels: Option<PathBuf>,
+        /// The model's version (MAJOR.MINOR.PATCH).
+        #[arg(long, default_value = "1.0.0")]
+        version: String,
+        /// The model's license (SPDX); default: the model's metadata, else `unknown`.
+        #[arg(long)]
+        license: Option<String>,
+        /// Replace a model folder of that name.
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         run: super::RunOpts,
     },
@@ -108,6 +139,26 @@ fn print_human(m: &LoadedModel, runtime: &crate::backend::ort::RuntimeInfo) {
 
 pub fn run(cli: &super::Cli, cmd: &ModelsCommand) -> anyhow::Result<()> {
     match cmd {
+        ModelsCommand::Import {
+            file,
+            name,
+            labels,
+            version,
+            license,
+            force,
+            run,
+        } => {
+            let ctx = super::Ctx::new(cli, run)?;
+            import(
+                &ctx,
+                file,
+                name.as_deref(),
+                labels.as_deref(),
+                version,
+                license.as_deref(),
+                *force,
+            )
+        }
         ModelsCommand::Inspect { model, json, run } => {
             let ctx = super::Ctx::new(cli, run)?;
             let m = open_model_arg(&ctx.runtime, model, &ctx.model_dir, &ctx.session)?;
@@ -151,4 +202,123 @@ pub fn run(cli: &super::Cli, cmd: &ModelsCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Recognises the model, writes its folder, and loads it back through its
+/// new manifest as `check` and the daemon will.
+fn import(
+    ctx: &super::Ctx,
+    file: &std::path::Path,
+    name: Option<&str>,
+    labels: Option<&std::path::Path>,
+    version: &str,
+    license: Option<&str>,
+    force: bool,
+) -> anyhow::Result<()> {
+    let shown = file.display().to_string();
+    let refuse = |reason: String| ImportRefused {
+        file: shown.clone(),
+        reason,
+    };
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read {shown}"))?;
+    let facts =
+        GraphFacts::read(bytes::Bytes::from(bytes.clone())).map_err(|e| refuse(e.to_string()))?;
+    let hints = Hints {
+        labels: match labels {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .with_context(|| format!("cannot read {}", p.display()))?
+                    .lines()
+                    .map(|l| l.trim_end_matches('\r').to_string())
+                    .collect(),
+            ),
+            None => None,
+        },
+    };
+    let g = guess(&facts.inputs, &facts.outputs, &facts, &hints).map_err(refuse)?;
+    let name = match name {
+        Some(n) => n.to_string(),
+        None => file
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into()),
+    };
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(refuse(format!(
+            "the name `{name}` must be letters, digits, '_' or '-' (give --name)"
+        ))
+        .into());
+    }
+    let dir = ctx.model_dir.join(&name);
+    if dir.exists() && !force {
+        return Err(refuse(format!("{} exists (--force replaces it)", dir.display())).into());
+    }
+    let file_name = format!("{name}.onnx");
+    let sha = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&bytes))
+    };
+    let manifest = Manifest {
+        name: name.clone(),
+        version: version.to_string(),
+        file: file_name.clone(),
+        sha256: sha,
+        source: format!(
+            "imported from {} by outpost models import",
+            file.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        ),
+        license: license
+            .map(str::to_string)
+            .or(facts.license.clone())
+            .unwrap_or_else(|| "unknown".into()),
+        description: format!("{} (recognised by outpost models import)", g.kind),
+        inputs: g.inputs.clone(),
+        outputs: g.outputs.clone(),
+        state: g.state.clone(),
+        preprocess: g.preprocess.clone(),
+        postprocess: g.postprocess.clone(),
+        stage: Default::default(),
+    };
+    let problems = manifest.validate(Some(&name));
+    if !problems.is_empty() {
+        return Err(refuse(problems.join("; ")).into());
+    }
+    let text = toml::to_string_pretty(&manifest).context("writing the manifest")?;
+    let header = format!(
+        "# Written by `outpost models import` from {shown}. What it guessed, and why:\n{}\n",
+        g.notes
+            .iter()
+            .map(|n| format!("# - {n}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    crate::fsio::write_atomic(&dir.join(&file_name), &bytes)
+        .with_context(|| format!("cannot write into {}", dir.display()))?;
+    if !g.labels.is_empty() {
+        crate::fsio::write_atomic(
+            &dir.join("labels.txt"),
+            (g.labels.join("\n") + "\n").as_bytes(),
+        )
+        .with_context(|| format!("cannot write into {}", dir.display()))?;
+    }
+    crate::fsio::write_atomic(
+        &dir.join("manifest.toml"),
+        format!("{header}{text}").as_bytes(),
+    )
+    .with_context(|| format!("cannot write into {}", dir.display()))?;
+    // Loaded back as the daemon will: the manifest against the model.
+    let back = open_model_arg(&ctx.runtime, &name, &ctx.model_dir, &ctx.session)?;
+    println!("{}: {}", back.id(), g.kind);
+    for n in &g.notes {
+        println!("  - {n}");
+    }
+    println!("wrote {}", dir.join("manifest.toml").display());
+    Ok(())
 }

@@ -158,6 +158,7 @@ mod tests {
                 domain: String::new(),
                 version: 17,
             }],
+            metadata_props: Vec::new(),
         }
         .encode_to_vec()
         .into()

@@ -21,6 +21,7 @@ mod fleet;
 mod gpu;
 mod hardening;
 mod local_api;
+mod models_import;
 mod mqtt_acks;
 mod ota;
 mod outbox;

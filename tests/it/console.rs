@@ -759,7 +759,7 @@ points = [[160, 0], [160, 240]]
     );
 
     // Live tracks: boxes inside the frame, each named by its track id
-    // (`{device}/{pipeline}/{stream}/{n}`) and labelled with its number
+    // (`{device}/{pipeline}/{stream}/{boot}-{n}`) and labelled with its number
     // and label.
     let tracks = v["tracks"].as_array().unwrap();
     assert!(!tracks.is_empty() && tracks.len() <= 2, "{v}");
@@ -767,7 +767,11 @@ points = [[160, 0], [160, 240]]
         let id = tr[0].as_str().unwrap();
         let parts: Vec<&str> = id.split('/').collect();
         assert!(
-            parts.len() == 4 && parts[..2] == ["gw", "gate"] && parts[3].parse::<u64>().is_ok(),
+            parts.len() == 4
+                && parts[..2] == ["gw", "gate"]
+                && parts[3]
+                    .split_once('-')
+                    .is_some_and(|(b, n)| b.parse::<u64>().is_ok() && n.parse::<u64>().is_ok()),
             "track id {id}"
         );
         let g: Vec<f64> = tr[1]

@@ -334,10 +334,18 @@ impl Config {
     /// its source knows the camera it joins (names checked by `validate`).
     pub fn resolve_cameras(&mut self) {
         for pl in &mut self.pipelines {
-            if let SourceConfig::Camera(c) = &mut pl.source
-                && let Some(name) = &c.camera
-            {
-                c.resolved = self.cameras.iter().find(|d| &d.name == name).cloned();
+            if let SourceConfig::Camera(c) = &mut pl.source {
+                if let Some(name) = &c.camera {
+                    c.resolved = self.cameras.iter().find(|d| &d.name == name).cloned();
+                }
+                if c.is_many() {
+                    let names: Vec<String> =
+                        c.names(&self.cameras).into_iter().map(String::from).collect();
+                    c.resolved_many = names
+                        .iter()
+                        .filter_map(|n| self.cameras.iter().find(|d| &d.name == n).cloned())
+                        .collect();
+                }
             }
         }
     }
@@ -422,13 +430,19 @@ impl Config {
             p.push(format!("api.token_file: {} does not exist", t.display()));
         }
         p.extend(self.scheduler.validate());
-        let named: Vec<(usize, &str)> = self
+        let named: Vec<(usize, &str, &str)> = self
             .pipelines
             .iter()
             .enumerate()
-            .filter_map(|(i, pc)| match &pc.source {
-                SourceConfig::Camera(c) => c.camera.as_deref().map(|n| (i, n)),
-                _ => None,
+            .flat_map(|(i, pc)| match &pc.source {
+                SourceConfig::Camera(c) => {
+                    let key = if c.is_many() { "cameras" } else { "camera" };
+                    c.names(&self.cameras)
+                        .into_iter()
+                        .map(|n| (i, key, n))
+                        .collect()
+                }
+                _ => Vec::new(),
             })
             .collect();
         p.extend(crate::source::camera::validate_cameras(
@@ -439,6 +453,12 @@ impl Config {
             // The reader writes `pipelines[i]` as the pipeline's name and line.
             let at = format!("pipelines[{i}]");
             p.extend(pc.validate(&at));
+            p.extend(crate::track::config::validate_cameras(
+                &at,
+                &pc.stream_cameras(&self.cameras),
+                &pc.zones,
+                &pc.lines,
+            ));
             if let Some(j) = self.pipelines[..i].iter().position(|o| o.name == pc.name) {
                 p.push(format!(
                     "{at}.name: `{}` is already the name of pipelines[{j}]",

@@ -146,7 +146,37 @@ impl Pipeline {
             .or_else(|| m.postprocess.clone())
             .unwrap_or_default();
         let mut problems = pre_cfg.validate();
+        let mut cameras = super::cameras::CameraFeeds::default();
         let camera = match &cfg.source {
+            SourceConfig::Camera(c) if c.is_many() => {
+                // Each camera holds its own latest frames (its lane of the
+                // queue); the camera's `queue` is each lane's bound.
+                cfg.queue = c.queue;
+                cfg.when_full = Some(WhenFull::DropOldest);
+                if !matches!(
+                    pre_cfg,
+                    PreprocessConfig::Image { .. } | PreprocessConfig::Pyramid { .. }
+                ) {
+                    problems.push(format!(
+                        "a camera source needs image (or pyramid) preprocessing; model `{}` declares another",
+                        m.name
+                    ));
+                }
+                cameras.0 = c
+                    .resolved_many
+                    .iter()
+                    .map(|d| {
+                        Arc::new(super::cameras::CameraFeed::new(
+                            &d.name,
+                            Arc::new(CameraState::new(d.shown())),
+                        ))
+                    })
+                    .collect();
+                if cameras.is_empty() {
+                    problems.push("the camera source names no camera of [[cameras]]".into());
+                }
+                None
+            }
             SourceConfig::Camera(c) => {
                 // Latest frame: the camera's own bound replaces the queue, and
                 // the oldest frame always makes room (counted `stale`).
@@ -233,6 +263,7 @@ impl Pipeline {
             model: RwLock::new(model),
             stats: PipelineStats {
                 camera,
+                cameras,
                 ..PipelineStats::default()
             },
             main_input,
@@ -395,7 +426,7 @@ impl Pipeline {
 
     /// The reason a frame pushed out of a full drop-oldest queue is counted under.
     pub fn drop_oldest_reason(&self) -> DropReason {
-        if self.stats.camera.is_some() {
+        if self.stats.camera.is_some() || !self.stats.cameras.is_empty() {
             DropReason::Stale
         } else {
             DropReason::QueueFullDropOldest

@@ -561,11 +561,26 @@ impl Pipeline {
     /// ([`StreamEnd::Closed`]) and their last events are stored. Returns
     /// the streams taken over.
     pub fn adopt_streams(&self, old: &Pipeline) -> usize {
-        if self.cfg != old.cfg || self.hook.is_none() {
+        // A pipeline over several cameras whose list alone changed keeps
+        // the cameras it still reads: their trackers go on, open tracks and
+        // their ids with them; the streams of cameras it no longer reads end.
+        let kept = self.cameras_kept_from(old);
+        if (self.cfg != old.cfg && kept.is_none()) || self.hook.is_none() {
             old.close_streams();
             return 0;
         }
-        let taken = old.take_stream_states();
+        let (taken, left): (Vec<_>, Vec<_>) =
+            old.take_stream_states()
+                .into_iter()
+                .partition(|(stream, ..)| {
+                    kept.as_ref()
+                        .is_none_or(|k| k.iter().any(|c| **c == **stream))
+                });
+        old.end_streams(
+            left.into_iter()
+                .map(|(s, st, _)| (s, st, StreamEnd::Closed))
+                .collect(),
+        );
         let n = taken.len();
         let ended = {
             let mut table = self.streams.lock();
@@ -577,6 +592,36 @@ impl Pipeline {
         };
         self.end_streams(ended);
         n
+    }
+
+    /// The cameras both read, when this pipeline and `old` read several
+    /// cameras and differ only in which (and in the zones and lines of
+    /// cameras only one of them reads); `None` otherwise.
+    fn cameras_kept_from(&self, old: &Pipeline) -> Option<Vec<Arc<str>>> {
+        let (new_cams, old_cams) = (self.stats.cameras.names(), old.stats.cameras.names());
+        if new_cams.is_empty() || old_cams.is_empty() {
+            return None;
+        }
+        let both: Vec<Arc<str>> = new_cams
+            .into_iter()
+            .filter(|c| old_cams.contains(c))
+            .collect();
+        let bare = |cfg: &PipelineConfig| {
+            let mut c = cfg.clone();
+            if let SourceConfig::Camera(cam) = &mut c.source {
+                cam.cameras = None;
+                cam.resolved_many.clear();
+            }
+            let on_both = |camera: &Option<String>| {
+                camera
+                    .as_deref()
+                    .is_none_or(|n| both.iter().any(|b| &**b == n))
+            };
+            c.zones.retain(|z| on_both(&z.camera));
+            c.lines.retain(|l| on_both(&l.camera));
+            c
+        };
+        (bare(&self.cfg) == bare(&old.cfg)).then_some(both)
     }
 
     /// Ends every stream's hook state ([`StreamEnd::Closed`]): the pipeline

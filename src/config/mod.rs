@@ -339,8 +339,11 @@ impl Config {
                     c.resolved = self.cameras.iter().find(|d| &d.name == name).cloned();
                 }
                 if c.is_many() {
-                    let names: Vec<String> =
-                        c.names(&self.cameras).into_iter().map(String::from).collect();
+                    let names: Vec<String> = c
+                        .names(&self.cameras)
+                        .into_iter()
+                        .map(String::from)
+                        .collect();
                     c.resolved_many = names
                         .iter()
                         .filter_map(|n| self.cameras.iter().find(|d| &d.name == n).cloned())

@@ -60,7 +60,8 @@ impl Mode {
         // though a hook (tracking) makes it serial: the hook runs after
         // inference, each frame in its stream's order, so one run for
         // frames of several streams changes nothing it sees.
-        let many_cameras = matches!(&cfg.source, crate::source::SourceConfig::Camera(c) if c.is_many());
+        let many_cameras =
+            matches!(&cfg.source, crate::source::SourceConfig::Camera(c) if c.is_many());
         let stackable = !serial || (many_cameras && hooked && !stateful && !stateful_steps);
         let cascade = needs_cascade(cfg, pre);
         let batched = |d: &Dim| matches!(d, Dim::Symbolic(s) if is_batch_name(s));

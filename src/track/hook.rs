@@ -204,10 +204,7 @@ impl PipelineTracking {
         }
         PipelineTracking {
             spec: of(None),
-            by_camera: cams
-                .iter()
-                .map(|c| (c.to_string(), of(Some(c))))
-                .collect(),
+            by_camera: cams.iter().map(|c| (c.to_string(), of(Some(c)))).collect(),
             open: Mutex::new(Default::default()),
             stats: Arc::new(TrackStats::default()),
             emit: s.emit.unwrap_or_default(),

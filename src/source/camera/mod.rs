@@ -78,7 +78,8 @@ use serde::Serialize;
 use super::{Source, SourceCtx, SourceError};
 
 pub use config::{
-    CameraConfig, CameraDef, CameraList, Decode, PARSER_NAME, Transport, needs_camera_build, validate_cameras,
+    CameraConfig, CameraDef, CameraList, Decode, PARSER_NAME, Transport, needs_camera_build,
+    validate_cameras,
 };
 pub use scrub::Scrubber;
 pub use url::{CameraUrl, UrlError};
@@ -411,15 +412,13 @@ impl Source for CameraSource {
             for def in &self.cfg.resolved_many {
                 set.add_camera(&self.cfg, def, ctx.clone());
             }
-            return set
-                .spawn()
-                .map(|tasks| {
-                    tokio::spawn(async move {
-                        for t in tasks {
-                            let _ = t.await;
-                        }
-                    })
-                });
+            return set.spawn().map(|tasks| {
+                tokio::spawn(async move {
+                    for t in tasks {
+                        let _ = t.await;
+                    }
+                })
+            });
         }
         set.add(&self.cfg, ctx);
         set.spawn()?.pop().ok_or_else(|| SourceError::Setup {
@@ -668,7 +667,11 @@ mod tests {
         let cams = [def("gate"), def("yard"), def("gate")];
         let p = validate_cameras(
             &cams,
-            &[(0, "camera", "gate"), (1, "camera", "gate"), (2, "camera", "door")],
+            &[
+                (0, "camera", "gate"),
+                (1, "camera", "gate"),
+                (2, "camera", "door"),
+            ],
         );
         let p: Vec<String> = p
             .into_iter()

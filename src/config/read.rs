@@ -151,7 +151,6 @@ pub fn read(
         .collect();
     let unset_lines: BTreeSet<usize> = unset.iter().map(|(l, _)| *l).collect();
     let reader = Reader {
-        text,
         lines: &lines,
         orig: &doc,
     };
@@ -267,7 +266,6 @@ fn humanize(msg: &str) -> String {
 }
 
 struct Reader<'a, 'i> {
-    text: &'a str,
     lines: &'a Lines,
     orig: &'a DeTable<'i>,
 }

@@ -375,6 +375,30 @@ impl TrackConfig {
     }
 }
 
+/// A line's `points`: exactly two points of two numbers each. Serde's fixed
+/// arrays take the first two of a longer list and drop the rest: a line
+/// drawn with three points would count on a segment the user did not draw.
+fn two_points<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[[f32; 2]; 2], D::Error> {
+    use serde::de::Error;
+    let v: Vec<Vec<f32>> = Vec::deserialize(d)?;
+    let point = |p: &Vec<f32>| -> Result<[f32; 2], D::Error> {
+        match p.as_slice() {
+            [x, y] => Ok([*x, *y]),
+            _ => Err(D::Error::custom(format!(
+                "a point is [x, y]; this one has {} numbers",
+                p.len()
+            ))),
+        }
+    };
+    match v.as_slice() {
+        [a, b] => Ok([point(a)?, point(b)?]),
+        _ => Err(D::Error::custom(format!(
+            "a line has exactly two points, [[x1, y1], [x2, y2]]; this one has {}",
+            v.len()
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -511,29 +535,5 @@ points = [[0, 0], [0, 10]]
         assert!(e.iter().all(|m| m.contains("need")), "{e:?}");
         let frames = parse("emit = \"frames\"");
         assert!(problems(&frames).is_empty());
-    }
-}
-
-/// A line's `points`: exactly two points of two numbers each. Serde's fixed
-/// arrays take the first two of a longer list and drop the rest: a line
-/// drawn with three points would count on a segment the user did not draw.
-fn two_points<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[[f32; 2]; 2], D::Error> {
-    use serde::de::Error;
-    let v: Vec<Vec<f32>> = Vec::deserialize(d)?;
-    let point = |p: &Vec<f32>| -> Result<[f32; 2], D::Error> {
-        match p.as_slice() {
-            [x, y] => Ok([*x, *y]),
-            _ => Err(D::Error::custom(format!(
-                "a point is [x, y]; this one has {} numbers",
-                p.len()
-            ))),
-        }
-    };
-    match v.as_slice() {
-        [a, b] => Ok([point(a)?, point(b)?]),
-        _ => Err(D::Error::custom(format!(
-            "a line has exactly two points, [[x1, y1], [x2, y2]]; this one has {}",
-            v.len()
-        ))),
     }
 }

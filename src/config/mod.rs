@@ -585,6 +585,84 @@ int8_calibration_table = "/nonexistent/table"
         assert_eq!(problems.len(), 5, "{problems:?}");
     }
 
+    const MANY: &str = r#"
+[[cameras]]
+name = "gate"
+url = "rtsp://10.0.0.7/a"
+[[cameras]]
+name = "yard"
+url = "rtsp://10.0.0.8/a"
+fps = 5
+[[pipelines]]
+name = "site"
+model = "m"
+source = { type = "camera", cameras = "*", fps = 1 }
+[pipelines.track]
+[[pipelines.zones]]
+name = "door"
+polygon = [[0, 0], [10, 0], [10, 10]]
+[[pipelines.lines]]
+name = "fence"
+camera = "dock"
+points = [[0, 0], [10, 10]]
+"#;
+
+    #[test]
+    fn a_pipeline_over_several_cameras_resolves_them_and_places_its_zones() {
+        let Err(ConfigError::Invalid { problems, .. }) =
+            Config::from_toml(MANY, "t.toml", |_| None)
+        else {
+            panic!("a zone without its camera was accepted");
+        };
+        let p: Vec<&String> = problems
+            .iter()
+            .filter(|e| !e.contains("`camera` feature"))
+            .collect();
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(
+            p.iter().any(|e| e.starts_with("line 14: pipeline \"site\"")
+                && e.contains("zones#1.camera: the pipeline reads 2 cameras (gate, yard): say which one zone `door` is on")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter().any(|e| e.starts_with("line 19:")
+                && e.contains(
+                    "lines#1.camera: `dock` is not one of the pipeline's cameras (gate, yard)"
+                )),
+            "{p:?}"
+        );
+        // Placed, every camera resolves in order, each with its rate.
+        let fixed = MANY
+            .replace("name = \"door\"\n", "name = \"door\"\ncamera = \"gate\"\n")
+            .replace("camera = \"dock\"", "camera = \"yard\"");
+        let cfg = read::read(&fixed, |_| None, |_| Vec::new());
+        let mut cfg = match cfg {
+            Ok(c) => c,
+            // A build without the camera feature refuses any camera source.
+            Err(p) if p.iter().all(|e| e.to_string().contains("`camera` feature")) => return,
+            Err(p) => panic!("{p:?}"),
+        };
+        cfg.resolve_cameras();
+        let SourceConfig::Camera(c) = &cfg.pipelines[0].source else {
+            panic!("not a camera source");
+        };
+        let names: Vec<&str> = c.resolved_many.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["gate", "yard"]);
+        let fps: Vec<Option<f64>> = c.resolved_many.iter().map(|d| c.fps_of(d)).collect();
+        assert_eq!(fps, [Some(1.0), Some(5.0)]);
+        // `camera` and `cameras` together are refused.
+        let both = MANY.replace("cameras = \"*\"", "camera = \"gate\", cameras = \"*\"");
+        let Err(ConfigError::Invalid { problems, .. }) =
+            Config::from_toml(&both, "t.toml", |_| None)
+        else {
+            panic!("camera and cameras together were accepted");
+        };
+        assert!(
+            problems.iter().any(|e| e.contains("not both")),
+            "{problems:?}"
+        );
+    }
+
     #[test]
     fn outputs_and_realtime_settings_are_validated() {
         let text = r#"

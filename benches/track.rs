@@ -52,12 +52,14 @@ fn spec() -> TrackingSpec {
         inertia: 3,
         loiter: Some(Duration::from_secs(5)),
         classes: vec![],
+        camera: None,
     };
     let line = |name: &str, x: f32| LineConfig {
         name: name.into(),
         points: [[x, 0.0], [x + 100.0, 1080.0]],
         inertia: 2,
         classes: vec![],
+        camera: None,
     };
     TrackingSpec::new(
         TrackConfig::default(),

@@ -357,6 +357,7 @@ impl Collector for DaemonCollector {
         pipeline_metrics(&mut enc, &sched)?;
         stage_metrics(&mut enc, sched.pipelines())?;
         camera_metrics(&mut enc, sched.pipelines())?;
+        feed_metrics(&mut enc, sched.pipelines())?;
         model_info(&mut enc, sched.pipelines())?;
         outbox_metrics(&mut enc, &self.outbox.stats())?;
         crate::clock::ClockMetrics.encode(&mut enc)?;
@@ -568,6 +569,104 @@ fn camera_metrics(
         "outpost_camera_frames_dropped",
         "Camera frames not processed, by reason (fps: subsampled; stale: replaced by a newer frame)",
         &drops,
+    )
+}
+
+/// Per camera of a pipeline reading several, labelled `pipeline` and
+/// `camera`: frames in, done and dropped (by reason), fps achieved, frame
+/// age, state, open tracks. No such pipeline: no family.
+fn feed_metrics(
+    enc: &mut DescriptorEncoder,
+    pipes: &[Arc<Pipeline>],
+) -> Result<(), std::fmt::Error> {
+    let feeds: Vec<_> = pipes
+        .iter()
+        .flat_map(|p| p.stats.cameras.0.iter().map(move |c| (p, c)))
+        .collect();
+    if feeds.is_empty() {
+        return Ok(());
+    }
+    let labels = |p: &Pipeline, c: &crate::pipeline::cameras::CameraFeed| {
+        vec![
+            ("pipeline", p.name().to_string()),
+            ("camera", c.name.to_string()),
+        ]
+    };
+    let rows = |f: &dyn Fn(&Pipeline, &crate::pipeline::cameras::CameraFeed) -> u64| {
+        feeds
+            .iter()
+            .map(|(p, c)| (labels(p, c), f(p, c)))
+            .collect::<Vec<_>>()
+    };
+    counter(
+        enc,
+        "outpost_pipeline_camera_frames_in",
+        "Frames of a camera offered to the pipeline reading it among others",
+        &rows(&|_, c| get(&c.frames_in)),
+    )?;
+    counter(
+        enc,
+        "outpost_pipeline_camera_frames_done",
+        "Frames of a camera the pipeline finished",
+        &rows(&|_, c| get(&c.frames_done)),
+    )?;
+    let mut drops = Vec::new();
+    for (p, c) in &feeds {
+        for (reason, n) in c.drops() {
+            let mut l = labels(p, c);
+            l.push(("reason", reason.to_string()));
+            drops.push((l, n));
+        }
+    }
+    counter(
+        enc,
+        "outpost_pipeline_camera_frames_dropped",
+        "Frames of a camera not processed, by reason (fps: subsampled; stale: replaced by its newer frame)",
+        &drops,
+    )?;
+    gauge(
+        enc,
+        "outpost_pipeline_camera_fps",
+        "Frames of a camera done per second, over its last few",
+        &feeds
+            .iter()
+            .map(|(p, c)| (labels(p, c), c.fps().unwrap_or(0.0)))
+            .collect::<Vec<_>>(),
+    )?;
+    gauge(
+        enc,
+        "outpost_pipeline_camera_up",
+        "1 while the camera streams, 0 otherwise",
+        &feeds
+            .iter()
+            .map(|(p, c)| (labels(p, c), if c.state.is_up() { 1.0 } else { 0.0 }))
+            .collect::<Vec<_>>(),
+    )?;
+    let tracked: Vec<_> = feeds
+        .iter()
+        .filter_map(|(p, c)| {
+            let t = p.tracking()?;
+            Some((labels(p, c), t.open_tracks(&c.name) as f64))
+        })
+        .collect();
+    if !tracked.is_empty() {
+        gauge(
+            enc,
+            "outpost_pipeline_camera_tracks_open",
+            "Confirmed tracks open now on a camera",
+            &tracked,
+        )?;
+    }
+    histogram(
+        enc,
+        "outpost_pipeline_camera_frame_age_seconds",
+        "Frame capture to done, per camera",
+        &feeds
+            .iter()
+            .map(|(p, c)| (labels(p, c), &c.frame_age_us))
+            .collect::<Vec<_>>(),
+        US,
+        &BUCKETS_S,
     )
 }
 

@@ -81,6 +81,11 @@ pub struct PipelineStatus {
     pub frame_age: LatencySummary,
     /// None: not a camera pipeline.
     pub camera: Option<CameraReport>,
+    /// A pipeline reading several cameras: each one, in config order (its
+    /// frames in and done, fps achieved, frame age, drops, last error,
+    /// open tracks, and the camera itself).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cameras: Vec<crate::pipeline::cameras::CameraFeedReport>,
     /// Tracks, zone and line counts, the zones' and lines' geometry and the
     /// newest frame's tracked boxes; absent without `[pipelines.track]`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -216,11 +221,12 @@ impl Status {
             .map(|(i, p)| PipelineStatus::read(&sched, i, p))
             .collect();
         let mut cameras: Vec<CameraReport> = Vec::new();
-        for c in sched
-            .pipelines()
-            .iter()
-            .filter_map(|p| p.stats.camera.as_ref())
-        {
+        for c in sched.pipelines().iter().flat_map(|p| {
+            p.stats
+                .camera
+                .iter()
+                .chain(p.stats.cameras.0.iter().map(|f| &f.state))
+        }) {
             let r = c.camera_status();
             if !cameras.iter().any(|k| k.same_camera(&r)) {
                 cameras.push(r);
@@ -308,6 +314,12 @@ impl PipelineStatus {
                 .collect(),
             frame_age: st.frame_age_us.summary(),
             camera: st.camera.as_ref().map(|c| c.status()),
+            cameras: st
+                .cameras
+                .0
+                .iter()
+                .map(|c| c.report(p.tracking().map(|t| t.open_tracks(&c.name))))
+                .collect(),
             tracking: p.tracking().map(|t| TrackingStatus {
                 counts: t.counts(),
                 view: t.view(),

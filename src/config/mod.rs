@@ -334,10 +334,21 @@ impl Config {
     /// its source knows the camera it joins (names checked by `validate`).
     pub fn resolve_cameras(&mut self) {
         for pl in &mut self.pipelines {
-            if let SourceConfig::Camera(c) = &mut pl.source
-                && let Some(name) = &c.camera
-            {
-                c.resolved = self.cameras.iter().find(|d| &d.name == name).cloned();
+            if let SourceConfig::Camera(c) = &mut pl.source {
+                if let Some(name) = &c.camera {
+                    c.resolved = self.cameras.iter().find(|d| &d.name == name).cloned();
+                }
+                if c.is_many() {
+                    let names: Vec<String> = c
+                        .names(&self.cameras)
+                        .into_iter()
+                        .map(String::from)
+                        .collect();
+                    c.resolved_many = names
+                        .iter()
+                        .filter_map(|n| self.cameras.iter().find(|d| &d.name == n).cloned())
+                        .collect();
+                }
             }
         }
     }
@@ -422,13 +433,19 @@ impl Config {
             p.push(format!("api.token_file: {} does not exist", t.display()));
         }
         p.extend(self.scheduler.validate());
-        let named: Vec<(usize, &str)> = self
+        let named: Vec<(usize, &str, &str)> = self
             .pipelines
             .iter()
             .enumerate()
-            .filter_map(|(i, pc)| match &pc.source {
-                SourceConfig::Camera(c) => c.camera.as_deref().map(|n| (i, n)),
-                _ => None,
+            .flat_map(|(i, pc)| match &pc.source {
+                SourceConfig::Camera(c) => {
+                    let key = if c.is_many() { "cameras" } else { "camera" };
+                    c.names(&self.cameras)
+                        .into_iter()
+                        .map(|n| (i, key, n))
+                        .collect()
+                }
+                _ => Vec::new(),
             })
             .collect();
         p.extend(crate::source::camera::validate_cameras(
@@ -439,6 +456,12 @@ impl Config {
             // The reader writes `pipelines[i]` as the pipeline's name and line.
             let at = format!("pipelines[{i}]");
             p.extend(pc.validate(&at));
+            p.extend(crate::track::config::validate_cameras(
+                &at,
+                &pc.stream_cameras(&self.cameras),
+                &pc.zones,
+                &pc.lines,
+            ));
             if let Some(j) = self.pipelines[..i].iter().position(|o| o.name == pc.name) {
                 p.push(format!(
                     "{at}.name: `{}` is already the name of pipelines[{j}]",
@@ -560,6 +583,84 @@ int8_calibration_table = "/nonexistent/table"
             panic!("expected invalid");
         };
         assert_eq!(problems.len(), 5, "{problems:?}");
+    }
+
+    const MANY: &str = r#"
+[[cameras]]
+name = "gate"
+url = "rtsp://10.0.0.7/a"
+[[cameras]]
+name = "yard"
+url = "rtsp://10.0.0.8/a"
+fps = 5
+[[pipelines]]
+name = "site"
+model = "m"
+source = { type = "camera", cameras = "*", fps = 1 }
+[pipelines.track]
+[[pipelines.zones]]
+name = "door"
+polygon = [[0, 0], [10, 0], [10, 10]]
+[[pipelines.lines]]
+name = "fence"
+camera = "dock"
+points = [[0, 0], [10, 10]]
+"#;
+
+    #[test]
+    fn a_pipeline_over_several_cameras_resolves_them_and_places_its_zones() {
+        let Err(ConfigError::Invalid { problems, .. }) =
+            Config::from_toml(MANY, "t.toml", |_| None)
+        else {
+            panic!("a zone without its camera was accepted");
+        };
+        let p: Vec<&String> = problems
+            .iter()
+            .filter(|e| !e.contains("`camera` feature"))
+            .collect();
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(
+            p.iter().any(|e| e.starts_with("line 14: pipeline \"site\"")
+                && e.contains("zones#1.camera: the pipeline reads 2 cameras (gate, yard): say which one zone `door` is on")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter().any(|e| e.starts_with("line 19:")
+                && e.contains(
+                    "lines#1.camera: `dock` is not one of the pipeline's cameras (gate, yard)"
+                )),
+            "{p:?}"
+        );
+        // Placed, every camera resolves in order, each with its rate.
+        let fixed = MANY
+            .replace("name = \"door\"\n", "name = \"door\"\ncamera = \"gate\"\n")
+            .replace("camera = \"dock\"", "camera = \"yard\"");
+        let cfg = read::read(&fixed, |_| None, |_| Vec::new());
+        let mut cfg = match cfg {
+            Ok(c) => c,
+            // A build without the camera feature refuses any camera source.
+            Err(p) if p.iter().all(|e| e.to_string().contains("`camera` feature")) => return,
+            Err(p) => panic!("{p:?}"),
+        };
+        cfg.resolve_cameras();
+        let SourceConfig::Camera(c) = &cfg.pipelines[0].source else {
+            panic!("not a camera source");
+        };
+        let names: Vec<&str> = c.resolved_many.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["gate", "yard"]);
+        let fps: Vec<Option<f64>> = c.resolved_many.iter().map(|d| c.fps_of(d)).collect();
+        assert_eq!(fps, [Some(1.0), Some(5.0)]);
+        // `camera` and `cameras` together are refused.
+        let both = MANY.replace("cameras = \"*\"", "camera = \"gate\", cameras = \"*\"");
+        let Err(ConfigError::Invalid { problems, .. }) =
+            Config::from_toml(&both, "t.toml", |_| None)
+        else {
+            panic!("camera and cameras together were accepted");
+        };
+        assert!(
+            problems.iter().any(|e| e.contains("not both")),
+            "{problems:?}"
+        );
     }
 
     #[test]

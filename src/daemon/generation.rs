@@ -373,7 +373,18 @@ impl Core {
             }
             ctx.set_state("started");
             if let SourceConfig::Camera(c) = src {
-                cameras.add(c, ctx);
+                if c.is_many() {
+                    // Each camera feeds the pipeline through its own way
+                    // in (its drops are its own) with its own state.
+                    for (k, def) in c.resolved_many.iter().enumerate() {
+                        let mut cam = ctx.clone();
+                        cam.sink = g.scheduler.camera_input(i, k);
+                        cam.camera = pipeline.stats.cameras.0.get(k).map(|f| f.state.clone());
+                        cameras.add_camera(c, def, cam);
+                    }
+                } else {
+                    cameras.add(c, ctx);
+                }
                 continue;
             }
             match src.build().spawn(ctx) {

@@ -1,6 +1,7 @@
 //! Pipelines: one source + preprocessing + one model + postprocessing, and
 //! the scheduler that runs them. A daemon runs many; they share loaded models.
 
+pub mod cameras;
 pub mod drops;
 pub mod hook;
 pub mod infer;
@@ -130,6 +131,29 @@ fn default_stream_idle() -> Duration {
 }
 
 impl PipelineConfig {
+    /// The cameras this pipeline reads as streams of its own (`cameras =
+    /// [...]`: each stream is named after its camera), given every
+    /// `[[cameras]]` entry; `None` when its streams are not cameras.
+    pub fn stream_cameras(&self, all: &[crate::source::camera::CameraDef]) -> Option<Vec<String>> {
+        match &self.source {
+            SourceConfig::Camera(c) if c.is_many() => {
+                Some(c.names(all).into_iter().map(String::from).collect())
+            }
+            _ => None,
+        }
+    }
+
+    /// The camera names of a pipeline reading several, as resolved when
+    /// the config was read (empty otherwise).
+    pub fn camera_streams(&self) -> Vec<String> {
+        match &self.source {
+            SourceConfig::Camera(c) if c.is_many() => {
+                c.resolved_many.iter().map(|d| d.name.clone()).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// The queue's policy: the configured one, else `block` for a QoS 1
     /// mqtt source (its broker's in-flight window is the back-pressure, so
     /// a restart's redelivery burst waits instead of being dropped), else
@@ -238,6 +262,8 @@ pub struct PipelineStats {
     pub frame_age_us: LatencyHistogram,
     /// The camera feeding this pipeline (state, decoder, its counters).
     pub camera: Option<std::sync::Arc<crate::source::camera::CameraState>>,
+    /// The cameras of a pipeline reading several, each a stream of it.
+    pub cameras: cameras::CameraFeeds,
     /// What the source says of itself (`started`, `connected`,
     /// `reconnecting`, ...), for the status and the console.
     source_state: Mutex<&'static str>,

@@ -53,10 +53,16 @@ impl Mode {
         hooked: bool,
     ) -> Mode {
         let stateful = !m.state.is_empty();
-        let serial = stateful
-            || hooked
-            || matches!(pre, PreprocessConfig::Audio { .. })
+        let stateful_steps = matches!(pre, PreprocessConfig::Audio { .. })
             || matches!(post, PostprocessConfig::Threshold { .. });
+        let serial = stateful || hooked || stateful_steps;
+        // A pipeline over several cameras stacks the ready cameras' frames
+        // though a hook (tracking) makes it serial: the hook runs after
+        // inference, each frame in its stream's order, so one run for
+        // frames of several streams changes nothing it sees.
+        let many_cameras =
+            matches!(&cfg.source, crate::source::SourceConfig::Camera(c) if c.is_many());
+        let stackable = !serial || (many_cameras && hooked && !stateful && !stateful_steps);
         let cascade = needs_cascade(cfg, pre);
         let batched = |d: &Dim| matches!(d, Dim::Symbolic(s) if is_batch_name(s));
         let has_batch_axis = m
@@ -82,7 +88,7 @@ impl Mode {
                 Some(axes) => Batching::AcrossStreams { max, axes },
                 None => Batching::One,
             }
-        } else if !serial && constants.count() == 0 {
+        } else if stackable && constants.count() == 0 {
             Batching::Stacked { max }
         } else {
             Batching::One

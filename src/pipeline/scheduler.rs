@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use super::drops::DropReason;
-use super::queue::{BoundedQueue, Offer};
+use super::queue::{BoundedQueue, LaneQueue, Offer, PipelineQueue};
 use super::realtime::RealtimeStats;
 use super::worker::Pipeline;
 use crate::source::{Frame, FrameSink};
@@ -113,7 +113,7 @@ impl SchedulerConfig {
 const WHEEL: [usize; 13] = [0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 2];
 
 struct SchedState {
-    queues: Vec<BoundedQueue<Frame>>,
+    queues: Vec<PipelineQueue<Frame>>,
     busy: Vec<bool>,
     slot: usize,
     rr: [usize; 3],
@@ -187,7 +187,15 @@ impl Scheduler {
     pub fn new(pipelines: Vec<Arc<Pipeline>>) -> Scheduler {
         let queues = pipelines
             .iter()
-            .map(|p| BoundedQueue::new(p.cfg.queue, p.cfg.when_full()))
+            .map(|p| {
+                // A pipeline over several cameras holds each camera's
+                // latest frames apart and serves them in turn.
+                if p.stats.cameras.is_empty() {
+                    PipelineQueue::Fifo(BoundedQueue::new(p.cfg.queue, p.cfg.when_full()))
+                } else {
+                    PipelineQueue::Lanes(LaneQueue::new(p.stats.cameras.0.len(), p.cfg.queue))
+                }
+            })
             .collect();
         let n = pipelines.len();
         Scheduler {
@@ -224,15 +232,22 @@ impl Scheduler {
         let Some(p) = self.inner.pipelines.get(idx) else {
             return Ok(());
         };
+        let lane = p.stats.cameras.index(&frame.stream);
+        if let Some(c) = lane.and_then(|l| p.stats.cameras.0.get(l)) {
+            c.frames_in.fetch_add(1, Ordering::Relaxed);
+        }
         let (offer, waiting) = {
             let mut st = self.lock();
-            let offer = st.queues[idx].offer(frame);
+            let offer = st.queues[idx].offer(lane.unwrap_or(usize::MAX), frame);
             (offer, st.waiting > 0)
         };
         match offer {
             Offer::Queued => {}
             Offer::QueuedDroppedOldest(old) => {
                 let reason = p.drop_oldest_reason();
+                if let Some(c) = p.stats.cameras.get(&old.stream) {
+                    c.add_drop(reason.label());
+                }
                 p.count_drop(reason, &format!("stream {}", old.stream));
                 answer_dropped(old, reason);
             }
@@ -257,6 +272,17 @@ impl Scheduler {
         Arc::new(PipelineInput {
             scheduler: self.clone(),
             idx,
+            camera: None,
+        })
+    }
+
+    /// The way in of camera `camera` (its place in the pipeline's
+    /// cameras) of pipeline `idx`: its drops are counted on the camera too.
+    pub fn camera_input(&self, idx: usize, camera: usize) -> Arc<dyn FrameSink> {
+        Arc::new(PipelineInput {
+            scheduler: self.clone(),
+            idx,
+            camera: Some(camera),
         })
     }
 
@@ -505,6 +531,8 @@ fn answer_dropped(frame: Frame, reason: DropReason) {
 struct PipelineInput {
     scheduler: Scheduler,
     idx: usize,
+    /// A camera of a pipeline reading several: its place among them.
+    camera: Option<usize>,
 }
 
 impl FrameSink for PipelineInput {
@@ -517,8 +545,15 @@ impl FrameSink for PipelineInput {
     }
 
     fn count_drop(&self, reason: &'static str, detail: &str) {
-        self.scheduler
-            .count_drop(self.idx, DropReason::from_source(reason), detail);
+        let reason = DropReason::from_source(reason);
+        if let Some(c) = self.camera.and_then(|c| {
+            let p = self.scheduler.pipelines().get(self.idx)?;
+            p.stats.cameras.0.get(c).cloned()
+        }) {
+            c.frames_in.fetch_add(1, Ordering::Relaxed);
+            c.add_drop(reason.label());
+        }
+        self.scheduler.count_drop(self.idx, reason, detail);
     }
 
     fn set_state(&self, state: &'static str) {

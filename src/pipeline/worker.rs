@@ -146,7 +146,37 @@ impl Pipeline {
             .or_else(|| m.postprocess.clone())
             .unwrap_or_default();
         let mut problems = pre_cfg.validate();
+        let mut cameras = super::cameras::CameraFeeds::default();
         let camera = match &cfg.source {
+            SourceConfig::Camera(c) if c.is_many() => {
+                // Each camera holds its own latest frames (its lane of the
+                // queue); the camera's `queue` is each lane's bound.
+                cfg.queue = c.queue;
+                cfg.when_full = Some(WhenFull::DropOldest);
+                if !matches!(
+                    pre_cfg,
+                    PreprocessConfig::Image { .. } | PreprocessConfig::Pyramid { .. }
+                ) {
+                    problems.push(format!(
+                        "a camera source needs image (or pyramid) preprocessing; model `{}` declares another",
+                        m.name
+                    ));
+                }
+                cameras.0 = c
+                    .resolved_many
+                    .iter()
+                    .map(|d| {
+                        Arc::new(super::cameras::CameraFeed::new(
+                            &d.name,
+                            Arc::new(CameraState::new(d.shown())),
+                        ))
+                    })
+                    .collect();
+                if cameras.is_empty() {
+                    problems.push("the camera source names no camera of [[cameras]]".into());
+                }
+                None
+            }
             SourceConfig::Camera(c) => {
                 // Latest frame: the camera's own bound replaces the queue, and
                 // the oldest frame always makes room (counted `stale`).
@@ -233,6 +263,7 @@ impl Pipeline {
             model: RwLock::new(model),
             stats: PipelineStats {
                 camera,
+                cameras,
                 ..PipelineStats::default()
             },
             main_input,
@@ -395,7 +426,7 @@ impl Pipeline {
 
     /// The reason a frame pushed out of a full drop-oldest queue is counted under.
     pub fn drop_oldest_reason(&self) -> DropReason {
-        if self.stats.camera.is_some() {
+        if self.stats.camera.is_some() || !self.stats.cameras.is_empty() {
             DropReason::Stale
         } else {
             DropReason::QueueFullDropOldest
@@ -530,11 +561,26 @@ impl Pipeline {
     /// ([`StreamEnd::Closed`]) and their last events are stored. Returns
     /// the streams taken over.
     pub fn adopt_streams(&self, old: &Pipeline) -> usize {
-        if self.cfg != old.cfg || self.hook.is_none() {
+        // A pipeline over several cameras whose list alone changed keeps
+        // the cameras it still reads: their trackers go on, open tracks and
+        // their ids with them; the streams of cameras it no longer reads end.
+        let kept = self.cameras_kept_from(old);
+        if (self.cfg != old.cfg && kept.is_none()) || self.hook.is_none() {
             old.close_streams();
             return 0;
         }
-        let taken = old.take_stream_states();
+        let (taken, left): (Vec<_>, Vec<_>) =
+            old.take_stream_states()
+                .into_iter()
+                .partition(|(stream, ..)| {
+                    kept.as_ref()
+                        .is_none_or(|k| k.iter().any(|c| **c == **stream))
+                });
+        old.end_streams(
+            left.into_iter()
+                .map(|(s, st, _)| (s, st, StreamEnd::Closed))
+                .collect(),
+        );
         let n = taken.len();
         let ended = {
             let mut table = self.streams.lock();
@@ -546,6 +592,36 @@ impl Pipeline {
         };
         self.end_streams(ended);
         n
+    }
+
+    /// The cameras both read, when this pipeline and `old` read several
+    /// cameras and differ only in which (and in the zones and lines of
+    /// cameras only one of them reads); `None` otherwise.
+    fn cameras_kept_from(&self, old: &Pipeline) -> Option<Vec<Arc<str>>> {
+        let (new_cams, old_cams) = (self.stats.cameras.names(), old.stats.cameras.names());
+        if new_cams.is_empty() || old_cams.is_empty() {
+            return None;
+        }
+        let both: Vec<Arc<str>> = new_cams
+            .into_iter()
+            .filter(|c| old_cams.contains(c))
+            .collect();
+        let bare = |cfg: &PipelineConfig| {
+            let mut c = cfg.clone();
+            if let SourceConfig::Camera(cam) = &mut c.source {
+                cam.cameras = None;
+                cam.resolved_many.clear();
+            }
+            let on_both = |camera: &Option<String>| {
+                camera
+                    .as_deref()
+                    .is_none_or(|n| both.iter().any(|b| &**b == n))
+            };
+            c.zones.retain(|z| on_both(&z.camera));
+            c.lines.retain(|l| on_both(&l.camera));
+            c
+        };
+        (bare(&self.cfg) == bare(&old.cfg)).then_some(both)
     }
 
     /// Ends every stream's hook state ([`StreamEnd::Closed`]): the pipeline

@@ -140,6 +140,10 @@ pub struct ZoneConfig {
     /// Labels this zone counts (empty: all).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub classes: Vec<String>,
+    /// The camera whose frames the zone is on, in a pipeline reading
+    /// several (`cameras = [...]`), where it is required; absent: every stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub camera: Option<String>,
 }
 
 /// `[[pipelines.lines]]`: two points; an object crosses when the bottom
@@ -163,6 +167,9 @@ pub struct LineConfig {
     /// Labels this line counts (empty: all).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub classes: Vec<String>,
+    /// As a zone's `camera`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub camera: Option<String>,
 }
 
 impl ZoneConfig {
@@ -278,6 +285,47 @@ pub fn validate(
             ));
         }
         check_classes(&mut p, &at, &l.classes);
+    }
+    p
+}
+
+/// The `camera` of each zone and line of a pipeline whose streams are
+/// `cameras` (`None`: its streams are not cameras): required, and one of
+/// them, where it reads more than one; one of them where it reads one;
+/// refused where its streams are not cameras.
+pub fn validate_cameras(
+    at: &str,
+    cameras: &Option<Vec<String>>,
+    zones: &[ZoneConfig],
+    lines: &[LineConfig],
+) -> Vec<String> {
+    let mut p = Vec::new();
+    let items = zones
+        .iter()
+        .enumerate()
+        .map(|(i, z)| (format!("{at}.zones[{i}]"), "zone", &z.name, &z.camera))
+        .chain(
+            lines
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (format!("{at}.lines[{i}]"), "line", &l.name, &l.camera)),
+        );
+    for (at, what, name, camera) in items {
+        match (cameras, camera) {
+            (None, Some(c)) => p.push(format!(
+                "{at}.camera: `{c}`: `camera` names one of the pipeline's `cameras`, and this pipeline reads none"
+            )),
+            (Some(list), None) if list.len() > 1 => p.push(format!(
+                "{at}.camera: the pipeline reads {} cameras ({}): say which one {what} `{name}` is on",
+                list.len(),
+                list.join(", ")
+            )),
+            (Some(list), Some(c)) if !list.contains(c) => p.push(format!(
+                "{at}.camera: `{c}` is not one of the pipeline's cameras ({})",
+                list.join(", ")
+            )),
+            _ => {}
+        }
     }
     p
 }

@@ -36,7 +36,13 @@ pub const LIVE_BOXES: usize = 64;
 
 /// One pipeline's tracking.
 pub struct PipelineTracking {
+    /// The zones and lines of every stream (those without `camera`).
     spec: Arc<TrackingSpec>,
+    /// A camera's own: its zones and lines with those of every stream, for
+    /// each camera that zones or lines name (the stream is the camera).
+    by_camera: Vec<(String, Arc<TrackingSpec>)>,
+    /// Confirmed tracks open now per stream, as of its latest frame.
+    open: Mutex<std::collections::BTreeMap<String, usize>>,
     stats: Arc<TrackStats>,
     emit: Emit,
     /// `{device}/{pipeline}/`.
@@ -72,6 +78,8 @@ pub struct Geometry {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ZoneShape {
     pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub camera: Option<String>,
     pub polygon: Vec<[f32; 2]>,
 }
 
@@ -80,6 +88,8 @@ pub struct ZoneShape {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LineShape {
     pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub camera: Option<String>,
     pub points: [[f32; 2]; 2],
 }
 
@@ -164,8 +174,38 @@ pub struct TrackingSetup<'a> {
 
 impl PipelineTracking {
     pub fn new(s: TrackingSetup) -> Self {
+        // Zones and lines without a camera are every stream's; one with a
+        // camera is that stream's alone.
+        let of = |cam: Option<&str>| {
+            let zones: Vec<ZoneConfig> = s
+                .zones
+                .iter()
+                .filter(|z| z.camera.is_none() || z.camera.as_deref() == cam)
+                .cloned()
+                .collect();
+            let lines: Vec<LineConfig> = s
+                .lines
+                .iter()
+                .filter(|l| l.camera.is_none() || l.camera.as_deref() == cam)
+                .cloned()
+                .collect();
+            Arc::new(TrackingSpec::new(s.track.clone(), &zones, &lines))
+        };
+        let mut cams: Vec<&str> = Vec::new();
+        for c in s
+            .zones
+            .iter()
+            .filter_map(|z| z.camera.as_deref())
+            .chain(s.lines.iter().filter_map(|l| l.camera.as_deref()))
+        {
+            if !cams.contains(&c) {
+                cams.push(c);
+            }
+        }
         PipelineTracking {
-            spec: Arc::new(TrackingSpec::new(s.track.clone(), s.zones, s.lines)),
+            spec: of(None),
+            by_camera: cams.iter().map(|c| (c.to_string(), of(Some(c)))).collect(),
+            open: Mutex::new(Default::default()),
             stats: Arc::new(TrackStats::default()),
             emit: s.emit.unwrap_or_default(),
             prefix: format!("{}/{}/", s.device, s.pipeline),
@@ -181,6 +221,7 @@ impl PipelineTracking {
                     .iter()
                     .map(|z| ZoneShape {
                         name: z.name.clone(),
+                        camera: z.camera.clone(),
                         polygon: z.polygon.clone(),
                     })
                     .collect(),
@@ -189,6 +230,7 @@ impl PipelineTracking {
                     .iter()
                     .map(|l| LineShape {
                         name: l.name.clone(),
+                        camera: l.camera.clone(),
                         points: l.points,
                     })
                     .collect(),
@@ -274,11 +316,25 @@ impl PipelineTracking {
         self.snapshots.as_ref()?.get(&snapshot_name(track_id))
     }
 
+    /// The zones and lines a stream sees: its camera's, where zones or
+    /// lines name it, else those of every stream.
+    fn spec_of(&self, stream: &str) -> &Arc<TrackingSpec> {
+        self.by_camera
+            .iter()
+            .find(|(c, _)| c == stream)
+            .map_or(&self.spec, |(_, s)| s)
+    }
+
+    /// Confirmed tracks open now on `stream` (0 for one not seen).
+    pub fn open_tracks(&self, stream: &str) -> usize {
+        self.open.lock().get(stream).copied().unwrap_or(0)
+    }
+
     /// A new stream's state (its first frame is on its way).
     pub fn stream(&self, stream: &str) -> StreamState {
         StreamState {
             tracker: StreamTracker::new(
-                Arc::clone(&self.spec),
+                Arc::clone(self.spec_of(stream)),
                 Arc::clone(&self.stats),
                 format!("{}{stream}/{}-", self.prefix, self.boot),
                 Arc::clone(&self.numbers),
@@ -300,6 +356,9 @@ impl PipelineTracking {
         let (dets, at_idx) = value::detections(v, &self.default_label);
         let out = st.tracker.update(at, &dets);
         value::annotate(v, &at_idx, &out);
+        self.open
+            .lock()
+            .insert(st.stream.clone(), st.tracker.open_tracks());
         self.keep_live(&st.stream, at, size, &dets, &out);
         let best_crops = out
             .objects
@@ -321,6 +380,7 @@ impl PipelineTracking {
     pub fn end(&self, st: &mut StreamState, reason: EndReason, at: SystemTime) -> Vec<Value> {
         let ev = st.tracker.finish(reason, at);
         let frame = st.tracker.frames() + 1;
+        self.open.lock().remove(&st.stream);
         let mut slot = self.live_slot();
         if slot.tracks.as_ref().is_some_and(|t| t.stream == st.stream) {
             slot.tracks = None;
@@ -521,6 +581,7 @@ mod tests {
                 inertia: 1,
                 loiter: None,
                 classes: Vec::new(),
+                camera: None,
             })
             .collect();
         let p = PipelineTracking::new(TrackingSetup {

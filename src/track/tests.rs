@@ -355,6 +355,7 @@ fn yard() -> ZoneConfig {
         inertia: 3,
         loiter: Some(Duration::from_secs(2)),
         classes: vec![],
+        camera: None,
     }
 }
 
@@ -364,6 +365,7 @@ fn gate() -> LineConfig {
         points: [[320.0, 0.0], [320.0, 480.0]],
         inertia: 2,
         classes: vec![],
+        camera: None,
     }
 }
 

@@ -233,6 +233,7 @@ mod tests {
             inertia,
             loiter,
             classes: vec!["car".into()],
+            camera: None,
         })
     }
 
@@ -242,6 +243,7 @@ mod tests {
             points: [[320.0, 0.0], [320.0, 480.0]],
             inertia,
             classes: vec![],
+            camera: None,
         })
     }
 

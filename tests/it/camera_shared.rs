@@ -3,7 +3,7 @@
 //! streams H.264 made from real photographs to a real `outpost run`.
 
 #[cfg(feature = "camera")]
-mod with_gstreamer {
+pub(crate) mod with_gstreamer {
     use std::io::BufRead;
     use std::path::Path;
     use std::process::{Child, Command, Stdio};
@@ -15,19 +15,19 @@ mod with_gstreamer {
     /// One at a time: each streams live video through an encoder and decoders.
     static SERIAL: Mutex<()> = Mutex::new(());
 
-    fn serial() -> std::sync::MutexGuard<'static, ()> {
+    pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
         SERIAL.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The RTSP server process, with the client counts it printed; killed on drop.
-    struct RtspServer {
+    pub(crate) struct RtspServer {
         child: Child,
-        port: u16,
+        pub(crate) port: u16,
         lines: Arc<Mutex<Vec<String>>>,
     }
 
     impl RtspServer {
-        fn start(images: &[&str], args: &[&str]) -> RtspServer {
+        pub(crate) fn start(images: &[&str], args: &[&str]) -> RtspServer {
             let script = root().join("tests/rtsp_server.py");
             let images: Vec<_> = images
                 .iter()
@@ -83,7 +83,7 @@ mod with_gstreamer {
         }
 
         /// Every client count the server reported, in order.
-        fn client_counts(&self) -> Vec<u64> {
+        pub(crate) fn client_counts(&self) -> Vec<u64> {
             self.lines()
                 .iter()
                 .filter_map(|l| {
@@ -93,7 +93,7 @@ mod with_gstreamer {
                 .collect()
         }
 
-        fn url(&self, path: &str) -> String {
+        pub(crate) fn url(&self, path: &str) -> String {
             format!("rtsp://127.0.0.1:{}{path}", self.port)
         }
 
@@ -109,7 +109,7 @@ mod with_gstreamer {
         }
     }
 
-    fn config(body: &str) -> String {
+    pub(crate) fn config(body: &str) -> String {
         format!(
             r#"
 device = "gw-cam"
@@ -123,7 +123,7 @@ workers = 1
         )
     }
 
-    fn pipeline_status(d: &Daemon, name: &str) -> serde_json::Value {
+    pub(crate) fn pipeline_status(d: &Daemon, name: &str) -> serde_json::Value {
         let st = d.status();
         st["pipelines"]
             .as_array()
@@ -135,7 +135,7 @@ workers = 1
     }
 
     /// Polls the status until `pred` holds for the named pipeline.
-    fn wait_status(
+    pub(crate) fn wait_status(
         d: &Daemon,
         name: &str,
         timeout: Duration,

@@ -9,6 +9,7 @@ mod boundaries;
 mod camera;
 mod camera_hostile;
 mod camera_shared;
+mod cameras_many;
 mod check_report;
 mod clock;
 mod coco;

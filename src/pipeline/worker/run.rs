@@ -121,6 +121,9 @@ impl Pipeline {
     /// Counts a drop of `w`'s frame (or one of its items); the frame is
     /// answered with it.
     fn drop_frame(&self, w: &mut Work, d: Dropped) {
+        if let Some(c) = self.stats.cameras.get(&w.frame.stream) {
+            c.add_drop(d.reason.label());
+        }
         self.count_drop(
             d.reason,
             &format!("stream {}: {}", w.frame.stream, d.detail),
@@ -333,6 +336,9 @@ impl Pipeline {
     /// A record of `w`'s frame that could not be encoded or stored: counted
     /// as a drop; the frame is answered with the store's own error.
     fn refused(&self, w: &mut Work, e: FrameError) {
+        if let Some(c) = self.stats.cameras.get(&w.frame.stream) {
+            c.add_drop(DropReason::Store.label());
+        }
         self.count_drop(
             DropReason::Store,
             &format!("stream {}: {e}", w.frame.stream),
@@ -373,6 +379,9 @@ impl Pipeline {
     /// Counts the frame done and answers whoever waits for it.
     fn finish(&self, w: Work) {
         self.stats.frames_done.fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = self.stats.cameras.get(&w.frame.stream) {
+            c.done(w.frame.captured);
+        }
         self.stats
             .e2e_us
             .record(w.frame.received.elapsed().as_micros() as u64);

@@ -50,6 +50,19 @@ pub struct CameraDef {
     /// a 4K H.265 keyframe at a high bitrate with room to spare.
     #[serde(default = "default_max_frame_bytes", with = "crate::bytesize")]
     pub max_frame_bytes: u64,
+    /// Frames per second a pipeline reading this camera among others
+    /// (`cameras = [...]`) takes of it; absent: the pipeline's `fps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fps: Option<f64>,
+}
+
+/// `cameras = ["gate", "yard"]`, or `cameras = "*"` for every `[[cameras]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CameraList {
+    Names(Vec<String>),
+    /// Must be `"*"` (checked by `validate`).
+    All(String),
 }
 
 /// Which frames of a compressed stream reach the decoder.
@@ -86,6 +99,10 @@ pub struct CameraConfig {
     /// size, transport, stall_timeout, decode).
     #[serde(default)]
     pub camera: Option<String>,
+    /// The `[[cameras]]` entries this pipeline reads, each a stream of it
+    /// named after the camera (`"*"`: every entry). Not with `camera`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cameras: Option<CameraList>,
     #[serde(default)]
     pub url: Option<String>,
     #[serde(default)]
@@ -113,6 +130,10 @@ pub struct CameraConfig {
     /// The named camera's entry, filled in when the config is read.
     #[serde(skip)]
     pub resolved: Option<CameraDef>,
+    /// With `cameras`: their entries, in the list's order (every entry in
+    /// config order for `"*"`), filled in when the config is read.
+    #[serde(skip)]
+    pub resolved_many: Vec<CameraDef>,
 }
 
 pub(super) fn default_stall_timeout() -> Duration {
@@ -199,6 +220,11 @@ impl CameraDef {
         if self.stall_timeout < Duration::from_millis(100) {
             p.push(format!("{at}.stall_timeout: at least 100ms"));
         }
+        if let Some(f) = self.fps
+            && !(f.is_finite() && (MIN_FPS..=1000.0).contains(&f))
+        {
+            p.push(format!("{at}.fps: {f:?} is out of range 0.001..=1000"));
+        }
         if !(MIN_FRAME_BYTES..=MAX_FRAME_BYTES).contains(&self.max_frame_bytes) {
             p.push(format!(
                 "{at}.max_frame_bytes: {} is out of range 64 KiB..=1 GiB",
@@ -238,7 +264,36 @@ impl CameraDef {
 impl CameraConfig {
     pub fn validate(&self, at: &str) -> Vec<String> {
         let mut p = Vec::new();
-        match &self.camera {
+        let named = match (&self.camera, &self.cameras) {
+            (Some(_), Some(_)) => {
+                p.push(format!(
+                    "{at}.cameras: set `camera` (one camera) or `cameras` (several), not both"
+                ));
+                self.camera.as_ref().map(|n| format!("the camera `{n}`"))
+            }
+            (Some(n), None) => Some(format!("the camera `{n}`")),
+            (None, Some(list)) => {
+                match list {
+                    CameraList::All(s) if s != "*" => p.push(format!(
+                        "{at}.cameras: `{s}`: a list of camera names, or \"*\" for every [[cameras]] entry"
+                    )),
+                    CameraList::All(_) => {}
+                    CameraList::Names(v) => {
+                        if v.is_empty() {
+                            p.push(format!("{at}.cameras: at least one camera"));
+                        }
+                        for (i, n) in v.iter().enumerate() {
+                            if v[..i].contains(n) {
+                                p.push(format!("{at}.cameras: `{n}` is listed twice"));
+                            }
+                        }
+                    }
+                }
+                Some("the cameras'".to_string())
+            }
+            (None, None) => None,
+        };
+        match &named {
             Some(name) => {
                 // The camera's own keys live on its entry: one place says
                 // where a shared camera is and how it is decoded.
@@ -254,7 +309,7 @@ impl CameraConfig {
                 ];
                 for (key, _) in set.iter().filter(|(_, s)| *s) {
                     p.push(format!(
-                        "{at}.{key}: set it on the camera `{name}` ([[cameras]]), not on a pipeline that names it"
+                        "{at}.{key}: set it on {name} entry ([[cameras]]), not on a pipeline that names it"
                     ));
                 }
             }
@@ -288,7 +343,32 @@ impl CameraConfig {
             stall_timeout: self.stall_timeout.unwrap_or_else(default_stall_timeout),
             decode: self.decode.unwrap_or_default(),
             max_frame_bytes: self.max_frame_bytes.unwrap_or_else(default_max_frame_bytes),
+            fps: None,
         }
+    }
+
+    /// Whether the pipeline reads its cameras as streams of its own
+    /// (`cameras = [...]`), each stream named after its camera.
+    pub fn is_many(&self) -> bool {
+        self.cameras.is_some()
+    }
+
+    /// The `[[cameras]]` entries this source names, by name, given every
+    /// entry of the config (`all`): the one of `camera`, the list of
+    /// `cameras`, or every entry for `"*"`; none for an inline camera.
+    pub fn names<'a>(&'a self, all: &'a [CameraDef]) -> Vec<&'a str> {
+        match (&self.camera, &self.cameras) {
+            (Some(n), _) => vec![n.as_str()],
+            (None, Some(CameraList::Names(v))) => v.iter().map(String::as_str).collect(),
+            (None, Some(CameraList::All(_))) => all.iter().map(|c| c.name.as_str()).collect(),
+            (None, None) => Vec::new(),
+        }
+    }
+
+    /// The frames per second taken of `def` by a pipeline reading several
+    /// cameras: the entry's own `fps`, else the pipeline's.
+    pub fn fps_of(&self, def: &CameraDef) -> Option<f64> {
+        def.fps.or(self.fps)
     }
 
     /// The camera this source reads: its `[[cameras]]` entry (once the
@@ -311,8 +391,8 @@ impl CameraConfig {
 
 /// The problems of a config's cameras as a whole: each entry, their names,
 /// the names pipelines give (`named`: each pipeline's index and the camera
-/// it names), and entries no pipeline reads.
-pub fn validate_cameras(cameras: &[CameraDef], named: &[(usize, &str)]) -> Vec<String> {
+/// it names: `camera`, or each of its `cameras`), and entries no pipeline reads.
+pub fn validate_cameras(cameras: &[CameraDef], named: &[(usize, &str, &str)]) -> Vec<String> {
     let mut p = Vec::new();
     for (i, c) in cameras.iter().enumerate() {
         let at = format!("cameras[{i}]");
@@ -331,14 +411,14 @@ pub fn validate_cameras(cameras: &[CameraDef], named: &[(usize, &str)]) -> Vec<S
         }
         // An entry nothing reads would never be started: most likely a
         // pipeline meant it and misspelt it, or it was left behind.
-        if !named.iter().any(|(_, n)| *n == c.name) {
+        if !named.iter().any(|(_, _, n)| *n == c.name) {
             p.push(format!(
-                "{at}.name: no pipeline reads camera `{}` (name it with source = {{ type = \"camera\", camera = \"{}\" }}, or remove the entry)",
+                "{at}.name: no pipeline reads camera `{}` (name it with source = {{ type = \"camera\", camera = \"{}\" }} or in a pipeline's `cameras`, or remove the entry)",
                 c.name, c.name
             ));
         }
     }
-    for (i, n) in named {
+    for (i, key, n) in named {
         if !cameras.iter().any(|c| c.name == *n) {
             let mut known: Vec<&str> = Vec::new();
             for c in cameras {
@@ -347,7 +427,8 @@ pub fn validate_cameras(cameras: &[CameraDef], named: &[(usize, &str)]) -> Vec<S
                 }
             }
             p.push(format!(
-                "pipelines[{i}].source.camera: no camera `{n}` in [[cameras]] ({})",
+                "pipelines[{i}].source.{}: no camera `{n}` in [[cameras]] ({})",
+                key,
                 if known.is_empty() {
                     "there is none".to_string()
                 } else {

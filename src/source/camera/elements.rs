@@ -205,6 +205,7 @@ mod tests {
             stall_timeout: Duration::from_secs(5),
             decode: Decode::Auto,
             max_frame_bytes: 8 << 20,
+            fps: None,
         };
         let plan = source_plan(
             &cfg,

@@ -31,13 +31,18 @@ pub(super) struct Reader {
 }
 
 impl Reader {
-    pub(super) fn new(ctx: SourceCtx, fps: Option<f64>, shown: &str) -> Reader {
+    pub(super) fn new(
+        ctx: SourceCtx,
+        fps: Option<f64>,
+        stream: Option<String>,
+        shown: &str,
+    ) -> Reader {
         let state = ctx
             .camera
             .clone()
             .unwrap_or_else(|| Arc::new(CameraState::new(shown.to_string())));
         Reader {
-            stream: Arc::from(ctx.pipeline.as_str()),
+            stream: Arc::from(stream.as_deref().unwrap_or(ctx.pipeline.as_str())),
             state,
             gate: Mutex::new(FpsGate::new(fps)),
             ctx,

@@ -78,7 +78,8 @@ use serde::Serialize;
 use super::{Source, SourceCtx, SourceError};
 
 pub use config::{
-    CameraConfig, CameraDef, Decode, PARSER_NAME, Transport, needs_camera_build, validate_cameras,
+    CameraConfig, CameraDef, CameraList, Decode, PARSER_NAME, Transport, needs_camera_build,
+    validate_cameras,
 };
 pub use scrub::Scrubber;
 pub use url::{CameraUrl, UrlError};
@@ -263,6 +264,11 @@ pub struct CameraReport {
 }
 
 impl CameraReport {
+    /// The camera's latest error, if it had one.
+    pub fn last_error(&self) -> Option<&str> {
+        self.status.last_error.as_deref()
+    }
+
     /// The camera's name (`None` before its source started).
     pub fn name(&self) -> Option<&str> {
         self.status.name.as_deref()
@@ -402,6 +408,18 @@ impl Source for CameraSource {
     fn spawn(self: Box<Self>, ctx: SourceCtx) -> Result<tokio::task::JoinHandle<()>, SourceError> {
         let mut set = CameraSet::default();
         let pipeline = ctx.pipeline.clone();
+        if self.cfg.is_many() {
+            for def in &self.cfg.resolved_many {
+                set.add_camera(&self.cfg, def, ctx.clone());
+            }
+            return set.spawn().map(|tasks| {
+                tokio::spawn(async move {
+                    for t in tasks {
+                        let _ = t.await;
+                    }
+                })
+            });
+        }
         set.add(&self.cfg, ctx);
         set.spawn()?.pop().ok_or_else(|| SourceError::Setup {
             pipeline,
@@ -416,6 +434,9 @@ pub struct Consumer {
     pub ctx: SourceCtx,
     /// Frames per second it takes (`None`: every frame).
     pub fps: Option<f64>,
+    /// The stream its frames belong to: the camera's name in a pipeline
+    /// reading several; `None`: the pipeline's name.
+    pub stream: Option<String>,
 }
 
 /// Which camera a source reads: a `[[cameras]]` entry, or its own (inline).
@@ -441,7 +462,31 @@ impl CameraSet {
             None => CameraKey::Inline(ctx.pipeline.clone()),
         };
         let def = cfg.def(&ctx.pipeline);
-        let consumer = Consumer { ctx, fps: cfg.fps };
+        let consumer = Consumer {
+            ctx,
+            fps: cfg.fps,
+            stream: None,
+        };
+        self.join(key, def, consumer);
+    }
+
+    /// One camera of a pipeline reading several (`cameras = [...]`) joins
+    /// that camera: `ctx` is the camera's own way into the pipeline, and
+    /// its frames are the stream named after it.
+    pub fn add_camera(&mut self, cfg: &CameraConfig, def: &CameraDef, ctx: SourceCtx) {
+        let consumer = Consumer {
+            ctx,
+            fps: cfg.fps_of(def),
+            stream: Some(def.name.clone()),
+        };
+        self.join(
+            CameraKey::Named(def.name.clone()),
+            Some(def.clone()),
+            consumer,
+        );
+    }
+
+    fn join(&mut self, key: CameraKey, def: Option<CameraDef>, consumer: Consumer) {
         match self.cameras.iter_mut().find(|(k, ..)| *k == key) {
             Some((_, _, v)) => v.push(consumer),
             None => self.cameras.push((key, def, vec![consumer])),
@@ -617,9 +662,17 @@ mod tests {
             stall_timeout: Duration::from_secs(5),
             decode: Decode::Auto,
             max_frame_bytes: 8 << 20,
+            fps: None,
         };
         let cams = [def("gate"), def("yard"), def("gate")];
-        let p = validate_cameras(&cams, &[(0, "gate"), (1, "gate"), (2, "door")]);
+        let p = validate_cameras(
+            &cams,
+            &[
+                (0, "camera", "gate"),
+                (1, "camera", "gate"),
+                (2, "camera", "door"),
+            ],
+        );
         let p: Vec<String> = p
             .into_iter()
             .filter(|e| !e.contains("`camera` feature"))

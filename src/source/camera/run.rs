@@ -112,7 +112,7 @@ pub(super) fn spawn(
         .and_then(|v| v.into_iter().reduce(f64::max));
     let readers = consumers
         .into_iter()
-        .map(|c| Reader::new(c.ctx, c.fps, &shown))
+        .map(|c| Reader::new(c.ctx, c.fps, c.stream, &shown))
         .collect();
     let shared = Arc::new(Shared::new(def, readers, &fps));
     tracing::info!(

@@ -345,6 +345,7 @@ mod tests {
             stall_timeout: std::time::Duration::from_secs(5),
             decode: Default::default(),
             max_frame_bytes: 8 << 20,
+            fps: None,
         }
     }
 

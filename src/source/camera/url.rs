@@ -336,6 +336,7 @@ mod tests {
             stall_timeout: std::time::Duration::from_secs(5),
             decode: Default::default(),
             max_frame_bytes: 8 << 20,
+            fps: None,
         };
         let s = super::super::Scrubber::for_camera(&cfg).scrub(msg);
         for secret in ["abc", "admin", "s@cret"] {

@@ -1,0 +1,424 @@
+//! Many cameras, one pipeline: each camera a stream with its own zones,
+//! served in turn, the ready ones batched into one inference. A real RTSP
+//! server on loopback (`tests/rtsp_server.py`) and a real `outpost run`.
+
+#[cfg(feature = "camera")]
+mod with_gstreamer {
+    use std::time::{Duration, Instant};
+
+    use crate::camera_shared::with_gstreamer::{
+        RtspServer, config, pipeline_status, serial, wait_status,
+    };
+    use crate::common::*;
+
+    const NAMES: [&str; 4] = ["gate", "yard", "dock", "pier"];
+
+    /// `[[cameras]]` entries for `names`, all reading the server's `/cam`
+    /// (one shared encoder there, one RTSP session per camera here);
+    /// `fps`: each entry's own rate, where given.
+    fn cameras(server: &RtspServer, names: &[&str], fps: &[(&str, f64)]) -> String {
+        names
+            .iter()
+            .map(|n| {
+                let own = fps
+                    .iter()
+                    .find(|(c, _)| c == n)
+                    .map(|(_, f)| format!("fps = {f}\n"))
+                    .unwrap_or_default();
+                format!(
+                    "[[cameras]]\nname = \"{n}\"\nurl = \"{}\"\nstall_timeout = \"3s\"\n{own}\n",
+                    server.url("/cam")
+                )
+            })
+            .collect()
+    }
+
+    fn events(recs: &[serde_json::Value]) -> Vec<(String, serde_json::Value)> {
+        recs.iter()
+            .flat_map(|r| {
+                let stream = r["stream"].as_str().unwrap_or_default().to_string();
+                r["outputs"]["events"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(move |e| (stream.clone(), e))
+            })
+            .collect()
+    }
+
+    fn zone_streams(ev: &[(String, serde_json::Value)], zone: &str) -> Vec<String> {
+        ev.iter()
+            .filter(|(_, e)| e["event"] == "zone_enter" && e["zone"] == zone)
+            .map(|(s, _)| s.clone())
+            .collect()
+    }
+
+    fn started(ev: &[(String, serde_json::Value)], stream: &str) -> usize {
+        ev.iter()
+            .filter(|(s, e)| s == stream && e["event"] == "track_start")
+            .count()
+    }
+
+    /// The tracking pipeline over the four cameras, zones on two of them.
+    fn site(server: &RtspServer, names: &[&str]) -> String {
+        config(&format!(
+            r#"
+{}
+[[pipelines]]
+name = "site"
+model = "det_batch"
+max_batch = 8
+source = {{ type = "camera", cameras = "*", fps = 2 }}
+[pipelines.track]
+min_hits = 1
+[[pipelines.zones]]
+name = "gate_area"
+camera = "gate"
+polygon = [[0, 0], [320, 0], [320, 240], [0, 240]]
+inertia = 1
+[[pipelines.zones]]
+name = "yard_area"
+camera = "yard"
+polygon = [[0, 0], [320, 0], [320, 240], [0, 240]]
+inertia = 1
+"#,
+            cameras(server, names, &[])
+        ))
+    }
+
+    /// Four RTSP cameras in one pipeline, zones on two: each camera's events
+    /// carry its name, a zone of one camera never sees another's objects
+    /// (the same picture is on all four), one RTSP session per camera, and
+    /// the status and the metrics show each camera.
+    #[test]
+    fn four_cameras_in_one_pipeline_keep_their_zones_and_tracks_apart() {
+        let _one_at_a_time = serial();
+        let args = ["--width", "320", "--height", "240", "--fps", "10"];
+        let server = RtspServer::start(&["astronaut.png"], &args);
+        let mut d = Daemon::start(&site(&server, &NAMES));
+        d.records_until(Duration::from_secs(90), |r| {
+            let ev = events(r);
+            NAMES.iter().all(|n| started(&ev, n) >= 1)
+                && !zone_streams(&ev, "gate_area").is_empty()
+                && !zone_streams(&ev, "yard_area").is_empty()
+        });
+        let ev = events(&d.seen);
+        for n in NAMES {
+            assert!(started(&ev, n) >= 1, "no track on {n}: {ev:?}\n{}", d.log());
+        }
+        // Events are records of their camera's stream, and only that
+        // camera's zone sees its objects.
+        let gate = zone_streams(&ev, "gate_area");
+        let yard = zone_streams(&ev, "yard_area");
+        assert!(
+            !gate.is_empty() && gate.iter().all(|s| s == "gate"),
+            "{gate:?}"
+        );
+        assert!(
+            !yard.is_empty() && yard.iter().all(|s| s == "yard"),
+            "{yard:?}"
+        );
+        for (s, e) in &ev {
+            assert!(NAMES.contains(&s.as_str()), "event of stream {s}: {e}");
+            if let Some(track) = e["track"].as_str() {
+                assert!(track.contains(&format!("/site/{s}/")), "{s}: {e}");
+            }
+        }
+        // One RTSP session per camera.
+        let clients = server.client_counts();
+        assert_eq!(clients.iter().max(), Some(&4), "{clients:?}");
+        // Each camera in the status, with its frames, rate and open tracks.
+        let p = wait_status(
+            &d,
+            "site",
+            Duration::from_secs(30),
+            "every camera done",
+            |p| {
+                p["cameras"].as_array().is_some_and(|c| {
+                    c.len() == 4
+                        && c.iter().all(|c| {
+                            c["frames_done"].as_u64().unwrap_or(0) >= 3 && c["fps"].is_number()
+                        })
+                })
+            },
+        );
+        let cams = p["cameras"].as_array().unwrap();
+        let names: Vec<&str> = cams.iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!(names, NAMES, "{p:#}");
+        for c in cams {
+            assert!(c["tracks_open"].as_u64().unwrap() >= 1, "{c:#}");
+            assert!(c["frame_age"]["count"].as_u64().unwrap() >= 3, "{c:#}");
+            assert_eq!(c["camera"]["name"], c["name"], "{c:#}");
+        }
+        let zones = p["tracking"]["geometry"]["zones"].as_array().unwrap();
+        assert_eq!(zones[0]["camera"], "gate", "{zones:?}");
+        let (_, body) = http("GET", &d.api, "/metrics", b"").unwrap();
+        let text = String::from_utf8_lossy(&body);
+        for n in NAMES {
+            for family in [
+                "outpost_pipeline_camera_frames_done_total",
+                "outpost_pipeline_camera_fps",
+                "outpost_pipeline_camera_tracks_open",
+            ] {
+                let row = format!("{family}{{pipeline=\"site\",camera=\"{n}\"}}");
+                assert!(text.contains(&row), "no {row}:\n{text}");
+            }
+        }
+        assert!(!d.log().contains("panicked"), "{}", d.log());
+    }
+
+    /// A camera at 30 fps beside three at 1 fps, on a model slower than all
+    /// of them together (the classifier, one frame a run: with this test
+    /// build's preprocessing, tens of ms a frame, under 33 frames a second):
+    /// the fast camera loses frames (its latest wins), each slow one still
+    /// gets at least 90 % of its frames through.
+    #[test]
+    fn a_fast_camera_never_starves_three_slow_ones() {
+        let _one_at_a_time = serial();
+        let args = ["--width", "320", "--height", "240", "--fps", "30"];
+        let server = RtspServer::start(&["astronaut.png", "chelsea.png"], &args);
+        let slow = [("yard", 1.0), ("dock", 1.0), ("pier", 1.0)];
+        let mut d = Daemon::start(&config(&format!(
+            r#"
+{}
+[[pipelines]]
+name = "site"
+model = "classifier"
+source = {{ type = "camera", cameras = ["gate", "yard", "dock", "pier"] }}
+"#,
+            cameras(&server, &NAMES, &slow)
+        )));
+        let p = wait_status(
+            &d,
+            "site",
+            Duration::from_secs(120),
+            "ten slow frames",
+            |p| {
+                p["cameras"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .skip(1)
+                        .all(|c| c["frames_in"].as_u64().unwrap_or(0) >= 10)
+                })
+            },
+        );
+        // The model is the bottleneck: the fast camera's frames pile up and
+        // only its latest is kept.
+        let cams = p["cameras"].as_array().unwrap();
+        let fast = &cams[0];
+        assert!(
+            fast["drops"]["stale"].as_u64().unwrap_or(0) > 10,
+            "the model kept up with 30 fps: {fast:#}"
+        );
+        // Frames still in a lane when the status was read are neither done
+        // nor dropped: one at most per camera.
+        for c in &cams[1..] {
+            let (offered, done) = (
+                c["frames_in"].as_u64().unwrap() as f64,
+                c["frames_done"].as_u64().unwrap() as f64,
+            );
+            assert!(
+                done + 1.0 >= 0.9 * offered,
+                "{}: {done} of {offered} frames\n{p:#}",
+                c["name"]
+            );
+        }
+        d.records_until(Duration::ZERO, |_| true);
+        assert!(!d.log().contains("panicked"), "{}", d.log());
+    }
+
+    /// A token for the API's state changes (pause, resume), in a file of
+    /// its own that lives as long as the returned folder.
+    fn d_token() -> (String, std::path::PathBuf, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        let token = "many-cameras-token-0123456789abcdef".to_string();
+        std::fs::write(&path, &token).unwrap();
+        (token, path, dir)
+    }
+
+    fn detections(r: &serde_json::Value) -> Vec<(String, Vec<f64>)> {
+        r["outputs"]["detections"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no detections: {r}"))
+            .iter()
+            .map(|d| {
+                (
+                    d["label"].as_str().unwrap_or_default().to_string(),
+                    d["box"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.as_f64().unwrap())
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// With the dynamic-batch detector, the frames of four cameras waiting
+    /// together (the pipeline held paused until each has one) run as one
+    /// inference of four, and each camera's result is the one it gets
+    /// running alone (a pipeline of its own with batches of one).
+    #[test]
+    fn ready_cameras_run_as_one_batch_with_the_results_of_running_alone() {
+        let _one_at_a_time = serial();
+        let args = ["--width", "320", "--height", "240", "--fps", "5"];
+        let server = RtspServer::start(&["astronaut.png"], &args);
+        let mut body = format!(
+            r#"
+{}
+[[pipelines]]
+name = "site"
+model = "det_batch"
+max_batch = 8
+source = {{ type = "camera", cameras = "*", fps = 1 }}
+"#,
+            cameras(&server, &NAMES, &[])
+        );
+        for n in NAMES {
+            body.push_str(&format!(
+                "[[pipelines]]\nname = \"alone-{n}\"\nmodel = \"det_batch\"\nsource = {{ type = \"camera\", camera = \"{n}\", fps = 1 }}\n"
+            ));
+        }
+        let token = d_token();
+        let mut d = Daemon::start(&config(&body).replace(
+            "[api]\n",
+            &format!("[api]\ntoken_file = \"{}\"\n", token.1.display()),
+        ));
+        let post = |path: &str| {
+            let code = post_with_token(&d.api, path, &token.0);
+            assert_eq!(code, 200, "{path}");
+        };
+        post("/v1/pipelines/site/pause");
+        let held = wait_status(
+            &d,
+            "site",
+            Duration::from_secs(60),
+            "a frame of each",
+            |p| p["queue_depth"].as_u64() == Some(4),
+        );
+        let (b0, i0) = (
+            held["batches"].as_u64().unwrap(),
+            held["batch_items"].as_u64().unwrap(),
+        );
+        post("/v1/pipelines/site/resume");
+        let after = wait_status(
+            &d,
+            "site",
+            Duration::from_secs(30),
+            "the held frames",
+            |p| p["batch_items"].as_u64().unwrap_or(0) >= i0 + 4,
+        );
+        // The four held frames went in one run (later frames, one camera
+        // at a time at 1 fps each, may have followed).
+        let (b, i) = (
+            after["batches"].as_u64().unwrap() - b0,
+            after["batch_items"].as_u64().unwrap() - i0,
+        );
+        assert!(
+            b < i,
+            "{b} runs for {i} items: the held frames were not batched"
+        );
+        let (_, m) = http("GET", &d.api, "/metrics", b"").unwrap();
+        let m = String::from_utf8_lossy(&m);
+        assert!(
+            m.lines().any(|l| l.starts_with("outpost_batch_size_bucket")
+                && l.contains("pipeline=\"site\"")
+                && l.contains("le=\"4")
+                && !l.ends_with(" 0")),
+            "{m}"
+        );
+        // Each camera's detections equal those of its pipeline of one.
+        d.records_until(Duration::from_secs(60), |r| {
+            NAMES.iter().all(|n| {
+                r.iter()
+                    .any(|x| x["pipeline"] == "site" && x["stream"] == *n)
+                    && r.iter().any(|x| x["pipeline"] == format!("alone-{n}"))
+            })
+        });
+        for n in NAMES {
+            let batched = d
+                .seen
+                .iter()
+                .find(|x| x["pipeline"] == "site" && x["stream"] == n)
+                .unwrap_or_else(|| panic!("no record of {n}"));
+            let alone = d
+                .seen
+                .iter()
+                .find(|x| x["pipeline"] == format!("alone-{n}"))
+                .unwrap_or_else(|| panic!("no record of alone-{n}"));
+            let (a, b) = (detections(batched), detections(alone));
+            assert_eq!(a.len(), b.len(), "{n}: {a:?} vs {b:?}");
+            assert!(!a.is_empty(), "{n}: no detections");
+            for ((la, ba), (lb, bb)) in a.iter().zip(&b) {
+                assert_eq!(la, lb, "{n}");
+                for (x, y) in ba.iter().zip(bb) {
+                    // Frames a moment apart: the detector's small
+                    // dependence on the picture moves a box by well under
+                    // a pixel.
+                    assert!((x - y).abs() < 1.0, "{n}: {ba:?} vs {bb:?}");
+                }
+            }
+        }
+    }
+
+    /// A reload that adds a fifth camera leaves the first four's tracks as
+    /// they were: the objects keep their track ids (no new track starts on
+    /// them), and the fifth camera gets tracks of its own.
+    #[test]
+    fn a_reload_adding_a_camera_keeps_the_other_cameras_track_ids() {
+        let _one_at_a_time = serial();
+        let args = ["--width", "320", "--height", "240", "--fps", "10"];
+        let server = RtspServer::start(&["astronaut.png"], &args);
+        let mut d = Daemon::start(&site(&server, &NAMES));
+        d.records_until(Duration::from_secs(90), |r| {
+            let ev = events(r);
+            NAMES.iter().all(|n| started(&ev, n) >= 4)
+        });
+        let before: Vec<usize> = NAMES.iter().map(|n| started(&events(&d.seen), n)).collect();
+        assert!(before.iter().all(|n| *n >= 4), "{before:?}\n{}", d.log());
+        let mut five = NAMES.to_vec();
+        five.push("quay");
+        let text = site(&server, &five)
+            .replace("{API}", "127.0.0.1:0")
+            .replace("{DATA}", &d.dir.path().join("data").display().to_string());
+        std::fs::write(d.dir.path().join("outpost.toml"), text).unwrap();
+        let _ = std::process::Command::new("kill")
+            .arg("-HUP")
+            .arg(d.child.id().to_string())
+            .status();
+        d.records_until(Duration::from_secs(90), |r| {
+            started(&events(r), "quay") >= 4
+        });
+        assert!(started(&events(&d.seen), "quay") >= 4, "{}", d.log());
+        // Frames of the first four went on after the reload ...
+        let t0 = Instant::now();
+        let p = wait_status(&d, "site", Duration::from_secs(60), "five cameras", |p| {
+            p["cameras"].as_array().is_some_and(|c| {
+                c.len() == 5
+                    && c.iter()
+                        .all(|c| c["frames_done"].as_u64().unwrap_or(0) >= 3)
+            })
+        });
+        assert!(t0.elapsed() < Duration::from_secs(60), "{p:#}");
+        d.records_until(Duration::ZERO, |_| true);
+        let ev = events(&d.seen);
+        for (n, b) in NAMES.iter().zip(&before) {
+            // ... on the same tracks: no track ended or started on them.
+            assert_eq!(
+                started(&ev, n),
+                *b,
+                "{n}: new tracks after the reload\n{ev:?}"
+            );
+            assert!(
+                !ev.iter().any(|(s, e)| s == n && e["event"] == "track_end"),
+                "{n}: a track ended across the reload"
+            );
+        }
+        let p = pipeline_status(&d, "site");
+        for c in p["cameras"].as_array().unwrap() {
+            assert!(c["tracks_open"].as_u64().unwrap() >= 1, "{c:#}");
+        }
+    }
+}

@@ -457,6 +457,12 @@ impl Outbox {
         self.s().commit.wait_durable(false)
     }
 
+    /// Whether the disk failed and records are held in memory until it is
+    /// back (`degraded.rs`): kept, but not durable yet.
+    pub fn holding_in_memory(&self) -> bool {
+        self.s().held.holding()
+    }
+
     /// Up to `limit` unacknowledged records with key > `after` (`None`: from
     /// the start), oldest first. A value that cannot be decoded is moved to
     /// the dead letters (reason `undecodable: ...`) instead of blocking the

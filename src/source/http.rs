@@ -2,12 +2,15 @@
 //! payload; `?stream=NAME` names the stream (default `http`). The answer is
 //! the records the frame produced (also stored like any other), as JSON.
 //!
-//! A `200` means the records are durable: the answer waits for the
-//! outbox's group commit that holds them (at most about its
-//! `flush_interval`, sharing the fsync with every other record of that
-//! window), as a QoS 1 MQTT source waits before acknowledging. A record
-//! answered `200` survives a crash or power loss that follows; one whose
-//! commit failed is answered `503` and may be sent again.
+//! The answer says whether the records are durable (`"durable": true`):
+//! it waits for the outbox's group commit that holds them (at most about
+//! its `flush_interval`, sharing the fsync with every other record of that
+//! window), as a QoS 1 MQTT source waits before acknowledging, so a record
+//! answered `"durable": true` survives a crash or power loss that follows.
+//! While the disk has failed and the outbox holds records in memory until
+//! it is back, the answer is still `200` with `"durable": false` (kept, not
+//! yet on disk); a commit that fails otherwise is answered `503` and the
+//! frame may be sent again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -118,9 +121,9 @@ pub async fn infer(
     body: axum::body::Body,
 ) -> Response {
     match infer_inner(ingress, name, q, body).await {
-        Ok(records) => (
+        Ok((records, durable)) => (
             StatusCode::OK,
-            axum::Json(serde_json::json!({"records": records})),
+            axum::Json(serde_json::json!({"records": records, "durable": durable})),
         )
             .into_response(),
         Err(e) => e.into_response(),
@@ -149,7 +152,7 @@ async fn infer_inner(
     name: String,
     q: HashMap<String, String>,
     body: axum::body::Body,
-) -> Result<Vec<ResultRecord>, InferError> {
+) -> Result<(Vec<ResultRecord>, bool), InferError> {
     let ctx = ingress.pipelines.load().get(&name).cloned();
     let Some(ctx) = ctx else {
         return Err(InferError::UnknownPipeline(name));
@@ -171,20 +174,25 @@ async fn infer_inner(
         Ok(Err(_)) => return Err(InferError::QueueFull),
         Err(_) => return Err(InferError::Timeout),
     };
+    let mut kept = true;
     if !records.is_empty()
         && let Some(outbox) = ctx.outbox.clone()
     {
-        durable(outbox).await?;
+        kept = durable(outbox).await?;
     }
-    Ok(records)
+    Ok((records, kept))
 }
 
 /// Waits until what the outbox holds now (this frame's records) is
 /// durable: the regular group commit, no fsync of its own.
-async fn durable(outbox: crate::outbox::Outbox) -> Result<(), InferError> {
-    let wait = tokio::task::spawn_blocking(move || outbox.wait_committed());
+/// `false`: the disk has failed and the records are held in memory.
+async fn durable(outbox: crate::outbox::Outbox) -> Result<bool, InferError> {
+    let o = outbox.clone();
+    let wait = tokio::task::spawn_blocking(move || o.wait_committed());
     match tokio::time::timeout(RESULT_TIMEOUT, wait).await {
-        Ok(Ok(Ok(()))) => Ok(()),
+        // Held in memory, a commit has nothing of them to make durable.
+        Ok(Ok(Ok(()))) => Ok(!outbox.holding_in_memory()),
+        Ok(Ok(Err(_))) if outbox.holding_in_memory() => Ok(false),
         Ok(Ok(Err(e))) => Err(InferError::NotDurable(e.to_string())),
         Ok(Err(e)) => Err(InferError::NotDurable(e.to_string())),
         Err(_) => Err(InferError::NotDurable(

@@ -117,6 +117,7 @@ fn models_list_loads_every_fetched_and_built_model() {
         [
             "classifier",
             "coco_det",
+            "det_batch",
             "det_detr",
             "det_rtdetr",
             "det_ssd",

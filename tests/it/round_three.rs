@@ -215,6 +215,7 @@ fn an_http_200_is_a_record_that_survives_sigkill() {
     let mut answered = Vec::new();
     for _ in 0..4 {
         let v = post(&d, "sensors", "s", &body);
+        assert_eq!(v["durable"], true, "{v}");
         for r in v["records"].as_array().unwrap() {
             answered.push(r["id"].as_str().unwrap().to_string());
         }

@@ -313,6 +313,8 @@ max_age = "200ms"
         std::thread::sleep(Duration::from_millis(200));
     }
     let warnings = d.log().matches("track snapshot not kept").count();
+    // Rate-limited: at most one warning every 5 s, however many fail.
+    let bound = 1 + (t0.elapsed().as_secs() / 5) as usize;
     let tmp: Vec<_> = std::fs::read_dir(tracks.join("gate"))
         .unwrap()
         .flatten()
@@ -330,7 +332,12 @@ max_age = "200ms"
         d.log()
     );
     assert!(tmp.is_empty(), "files left behind: {tmp:?}");
-    assert!(warnings <= 2, "{warnings} warnings:\n{}", d.log());
+    assert!(
+        warnings <= bound,
+        "{warnings} warnings in {:?}:\n{}",
+        t0.elapsed(),
+        d.log()
+    );
     // `/v1/status` counts them too, in the pipeline's tracking counts.
     let text = status.to_string();
     let in_status = text.split("\"snapshots_failed\":").nth(1).and_then(|r| {

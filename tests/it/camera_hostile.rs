@@ -175,6 +175,10 @@ source = {{ type = "camera", url = "rtsp://127.0.0.1:{}/cam", stall_timeout = "3
         // not gathered until the stall timer: the daemon's peak memory
         // stays far from the gigabyte it reached before.
         let peak = peak_rss_kib(d.child.id());
+        eprintln!(
+            "hostile cameras cut and reconnected in {:?}; daemon peak RSS {peak} KiB",
+            t0.elapsed()
+        );
         assert!(peak < 400 * 1024, "peak RSS {peak} KiB");
         // The rest of the daemon serves throughout.
         let body = serde_json::to_vec(&vec![0.5f32; 16]).unwrap();

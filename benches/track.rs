@@ -49,12 +49,14 @@ fn spec() -> TrackingSpec {
         inertia: 3,
         loiter: Some(Duration::from_secs(5)),
         classes: vec![],
+        ..ZoneConfig::default()
     };
     let line = |name: &str, x: f32| LineConfig {
         name: name.into(),
         points: [[x, 0.0], [x + 100.0, 1080.0]],
         inertia: 2,
         classes: vec![],
+        ..LineConfig::default()
     };
     TrackingSpec::new(
         TrackConfig::default(),

@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::config::{Emit, LineConfig, TrackConfig, ZoneConfig};
-use super::events::{EndReason, Event, EventKind, rfc3339};
+use super::events::{EndReason, Event, EventKind, OccupancyEvent, rfc3339};
 use super::snapshots::{SnapshotStore, snapshot_name};
 use super::stats::TrackStats;
 use super::tracker::{Detection, FrameOutput, StreamTracker, TrackingSpec};
@@ -255,7 +255,8 @@ impl PipelineTracking {
                 Arc::clone(&self.stats),
                 format!("{}{stream}/", self.prefix),
                 Arc::clone(&self.numbers),
-            ),
+            )
+            .with_stream(stream),
             stream: stream.to_string(),
         }
     }
@@ -282,7 +283,7 @@ impl PipelineTracking {
             .filter_map(|(o, d)| Some((snapshot_name(o.track.as_deref()?), d.bbox)))
             .collect();
         Step {
-            events: self.events(out.events),
+            events: self.events(out.events, out.occupancy),
             send_frame: self.emit == Emit::Frames,
             best_crops,
         }
@@ -292,18 +293,20 @@ impl PipelineTracking {
     /// its open tracks end.
     pub fn end(&self, st: &mut StreamState, reason: EndReason, at: SystemTime) -> Option<Value> {
         let ev = st.tracker.finish(reason, at);
+        let occ = st.tracker.empty_zones(at);
         let mut slot = self.live_slot();
         if slot.tracks.as_ref().is_some_and(|t| t.stream == st.stream) {
             slot.tracks = None;
         }
         drop(slot);
-        self.events(ev)
+        self.events(ev, occ)
     }
 
     /// The events as a record's outputs (none with `emit = "frames"`), each
-    /// `track_end` naming its snapshot when one was kept.
-    fn events(&self, mut ev: Vec<Event>) -> Option<Value> {
-        if ev.is_empty() || self.emit == Emit::Frames {
+    /// `track_end` naming its snapshot when one was kept; the zones' counts
+    /// after the tracks' events.
+    fn events(&self, mut ev: Vec<Event>, occ: Vec<OccupancyEvent>) -> Option<Value> {
+        if (ev.is_empty() && occ.is_empty()) || self.emit == Emit::Frames {
             return None;
         }
         if let Some(store) = &self.snapshots {
@@ -320,7 +323,14 @@ impl PipelineTracking {
                 }
             }
         }
-        Some(json!({ "events": ev }))
+        if occ.is_empty() {
+            return Some(json!({ "events": ev }));
+        }
+        let mut list = serde_json::to_value(ev).ok()?;
+        if let Value::Array(a) = &mut list {
+            a.extend(occ.iter().filter_map(|o| serde_json::to_value(o).ok()));
+        }
+        Some(json!({ "events": list }))
     }
 }
 

@@ -1,6 +1,7 @@
 //! The tracking families of `/metrics`: tracks started, open and ended,
 //! objects in each zone and entries per zone and label, crossings per line,
-//! direction and label, events by kind. One row set per tracking pipeline.
+//! direction and label, events by kind, and the occupancy counts of zones
+//! with `occupancy` per stream. One row set per tracking pipeline.
 
 use prometheus_client::encoding::DescriptorEncoder;
 
@@ -20,6 +21,7 @@ pub fn encode(
     let (mut started, mut open, mut ended, mut events) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut inside, mut entered, mut crossed) = (Vec::new(), Vec::new(), Vec::new());
+    let mut occupancy = Vec::new();
     for p in pipes {
         let Some(t) = p.tracking() else { continue };
         let c = t.stats().snapshot();
@@ -36,6 +38,17 @@ pub fn encode(
                 let l = labels(p, &[("zone", zone), ("label", label)]);
                 inside.push((l.clone(), z.inside as f64));
                 entered.push((l, z.entered));
+            }
+        }
+        for (stream, by_zone) in &c.occupancy {
+            for (zone, by_label) in by_zone {
+                for (label, n) in by_label {
+                    let l = labels(
+                        p,
+                        &[("stream", stream), ("zone", zone), ("label", label)],
+                    );
+                    occupancy.push((l, *n as f64));
+                }
             }
         }
         for (line, by_dir) in &c.lines {
@@ -85,6 +98,12 @@ pub fn encode(
         "outpost_zone_entries",
         "Entries into the zone, by label",
         &entered,
+    )?;
+    gauge(
+        enc,
+        "outpost_zone_occupancy",
+        "Objects in the zone now per stream and label, as the last zone_occupancy told (zones with occupancy)",
+        &occupancy,
     )?;
     counter(
         enc,

@@ -43,10 +43,7 @@ pub fn encode(
         for (stream, by_zone) in &c.occupancy {
             for (zone, by_label) in by_zone {
                 for (label, n) in by_label {
-                    let l = labels(
-                        p,
-                        &[("stream", stream), ("zone", zone), ("label", label)],
-                    );
+                    let l = labels(p, &[("stream", stream), ("zone", zone), ("label", label)]);
                     occupancy.push((l, *n as f64));
                 }
             }

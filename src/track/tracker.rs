@@ -699,33 +699,14 @@ fn areas(spec: &TrackingSpec, label: &str, t: &mut Track, p: Point, at: SystemTi
         let st = &mut t.zones[zi];
         let change = st.step(z, p, at);
         // Speed: ground positions while the point is in the polygon, of a
-        // visit that counts; settled estimates of an entered visit raise
-        // max_speed and may be speeding.
+        // visit not (yet) found to be one `after` keeps out.
         if let Some(g) = &z.ground
             && st.raw()
             && !st.ignored
             && let Some(w) = g.ground(p)
         {
             st.speed.push(at, w);
-            if st.inside()
-                && let Some(e) = st.speed.estimate().filter(|e| e.settled())
-            {
-                t.max_speed = Some(t.max_speed.map_or(e.mps, |m| m.max(e.mps)));
-                if let Some(limit) = z.speed_limit
-                    && !st.sped
-                    && e.mps > limit
-                {
-                    st.sped = true;
-                    let kind = EventKind::Speeding {
-                        zone: z.name.clone(),
-                        speed: Speed::new(e.mps, z.unit),
-                        speed_limit: z.unit.from_mps(limit) as f32,
-                    };
-                    hold(&mut t.held, kind, at, true);
-                }
-            }
         }
-        let st = &mut t.zones[zi];
         let speed = || st.speed.estimate().map(|e| Speed::new(e.mps, z.unit));
         match change {
             None => {}
@@ -741,10 +722,6 @@ fn areas(spec: &TrackingSpec, label: &str, t: &mut Track, p: Point, at: SystemTi
                 };
                 if !t.visited.contains(&zi) {
                     t.visited.push(zi);
-                }
-                // A settled estimate on the frame of entry counts too.
-                if let Some(e) = st.speed.estimate().filter(|e| e.settled()) {
-                    t.max_speed = Some(t.max_speed.map_or(e.mps, |m| m.max(e.mps)));
                 }
                 hold(&mut t.held, kind, when, z.direction.allows(Direction::In));
             }
@@ -768,6 +745,27 @@ fn areas(spec: &TrackingSpec, label: &str, t: &mut Track, p: Point, at: SystemTi
                 let kind = EventKind::Loiter {
                     zone: z.name.clone(),
                     dwell_s: dwell.as_secs_f64(),
+                };
+                hold(&mut t.held, kind, at, true);
+            }
+        }
+        // Settled estimates of an entered visit that counts raise
+        // max_speed and may be speeding.
+        if z.ground.is_some()
+            && st.inside()
+            && !st.ignored
+            && let Some(e) = st.speed.estimate().filter(|e| e.settled())
+        {
+            t.max_speed = Some(t.max_speed.map_or(e.mps, |m| m.max(e.mps)));
+            if let Some(limit) = z.speed_limit
+                && !st.sped
+                && e.mps > limit
+            {
+                st.sped = true;
+                let kind = EventKind::Speeding {
+                    zone: z.name.clone(),
+                    speed: Speed::new(e.mps, z.unit),
+                    speed_limit: z.unit.from_mps(limit) as f32,
                 };
                 hold(&mut t.held, kind, at, true);
             }

@@ -132,7 +132,11 @@ direction = "out"
             frames.push(rec);
         }
     }
-    assert!(remover.join().unwrap(), "the scene never ended:\n{}", d.log());
+    assert!(
+        remover.join().unwrap(),
+        "the scene never ended:\n{}",
+        d.log()
+    );
     let stream = frames[0]["stream"].as_str().unwrap().to_string();
 
     // Where each face's box stands at frame 0 (A is the higher one): the
@@ -148,9 +152,7 @@ direction = "out"
     };
     let in_yard = |p: (f64, f64)| p.0 > x0 && p.0 < x1 && p.1 > y0 && p.1 < y1;
     let truth: Vec<u64> = (0..FRAMES)
-        .map(|f| {
-            u64::from(in_yard(at(a0, A_STEP, f))) + u64::from(in_yard(at(b0, B_STEP, f)))
-        })
+        .map(|f| u64::from(in_yard(at(a0, A_STEP, f))) + u64::from(in_yard(at(b0, B_STEP, f))))
         .collect();
     let changes: Vec<usize> = (1..FRAMES).filter(|f| truth[*f] != truth[f - 1]).collect();
     // The scene is made for this: A in at ~11, B in at ~32, A out at ~37.
@@ -182,7 +184,12 @@ direction = "out"
         .seen
         .iter()
         .filter(|r| r["pipeline"] == "zones")
-        .flat_map(|r| r["outputs"]["events"].as_array().cloned().unwrap_or_default())
+        .flat_map(|r| {
+            r["outputs"]["events"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
         .collect();
     let frame_of = |e: &Value| {
         let t = time(&e["ts"]);
@@ -198,11 +205,14 @@ direction = "out"
     let track_of = |want_a: bool| {
         events
             .iter()
-            .find(|e| {
-                e["event"] == "track_start" && (bottom_centre(&e["box"]).1 < 150.0) == want_a
-            })
+            .find(|e| e["event"] == "track_start" && (bottom_centre(&e["box"]).1 < 150.0) == want_a)
             .and_then(|e| e["track"].as_str())
-            .unwrap_or_else(|| panic!("no track_start of face {}: {events:#?}", if want_a { "A" } else { "B" }))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no track_start of face {}: {events:#?}",
+                    if want_a { "A" } else { "B" }
+                )
+            })
             .to_string()
     };
     let (a, b) = (track_of(true), track_of(false));
@@ -228,9 +238,16 @@ direction = "out"
     // The last one is the stream's end, emptying the yard.
     assert_eq!(occ.last().map(|o| o.1), Some(0), "{occ:?}");
     let told = &occ[..occ.len() - 1];
-    assert_eq!(told.len(), changes.len(), "told {told:?}, truth changes at {changes:?}");
+    assert_eq!(
+        told.len(),
+        changes.len(),
+        "told {told:?}, truth changes at {changes:?}"
+    );
     for ((f, n), c) in told.iter().zip(&changes) {
-        assert!(f.abs_diff(*c) <= 1, "count {n} told at frame {f}, truth at {c}");
+        assert!(
+            f.abs_diff(*c) <= 1,
+            "count {n} told at frame {f}, truth at {c}"
+        );
         assert_eq!(*n, truth[*c], "{told:?} {truth:?}");
     }
     for f in 0..FRAMES {
@@ -244,13 +261,26 @@ direction = "out"
     // `after = "street"`: B came from the street and enters the yard; A
     // came down from above and passes unannounced (occupancy counted it).
     assert_eq!(of("zone_enter", &b, "zone", "yard").len(), 1, "{events:#?}");
-    assert!(of("zone_enter", &a, "zone", "yard").is_empty(), "{events:#?}");
-    assert!(of("zone_leave", &a, "zone", "yard").is_empty(), "{events:#?}");
+    assert!(
+        of("zone_enter", &a, "zone", "yard").is_empty(),
+        "{events:#?}"
+    );
+    assert!(
+        of("zone_leave", &a, "zone", "yard").is_empty(),
+        "{events:#?}"
+    );
 
     // Direction: the street tells only leaving; `gate` counts only `in`
     // (B), `exit` only `out` (nobody went that way).
-    assert!(of("zone_enter", &b, "zone", "street").is_empty(), "{events:#?}");
-    assert_eq!(of("zone_leave", &b, "zone", "street").len(), 1, "{events:#?}");
+    assert!(
+        of("zone_enter", &b, "zone", "street").is_empty(),
+        "{events:#?}"
+    );
+    assert_eq!(
+        of("zone_leave", &b, "zone", "street").len(),
+        1,
+        "{events:#?}"
+    );
     let crossings: Vec<(&str, &str, &str)> = events
         .iter()
         .filter(|e| e["event"] == "line_cross")
@@ -279,7 +309,11 @@ direction = "out"
         let leave = of("zone_leave", track, "zone", "lane");
         assert_eq!(leave.len(), 1, "{name}: {events:#?}");
         assert_eq!(leave[0]["speed_unit"], "km/h", "{}", leave[0]);
-        near(&leave[0]["speed"], want, &format!("{name} leaving the lane"));
+        near(
+            &leave[0]["speed"],
+            want,
+            &format!("{name} leaving the lane"),
+        );
         let end = of("track_end", track, "reason", "restart");
         assert_eq!(end.len(), 1, "{name}: {events:#?}");
         near(&end[0]["max_speed"], want, &format!("{name} max_speed"));

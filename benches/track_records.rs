@@ -57,14 +57,14 @@ fn rendered_spec() -> TrackingSpec {
             inertia: 3,
             loiter: None,
             classes: vec![],
-            camera: None,
+            ..ZoneConfig::default()
         }],
         &[LineConfig {
             name: "gate".into(),
             points: [[160.0, 0.0], [160.0, 240.0]],
             inertia: 2,
             classes: vec![],
-            camera: None,
+            ..LineConfig::default()
         }],
     )
 }
@@ -103,14 +103,14 @@ fn gate_spec() -> TrackingSpec {
             inertia: 3,
             loiter: Some(Duration::from_secs(30)),
             classes: vec![],
-            camera: None,
+            ..ZoneConfig::default()
         }],
         &[LineConfig {
             name: "gate".into(),
             points: [[960.0, 0.0], [960.0, 1080.0]],
             inertia: 2,
             classes: vec![],
-            camera: None,
+            ..LineConfig::default()
         }],
     )
 }

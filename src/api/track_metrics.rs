@@ -1,7 +1,8 @@
 //! The tracking families of `/metrics`: tracks started, open and ended,
 //! objects in each zone and entries per zone and label, crossings per line,
 //! direction and label, events by kind, snapshots that could not be
-//! written. One row set per tracking pipeline.
+//! written, and the occupancy counts of zones with `occupancy` per
+//! stream. One row set per tracking pipeline.
 
 use prometheus_client::encoding::DescriptorEncoder;
 
@@ -22,6 +23,7 @@ pub fn encode(
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut inside, mut entered, mut crossed) = (Vec::new(), Vec::new(), Vec::new());
     let mut snapshots_failed = Vec::new();
+    let mut occupancy = Vec::new();
     for p in pipes {
         let Some(t) = p.tracking() else { continue };
         let c = t.counts();
@@ -39,6 +41,14 @@ pub fn encode(
                 let l = labels(p, &[("zone", zone), ("label", label)]);
                 inside.push((l.clone(), z.inside as f64));
                 entered.push((l, z.entered));
+            }
+        }
+        for (stream, by_zone) in &c.occupancy {
+            for (zone, by_label) in by_zone {
+                for (label, n) in by_label {
+                    let l = labels(p, &[("stream", stream), ("zone", zone), ("label", label)]);
+                    occupancy.push((l, *n as f64));
+                }
             }
         }
         for (line, by_dir) in &c.lines {
@@ -88,6 +98,12 @@ pub fn encode(
         "outpost_zone_entries",
         "Entries into the zone, by label",
         &entered,
+    )?;
+    gauge(
+        enc,
+        "outpost_zone_occupancy",
+        "Objects in the zone now per stream and label, as the last zone_occupancy told (zones with occupancy)",
+        &occupancy,
     )?;
     counter(
         enc,

@@ -242,7 +242,8 @@ source = { type = "camera", camera = "gate", fps = 10, queue = 1 }
 # source = { type = "camera", url = "rtsp://192.0.2.8:554/stream1", width = 1280, height = 720, fps = 15, transport = "tcp", stall_timeout = "5s", decode = "all", queue = 1 }
 
 # Faces at a gate, tracked (docs/tracking.md): the outbox gets what happened
-# (track_start, zone_enter, zone_leave, loiter, line_cross, track_end), not a
+# (track_start, zone_enter, zone_leave, loiter, line_cross, speeding,
+# zone_occupancy, track_end), not a
 # record per frame; local outputs still get every frame with its track ids.
 [[pipelines]]
 name = "gate-faces"
@@ -269,11 +270,18 @@ polygon = [[0, 240], [640, 240], [640, 480], [0, 480]]   # source-frame pixels
 inertia = 3                  # frames in (or out) before zone_enter (zone_leave)
 loiter = "30s"               # one loiter event per visit this long
 classes = []                 # labels counted (empty: all)
+occupancy = true             # zone_occupancy when a label's count changed (and held inertia frames)
+direction = "both"           # "in": only zone_enter; "out": only zone_leave
+# after = "street"           # only tracks that were in zone "street" first
+distances = [6, 12, 6, 12]   # real lengths of the 4 sides (corner 0-1, 1-2, 2-3, 3-0): speeds
+speed_unit = "km/h"          # "km/h", "mph" (distances in feet) or "m/s"
+speed_limit = 20             # one speeding event per track faster than this
 [[pipelines.lines]]
 name = "gate"
 points = [[320, 0], [320, 480]]   # crossing from the left side to the right is "in"
 inertia = 2                  # frames on the new side before a crossing counts
 classes = []
+direction = "both"           # "in" or "out": only crossings that way count
 "#;
 
 const MQTT: &str = r#"# Results to the fleet broker: QoS 1, deleted from the outbox on PUBACK.

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::events::Direction;
 use super::geometry::{self, Point};
+use super::speed::{GroundPlane, SpeedUnit};
 
 fn default_min_hits() -> u32 {
     3
@@ -54,6 +56,31 @@ pub enum Emit {
     /// (the default when `track` is set).
     #[default]
     Events,
+}
+
+/// Which crossings a line counts, which of entering (`in`) and leaving
+/// (`out`) a zone tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Directions {
+    In,
+    Out,
+    #[default]
+    Both,
+}
+
+impl Directions {
+    pub fn allows(self, d: Direction) -> bool {
+        match self {
+            Directions::Both => true,
+            Directions::In => d == Direction::In,
+            Directions::Out => d == Direction::Out,
+        }
+    }
+
+    fn is_both(&self) -> bool {
+        *self == Directions::Both
+    }
 }
 
 /// `[pipelines.track]`: multi-object tracking per stream.
@@ -144,6 +171,52 @@ pub struct ZoneConfig {
     /// several (`cameras = [...]`), where it is required; absent: every stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub camera: Option<String>,
+    /// Count the objects of each label in the zone: `zone_occupancy`
+    /// events when a count changed and held for `inertia` frames, a gauge
+    /// in `/metrics`, the counts in `/v1/status`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub occupancy: bool,
+    /// Which of `zone_enter` (`in`) and `zone_leave` (`out`) are told.
+    #[serde(default, skip_serializing_if = "Directions::is_both")]
+    pub direction: Directions,
+    /// Another zone's name: only tracks that were in that zone before
+    /// entering this one count here (`zone_enter`, `zone_leave`, `loiter`,
+    /// speed); others pass unannounced (occupancy still counts them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    /// The real lengths of the four sides of a zone of 4 points, from point
+    /// 0 to 1, 1 to 2, 2 to 3 and 3 to 0 (metres; feet with `speed_unit =
+    /// "mph"`): the zone is a rectangle on the ground and tracks in it get
+    /// a `speed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distances: Option<[f32; 4]>,
+    /// `km/h` (the default), `mph` or `m/s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed_unit: Option<SpeedUnit>,
+    /// A track faster than this (in `speed_unit`) in the zone gets one
+    /// `speeding` event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed_limit: Option<f32>,
+}
+
+impl Default for ZoneConfig {
+    /// A zone with every optional key at its default (name and polygon empty).
+    fn default() -> Self {
+        ZoneConfig {
+            name: String::new(),
+            polygon: Vec::new(),
+            inertia: default_inertia(),
+            loiter: None,
+            classes: Vec::new(),
+            occupancy: false,
+            direction: Directions::Both,
+            after: None,
+            distances: None,
+            speed_unit: None,
+            speed_limit: None,
+            camera: None,
+        }
+    }
 }
 
 /// `[[pipelines.lines]]`: two points; an object crosses when the bottom
@@ -170,6 +243,23 @@ pub struct LineConfig {
     /// As a zone's `camera`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub camera: Option<String>,
+    /// Which crossings count: `in`, `out` or `both` (the default).
+    #[serde(default, skip_serializing_if = "Directions::is_both")]
+    pub direction: Directions,
+}
+
+impl Default for LineConfig {
+    /// A line with every optional key at its default (name empty, points at 0).
+    fn default() -> Self {
+        LineConfig {
+            name: String::new(),
+            points: [[0.0; 2]; 2],
+            inertia: default_line_inertia(),
+            classes: Vec::new(),
+            direction: Directions::Both,
+            camera: None,
+        }
+    }
 }
 
 impl ZoneConfig {
@@ -178,6 +268,21 @@ impl ZoneConfig {
             .iter()
             .map(|p| Point::new(p[0], p[1]))
             .collect()
+    }
+
+    /// The unit of the zone's speeds.
+    pub fn unit(&self) -> SpeedUnit {
+        self.speed_unit.unwrap_or_default()
+    }
+
+    /// The zone's ground plane, when it is calibrated.
+    pub fn ground(&self) -> Option<Result<GroundPlane, super::speed::CalibrationError>> {
+        let d = self.distances?;
+        Some(GroundPlane::new(
+            &self.points(),
+            d,
+            self.unit().metres_per_distance(),
+        ))
     }
 }
 
@@ -259,6 +364,7 @@ pub fn validate(
             p.push(format!("{at}.loiter: must be longer than 0s"));
         }
         check_classes(&mut p, &at, &z.classes);
+        check_analytics(&mut p, &at, zones, i);
     }
     for (i, l) in lines.iter().enumerate() {
         let at = format!("{at}.lines[{i}]");
@@ -328,6 +434,72 @@ pub fn validate_cameras(
         }
     }
     p
+}
+
+/// `after`, `distances`, `speed_unit` and `speed_limit` of zone `i`.
+fn check_analytics(p: &mut Vec<String>, at: &str, zones: &[ZoneConfig], i: usize) {
+    let z = &zones[i];
+    if let Some(a) = &z.after {
+        if *a == z.name {
+            p.push(format!("{at}.after: a zone cannot come after itself"));
+        } else if !zones.iter().any(|o| o.name == *a) {
+            p.push(format!("{at}.after: no zone is named `{a}`"));
+        } else if after_depth(zones, i).is_none() {
+            p.push(format!(
+                "{at}.after: `{a}` leads back to `{}` (zones in a circle)",
+                z.name
+            ));
+        }
+    }
+    match z.ground() {
+        Some(Err(e)) => p.push(format!("{at}.distances: {e}")),
+        Some(Ok(_)) => {
+            // One unit per pipeline: `max_speed` of `track_end` is the
+            // fastest over all of its zones.
+            if let Some(first) = zones[..i].iter().find(|o| o.distances.is_some())
+                && first.unit() != z.unit()
+            {
+                p.push(format!(
+                    "{at}.speed_unit: `{}` differs from zone `{}`'s `{}`; a pipeline's speeds share one unit",
+                    z.unit().as_str(),
+                    first.name,
+                    first.unit().as_str()
+                ));
+            }
+        }
+        None => {
+            if z.speed_unit.is_some() {
+                p.push(format!(
+                    "{at}.speed_unit: needs `distances` (the zone's calibration)"
+                ));
+            }
+            if z.speed_limit.is_some() {
+                p.push(format!(
+                    "{at}.speed_limit: needs `distances` (the zone's calibration)"
+                ));
+            }
+        }
+    }
+    if let Some(l) = z.speed_limit
+        && !(l.is_finite() && l > 0.0)
+    {
+        p.push(format!("{at}.speed_limit: {l} must be a number above 0"));
+    }
+}
+
+/// How many zones precede zone `i` by `after` (0: none); `None` when the
+/// chain comes back to a zone it passed, or names no zone.
+pub fn after_depth(zones: &[ZoneConfig], i: usize) -> Option<usize> {
+    let mut seen = vec![i];
+    let mut at = i;
+    while let Some(a) = &zones[at].after {
+        at = zones.iter().position(|o| o.name == *a)?;
+        if seen.contains(&at) {
+            return None;
+        }
+        seen.push(at);
+    }
+    Some(seen.len() - 1)
 }
 
 impl TrackConfig {
@@ -515,6 +687,107 @@ inertia = 0
         // stationary_max_age < max_age? (no: 600s >= 0s), max_tracks = 6;
         // zone: name, inertia, loiter, classes = 4; lines: points, name twice, inertia = 3.
         assert_eq!(e.len(), 13, "{e:#?}");
+    }
+
+    #[test]
+    fn analytics_keys_parse_and_default_to_none() {
+        let p = parse(
+            r#"
+[track]
+[[zones]]
+name = "street"
+polygon = [[0, 0], [100, 0], [100, 100], [0, 100]]
+distances = [10, 20, 10, 20]
+speed_unit = "mph"
+speed_limit = 25
+occupancy = true
+direction = "in"
+[[zones]]
+name = "drive"
+polygon = [[100, 0], [200, 0], [200, 100]]
+after = "street"
+[[lines]]
+name = "gate"
+points = [[0, 0], [0, 10]]
+direction = "out"
+"#,
+        );
+        assert!(problems(&p).is_empty(), "{:?}", problems(&p));
+        let z = &p.zones[0];
+        assert_eq!(z.distances, Some([10.0, 20.0, 10.0, 20.0]));
+        assert_eq!(z.unit(), SpeedUnit::Mph);
+        assert!(z.occupancy && z.direction == Directions::In);
+        assert_eq!(p.zones[1].after.as_deref(), Some("street"));
+        assert!(!p.zones[1].occupancy && p.zones[1].direction == Directions::Both);
+        assert_eq!(p.zones[1].unit(), SpeedUnit::KmH);
+        assert_eq!(p.lines[0].direction, Directions::Out);
+        assert!(
+            toml::from_str::<P>(
+                "[[lines]]\nname = \"l\"\npoints = [[0, 0], [0, 9]]\ndirection = \"up\""
+            )
+            .is_err()
+        );
+        assert!(
+            toml::from_str::<P>("[[zones]]\nname = \"z\"\npolygon = []\nspeed_unit = \"kmh\"")
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn every_analytics_problem_at_once_with_its_path() {
+        let p = parse(
+            r#"
+[track]
+[[zones]]
+name = "a"
+polygon = [[0, 0], [100, 0], [100, 100]]
+distances = [10, 10, 10, 10]
+[[zones]]
+name = "b"
+polygon = [[0, 0], [100, 0], [100, 100], [0, 100]]
+distances = [10, 0, 10, 10]
+after = "b"
+[[zones]]
+name = "c"
+polygon = [[0, 0], [10, 0], [3, 3], [0, 10]]
+distances = [1, 1, 1, 1]
+after = "nowhere"
+[[zones]]
+name = "d"
+polygon = [[0, 0], [10, 0], [10, 10], [0, 10]]
+speed_limit = -3
+speed_unit = "m/s"
+after = "e"
+[[zones]]
+name = "e"
+polygon = [[0, 0], [10, 0], [10, 10], [0, 10]]
+after = "d"
+[[zones]]
+name = "f"
+polygon = [[0, 0], [10, 0], [10, 10], [0, 10]]
+distances = [1, 1, 1, 1]
+speed_unit = "mph"
+[[zones]]
+name = "g"
+polygon = [[0, 0], [10, 0], [10, 10], [0, 10]]
+distances = [1, 1, 1, 1]
+"#,
+        );
+        let e = problems(&p);
+        let want = [
+            "p.zones[0].distances: a calibrated zone needs exactly 4 polygon points (its corners), not 3",
+            "p.zones[1].after: a zone cannot come after itself",
+            "p.zones[1].distances: distance 1 is 0; each must be a finite number above 0",
+            "p.zones[2].after: no zone is named `nowhere`",
+            "p.zones[2].distances: the 4 corners must make a convex quadrilateral (a rectangle on the ground)",
+            "p.zones[3].after: `e` leads back to `d` (zones in a circle)",
+            "p.zones[3].speed_unit: needs `distances` (the zone's calibration)",
+            "p.zones[3].speed_limit: needs `distances` (the zone's calibration)",
+            "p.zones[3].speed_limit: -3 must be a number above 0",
+            "p.zones[4].after: `d` leads back to `e` (zones in a circle)",
+            "p.zones[5].speed_unit: `mph` differs from zone `a`'s `km/h`; a pipeline's speeds share one unit",
+        ];
+        assert_eq!(e, want, "{e:#?}");
     }
 
     #[test]

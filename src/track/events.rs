@@ -7,6 +7,8 @@ use std::time::SystemTime;
 
 use serde::{Serialize, Serializer};
 
+use super::speed::SpeedUnit;
+
 /// A crossing's direction (see `LineConfig`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -50,6 +52,23 @@ impl EndReason {
     }
 }
 
+/// A track's speed in a calibrated zone, in the zone's unit.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Speed {
+    pub speed: f64,
+    pub speed_unit: SpeedUnit,
+}
+
+impl Speed {
+    /// `mps` metres per second in `unit`, to a hundredth.
+    pub fn new(mps: f64, unit: SpeedUnit) -> Self {
+        Speed {
+            speed: (unit.from_mps(mps) * 100.0).round() / 100.0,
+            speed_unit: unit,
+        }
+    }
+}
+
 /// A line a track crossed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Crossing {
@@ -75,6 +94,12 @@ pub struct TrackSummary {
     pub lines: Vec<Crossing>,
     /// Stationary when it ended (a parked vehicle).
     pub stationary: bool,
+    /// The fastest it went in a calibrated zone (over at least half a
+    /// second), in `speed_unit`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_speed: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speed_unit: Option<SpeedUnit>,
     /// The best crop's snapshot name, when one was kept.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
@@ -100,16 +125,29 @@ pub enum EventKind {
     },
     ZoneEnter {
         zone: String,
+        /// In a calibrated zone: the speed over the frames so far.
+        #[serde(flatten)]
+        speed: Option<Speed>,
     },
     ZoneLeave {
         zone: String,
         /// Seconds between entering and leaving.
         dwell_s: f64,
+        /// In a calibrated zone: the speed over its last second inside.
+        #[serde(flatten)]
+        speed: Option<Speed>,
     },
     /// In the zone for its `loiter` time (once per visit).
     Loiter {
         zone: String,
         dwell_s: f64,
+    },
+    /// Faster than the zone's `speed_limit` (once per track and zone).
+    Speeding {
+        zone: String,
+        #[serde(flatten)]
+        speed: Speed,
+        speed_limit: f32,
     },
     LineCross {
         line: String,
@@ -125,6 +163,7 @@ impl EventKind {
             EventKind::ZoneEnter { .. } => "zone_enter",
             EventKind::ZoneLeave { .. } => "zone_leave",
             EventKind::Loiter { .. } => "loiter",
+            EventKind::Speeding { .. } => "speeding",
             EventKind::LineCross { .. } => "line_cross",
             EventKind::TrackEnd(_) => "track_end",
         }
@@ -146,6 +185,23 @@ pub struct Event {
     #[serde(serialize_with = "rfc3339")]
     pub ts: SystemTime,
 }
+
+/// A zone's count of one label changed (and held for its `inertia`
+/// frames): the stream's objects, not one track's.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OccupancyEvent {
+    /// Always `zone_occupancy`.
+    pub event: &'static str,
+    pub zone: String,
+    pub label: String,
+    pub count: u32,
+    pub previous: u32,
+    /// The first frame of the new count.
+    #[serde(serialize_with = "rfc3339")]
+    pub ts: SystemTime,
+}
+
+pub const ZONE_OCCUPANCY: &str = "zone_occupancy";
 
 pub(super) fn rfc3339<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(&humantime::format_rfc3339_millis(*t))
@@ -187,6 +243,8 @@ mod tests {
                 zones: vec![],
                 lines: vec![],
                 stationary: false,
+                max_speed: Some(9.0),
+                speed_unit: Some(SpeedUnit::KmH),
                 snapshot: None,
                 text: Some("AB12".into()),
                 text_agreement: Some(0.75),
@@ -199,6 +257,32 @@ mod tests {
         assert_eq!(v["reason"], "restart");
         assert_eq!(v["text"], "AB12");
         assert!(v.get("snapshot").is_none());
+        assert_eq!(v["max_speed"], 9.0);
+        assert_eq!(v["speed_unit"], "km/h");
+        let enter = |speed| {
+            serde_json::to_value(EventKind::ZoneEnter {
+                zone: "road".into(),
+                speed,
+            })
+            .unwrap()
+        };
+        assert_eq!(
+            enter(None),
+            serde_json::json!({"event": "zone_enter", "zone": "road"})
+        );
+        assert_eq!(
+            enter(Some(Speed::new(1.0, SpeedUnit::Mph))),
+            serde_json::json!({"event": "zone_enter", "zone": "road", "speed": 2.24, "speed_unit": "mph"})
+        );
+        let fast = EventKind::Speeding {
+            zone: "road".into(),
+            speed: Speed::new(10.0, SpeedUnit::KmH),
+            speed_limit: 30.0,
+        };
+        assert_eq!(
+            serde_json::to_value(&fast).unwrap(),
+            serde_json::json!({"event": "speeding", "zone": "road", "speed": 36.0, "speed_unit": "km/h", "speed_limit": 30.0})
+        );
         assert_eq!(end.kind.name(), "track_end");
     }
 }

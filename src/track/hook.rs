@@ -25,7 +25,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::config::{Emit, LineConfig, TrackConfig, ZoneConfig};
-use super::events::{EndReason, Event, EventKind, rfc3339};
+use super::events::{EndReason, Event, EventKind, OccupancyEvent, rfc3339};
 use super::snapshots::{SnapshotStore, snapshot_name};
 use super::stats::TrackStats;
 use super::tracker::{Detection, FrameOutput, StreamTracker, TrackingSpec};
@@ -338,7 +338,8 @@ impl PipelineTracking {
                 Arc::clone(&self.stats),
                 format!("{}{stream}/{}-", self.prefix, self.boot),
                 Arc::clone(&self.numbers),
-            ),
+            )
+            .with_stream(stream),
             stream: stream.to_string(),
         }
     }
@@ -369,7 +370,7 @@ impl PipelineTracking {
             .collect();
         let frame = st.tracker.frames();
         Step {
-            events: self.events(out.events, frame),
+            events: self.events(out.events, out.occupancy, frame),
             send_frame: self.emit == Emit::Frames,
             best_crops,
         }
@@ -381,19 +382,21 @@ impl PipelineTracking {
         let ev = st.tracker.finish(reason, at);
         let frame = st.tracker.frames() + 1;
         self.open.lock().remove(&st.stream);
+        let occ = st.tracker.empty_zones(at);
         let mut slot = self.live_slot();
         if slot.tracks.as_ref().is_some_and(|t| t.stream == st.stream) {
             slot.tracks = None;
         }
         drop(slot);
-        self.events(ev, frame)
+        self.events(ev, occ, frame)
     }
 
     /// The events as records' outputs (none with `emit = "frames"`), each
-    /// `track_end` naming its snapshot when one was kept; split over
-    /// several records when one would be larger than `max_record_bytes`.
-    fn events(&self, mut ev: Vec<Event>, frame: u64) -> Vec<Value> {
-        if ev.is_empty() || self.emit == Emit::Frames {
+    /// `track_end` naming its snapshot when one was kept, the zones' counts
+    /// after the tracks' events; split over several records when one would
+    /// be larger than `max_record_bytes`.
+    fn events(&self, mut ev: Vec<Event>, occ: Vec<OccupancyEvent>, frame: u64) -> Vec<Value> {
+        if (ev.is_empty() && occ.is_empty()) || self.emit == Emit::Frames {
             return Vec::new();
         }
         if let Some(store) = &self.snapshots {
@@ -410,10 +413,9 @@ impl PipelineTracking {
                 }
             }
         }
-        let parts = split(
-            ev.iter().map(|e| json!(e)).collect(),
-            events_budget(self.max_record_bytes),
-        );
+        let mut all: Vec<Value> = ev.iter().map(|e| json!(e)).collect();
+        all.extend(occ.iter().filter_map(|o| serde_json::to_value(o).ok()));
+        let parts = split(all, events_budget(self.max_record_bytes));
         let n = parts.len();
         if n <= 1 {
             return parts.into_iter().map(|p| json!({ "events": p })).collect();
@@ -579,9 +581,7 @@ mod tests {
                 name: format!("z{i}"),
                 polygon: vec![[0.0, 0.0], [1000.0, 0.0], [1000.0, 1000.0], [0.0, 1000.0]],
                 inertia: 1,
-                loiter: None,
-                classes: Vec::new(),
-                camera: None,
+                ..ZoneConfig::default()
             })
             .collect();
         let p = PipelineTracking::new(TrackingSetup {

@@ -10,24 +10,30 @@
 //! frame by frame; [`TrackStats`] holds the counts a pipeline reports.
 //!
 //! Association and the Kalman filter are trackforge's ByteTrack; see
-//! `tracker.rs` for what is added on top and its invariants, and `zones.rs`
-//! for those of zones and lines.
+//! `tracker.rs` for what is added on top and its invariants, `zones.rs`
+//! for those of zones and lines, `occupancy.rs` for the counts of objects
+//! per zone and `speed.rs` for speeds in calibrated zones.
 
 pub mod config;
 pub mod events;
 pub mod geometry;
 pub mod hook;
+pub mod occupancy;
 pub mod snapshots;
+pub mod speed;
 pub mod stats;
 pub mod tracker;
 pub mod value;
 pub mod zones;
 
-pub use self::config::{Emit, LineConfig, TrackConfig, ZoneConfig};
-pub use self::events::{Direction, EndReason, Event, EventKind, TrackSummary};
+pub use self::config::{Directions, Emit, LineConfig, TrackConfig, ZoneConfig};
+pub use self::events::{
+    Direction, EndReason, Event, EventKind, OccupancyEvent, Speed, TrackSummary,
+};
 pub use self::hook::{
     Geometry, LiveBox, LiveTracks, PipelineTracking, Step, StreamState, TrackingSetup, TrackingView,
 };
+pub use self::speed::SpeedUnit;
 pub use self::stats::{TrackCounts, TrackStats, ZoneCount};
 pub use self::tracker::{Detection, FrameOutput, StreamTracker, Tracked, TrackingSpec};
 

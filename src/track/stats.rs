@@ -28,6 +28,8 @@ struct Counts {
     zones: BTreeMap<(String, String), ZoneCount>,
     lines: BTreeMap<(String, String, Direction), u64>,
     untracked: BTreeMap<&'static str, u64>,
+    /// (stream, zone, label) -> the count told last (zones with `occupancy`).
+    occupancy: BTreeMap<(String, String, String), u64>,
 }
 
 /// One zone and label.
@@ -55,6 +57,10 @@ pub struct TrackCounts {
     pub untracked: BTreeMap<&'static str, u64>,
     /// Best crops that could not be written (a full or read-only disk).
     pub snapshots_failed: u64,
+    /// stream -> zone -> label -> objects in the zone now, as the last
+    /// `zone_occupancy` told (zones with `occupancy`; a stream that ended
+    /// is gone).
+    pub occupancy: BTreeMap<String, BTreeMap<String, BTreeMap<String, u64>>>,
 }
 
 impl TrackStats {
@@ -94,7 +100,7 @@ impl TrackStats {
         let mut c = self.lock();
         *c.events.entry(kind.name()).or_default() += 1;
         match kind {
-            EventKind::ZoneEnter { zone } => {
+            EventKind::ZoneEnter { zone, .. } => {
                 let z = c
                     .zones
                     .entry((zone.clone(), label.to_string()))
@@ -118,6 +124,48 @@ impl TrackStats {
         }
     }
 
+    /// An entry or leaving a zone's `direction` keeps quiet: not an
+    /// event, but the object is in the zone (or no longer) all the same.
+    pub fn presence(&self, kind: &EventKind, label: &str) {
+        let mut c = self.lock();
+        match kind {
+            EventKind::ZoneEnter { zone, .. } => {
+                c.zones
+                    .entry((zone.clone(), label.to_string()))
+                    .or_default()
+                    .inside += 1;
+            }
+            EventKind::ZoneLeave { zone, .. } => {
+                let z = c
+                    .zones
+                    .entry((zone.clone(), label.to_string()))
+                    .or_default();
+                z.inside = z.inside.saturating_sub(1);
+            }
+            _ => {}
+        }
+    }
+
+    /// An event that is no track's, by its kind's name.
+    pub fn count_event(&self, kind: &'static str) {
+        *self.lock().events.entry(kind).or_default() += 1;
+    }
+
+    /// A `zone_occupancy` told: the stream's count of `label` in `zone`.
+    pub fn occupancy(&self, stream: &str, zone: &str, label: &str, count: u32) {
+        let mut c = self.lock();
+        *c.events.entry(super::events::ZONE_OCCUPANCY).or_default() += 1;
+        c.occupancy.insert(
+            (stream.to_string(), zone.to_string(), label.to_string()),
+            u64::from(count),
+        );
+    }
+
+    /// The stream ended: its counts go.
+    pub fn forget_stream(&self, stream: &str) {
+        self.lock().occupancy.retain(|(s, _, _), _| s != stream);
+    }
+
     pub fn snapshot(&self) -> TrackCounts {
         let c = self.lock();
         let mut zones: BTreeMap<String, BTreeMap<String, ZoneCount>> = BTreeMap::new();
@@ -134,6 +182,16 @@ impl TrackStats {
                 .or_default()
                 .insert(l.clone(), *n);
         }
+        let mut occupancy: BTreeMap<String, BTreeMap<String, BTreeMap<String, u64>>> =
+            BTreeMap::new();
+        for ((s, z, l), n) in &c.occupancy {
+            occupancy
+                .entry(s.clone())
+                .or_default()
+                .entry(z.clone())
+                .or_default()
+                .insert(l.clone(), *n);
+        }
         TrackCounts {
             tracks_started: self.started.load(Ordering::Relaxed),
             tracks_open: self.open.load(Ordering::Relaxed).max(0) as u64,
@@ -143,6 +201,7 @@ impl TrackStats {
             lines,
             untracked: c.untracked.clone(),
             snapshots_failed: 0,
+            occupancy,
         }
     }
 }

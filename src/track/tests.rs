@@ -355,7 +355,7 @@ fn yard() -> ZoneConfig {
         inertia: 3,
         loiter: Some(Duration::from_secs(2)),
         classes: vec![],
-        camera: None,
+        ..ZoneConfig::default()
     }
 }
 
@@ -365,7 +365,7 @@ fn gate() -> LineConfig {
         points: [[320.0, 0.0], [320.0, 480.0]],
         inertia: 2,
         classes: vec![],
-        camera: None,
+        ..LineConfig::default()
     }
 }
 
@@ -568,4 +568,368 @@ fn the_best_frame_is_flagged_for_the_snapshot() {
     }
     // Confirmed at the third frame; from then on only new bests.
     assert_eq!(best, vec![false, false, true, false, true, false]);
+}
+
+fn occupancy_events(out: &FrameOutput) -> Vec<(String, u32)> {
+    out.occupancy
+        .iter()
+        .map(|o| (o.label.clone(), o.count))
+        .collect()
+}
+
+#[test]
+fn occupancy_counts_per_label_after_inertia_and_empties_at_the_end() {
+    let zone = ZoneConfig {
+        occupancy: true,
+        loiter: None,
+        ..yard()
+    };
+    let spec = Arc::new(TrackingSpec::new(TrackConfig::default(), &[zone], &[]));
+    let stats = Arc::new(TrackStats::default());
+    let mut tr = StreamTracker::new(
+        spec,
+        Arc::clone(&stats),
+        "gw/gate/cam/".into(),
+        Arc::new(1.into()),
+    )
+    .with_stream("cam");
+    // Two cars and a person come down into the yard (bottom 240) one
+    // after the other and stop at 350; the counts follow each entry
+    // `inertia` (3) frames after its first frame inside.
+    let bottom = |f: u64, start: u64| (155.0 + 10.0 * f.saturating_sub(start) as f32).min(350.0);
+    let mut told = Vec::new();
+    for f in 1..=40u64 {
+        let dets = [
+            det(50.0, bottom(f, 0) - 50.0, 50.0, 50.0, 0.9, "car"),
+            det(250.0, bottom(f, 10) - 50.0, 50.0, 50.0, 0.9, "car"),
+            det(450.0, bottom(f, 5) - 50.0, 50.0, 50.0, 0.9, "person"),
+        ];
+        let out = tr.update(t(f), &dets);
+        for o in &out.occupancy {
+            told.push((f, o.label.clone(), o.count, o.previous, o.ts));
+        }
+    }
+    // First frame inside (bottom 245): car 1 at f = 9, the person at
+    // 14, car 2 at 19; told at the third frame inside, dated at the first.
+    assert_eq!(
+        told,
+        vec![
+            (11, "car".into(), 1, 0, t(9)),
+            (16, "person".into(), 1, 0, t(14)),
+            (21, "car".into(), 2, 1, t(19)),
+        ]
+    );
+    let s = stats.snapshot();
+    assert_eq!(s.occupancy["cam"]["yard"]["car"], 2);
+    assert_eq!(s.occupancy["cam"]["yard"]["person"], 1);
+    assert_eq!(s.events["zone_occupancy"], 3);
+    // One car leaves the picture: lost after max_age (1 s), then counted out.
+    let mut later = Vec::new();
+    for f in 41..=60u64 {
+        let out = tr.update(
+            t(f),
+            &[
+                det(50.0, 300.0, 50.0, 50.0, 0.9, "car"),
+                det(450.0, 300.0, 50.0, 50.0, 0.9, "person"),
+            ],
+        );
+        later.extend(occupancy_events(&out));
+    }
+    assert_eq!(later, vec![("car".to_string(), 1)]);
+    tr.finish(EndReason::StreamEnd, t(61));
+    let end = tr.empty_zones(t(61));
+    let mut end: Vec<(String, u32, u32)> = end
+        .iter()
+        .map(|o| (o.label.clone(), o.count, o.previous))
+        .collect();
+    end.sort();
+    assert_eq!(end, vec![("car".into(), 0, 1), ("person".into(), 0, 1)]);
+    assert!(stats.snapshot().occupancy.is_empty(), "the stream is gone");
+}
+
+#[test]
+fn zones_without_occupancy_count_nothing() {
+    let mut tr = tracker(TrackConfig::default(), &[yard()], &[]);
+    for f in 1..=10 {
+        let out = tr.update(t(f), &[det(100.0, 300.0, 50.0, 50.0, 0.9, "car")]);
+        assert!(out.occupancy.is_empty());
+    }
+}
+
+/// A street (left) and a driveway (right), both along the bottom half.
+fn street_and_drive(after: Option<&str>) -> Vec<ZoneConfig> {
+    vec![
+        ZoneConfig {
+            name: "drive".into(),
+            polygon: vec![
+                [320.0, 240.0],
+                [640.0, 240.0],
+                [640.0, 480.0],
+                [320.0, 480.0],
+            ],
+            after: after.map(String::from),
+            ..ZoneConfig::default()
+        },
+        ZoneConfig {
+            name: "street".into(),
+            polygon: vec![[0.0, 240.0], [320.0, 240.0], [320.0, 480.0], [0.0, 480.0]],
+            ..ZoneConfig::default()
+        },
+    ]
+}
+
+/// The zone events of a car at bottom `y`, from x = `x0` by `dx` a frame.
+fn zone_events(zones: &[ZoneConfig], x0: f32, dx: f32, y: f32) -> Vec<(String, String)> {
+    let mut tr = tracker(TrackConfig::default(), zones, &[]);
+    let mut ev = Vec::new();
+    for f in 0..60u64 {
+        let x = x0 + dx * f as f32;
+        ev.extend(
+            tr.update(t(f + 1), &[det(x, y - 40.0, 60.0, 40.0, 0.9, "car")])
+                .events,
+        );
+    }
+    ev.extend(tr.finish(EndReason::Lost, t(61)));
+    ev.iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ZoneEnter { zone, .. } => Some(("enter".into(), zone.clone())),
+            EventKind::ZoneLeave { zone, .. } => Some(("leave".into(), zone.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn after_counts_only_tracks_that_came_from_the_other_zone() {
+    let zones = street_and_drive(Some("street"));
+    // From the street into the drive (the drive comes first in the config:
+    // the order of steps follows `after`, not the list).
+    let from_street = zone_events(&zones, 100.0, 8.0, 400.0);
+    assert_eq!(
+        from_street,
+        vec![
+            ("enter".into(), "street".into()),
+            ("leave".into(), "street".into()),
+            ("enter".into(), "drive".into()),
+            ("leave".into(), "drive".into()),
+        ]
+    );
+    // Down into the drive from above (never in the street): nothing.
+    let mut tr = tracker(TrackConfig::default(), &zones, &[]);
+    let mut ev = Vec::new();
+    for f in 0..40u64 {
+        let y = 150.0 + 8.0 * f as f32;
+        ev.extend(
+            tr.update(t(f + 1), &[det(450.0, y - 40.0, 60.0, 40.0, 0.9, "car")])
+                .events,
+        );
+    }
+    ev.extend(tr.finish(EndReason::Lost, t(41)));
+    assert_eq!(names(&ev), vec!["track_start", "track_end"]);
+    let EventKind::TrackEnd(s) = &ev[1].kind else {
+        unreachable!()
+    };
+    assert!(s.zones.is_empty(), "{:?}", s.zones);
+    // Without `after` the same path enters the drive.
+    let plain = street_and_drive(None);
+    let mut tr = tracker(TrackConfig::default(), &plain, &[]);
+    let mut ev = Vec::new();
+    for f in 0..40u64 {
+        let y = 150.0 + 8.0 * f as f32;
+        ev.extend(
+            tr.update(t(f + 1), &[det(450.0, y - 40.0, 60.0, 40.0, 0.9, "car")])
+                .events,
+        );
+    }
+    assert_eq!(names(&ev), vec!["track_start", "zone_enter"]);
+}
+
+#[test]
+fn a_zone_direction_tells_only_entries_or_only_leavings() {
+    let mut zones = street_and_drive(None);
+    zones[1].direction = Directions::Out;
+    zones[0].direction = Directions::In;
+    let (mut tr, stats) = tracker_stats(TrackConfig::default(), &zones, &[]);
+    let mut ev = Vec::new();
+    for f in 0..30u64 {
+        let x = 100.0 + 12.0 * f as f32;
+        ev.extend(
+            tr.update(t(f + 1), &[det(x, 360.0, 60.0, 40.0, 0.9, "car")])
+                .events,
+        );
+        if f == 5 {
+            // In the street, unannounced, but counted inside.
+            assert_eq!(stats.snapshot().zones["street"]["car"].inside, 1);
+        }
+    }
+    ev.extend(tr.finish(EndReason::Lost, t(31)));
+    let mut got: Vec<(&str, String)> = ev
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ZoneEnter { zone, .. } => Some(("enter", zone.clone())),
+            EventKind::ZoneLeave { zone, .. } => Some(("leave", zone.clone())),
+            _ => None,
+        })
+        .collect();
+    // Out of the street and into the drive on the same frame.
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("enter", "drive".to_string()),
+            ("leave", "street".to_string())
+        ]
+    );
+    let s = stats.snapshot();
+    assert_eq!(s.zones["street"]["car"].inside, 0);
+    assert_eq!(
+        s.zones["street"]["car"].entered, 0,
+        "entries are not counted"
+    );
+    assert_eq!(
+        s.zones["drive"]["car"].inside, 0,
+        "left at the end, quietly"
+    );
+    assert_eq!(s.zones["drive"]["car"].entered, 1);
+}
+
+#[test]
+fn a_line_direction_counts_one_way_only() {
+    let only_in = LineConfig {
+        direction: Directions::In,
+        ..gate()
+    };
+    let only_out = LineConfig {
+        name: "exit".into(),
+        direction: Directions::Out,
+        ..gate()
+    };
+    let (mut tr, stats) = tracker_stats(TrackConfig::default(), &[], &[only_in, only_out]);
+    let mut ev = Vec::new();
+    // Right across the gate (in), then back left (out).
+    for f in 0..60u64 {
+        let x = if f < 30 {
+            200.0 + 8.0 * f as f32
+        } else {
+            432.0 - 8.0 * (f - 30) as f32
+        };
+        ev.extend(
+            tr.update(t(f + 1), &[det(x - 20.0, 140.0, 40.0, 60.0, 0.9, "person")])
+                .events,
+        );
+    }
+    let crossings: Vec<(String, Direction)> = ev
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::LineCross { line, direction } => Some((line.clone(), *direction)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        crossings,
+        vec![
+            ("gate".into(), Direction::In),
+            ("exit".into(), Direction::Out)
+        ]
+    );
+    let s = stats.snapshot();
+    assert_eq!(s.lines["gate"].keys().collect::<Vec<_>>(), vec![&"in"]);
+    assert_eq!(s.lines["exit"].keys().collect::<Vec<_>>(), vec![&"out"]);
+}
+
+/// A road 10 m x 40 m: 400 px across (0.025 m/px), 200 px down (0.2 m/px).
+fn road(limit: Option<f32>) -> ZoneConfig {
+    ZoneConfig {
+        name: "road".into(),
+        polygon: vec![
+            [100.0, 200.0],
+            [500.0, 200.0],
+            [500.0, 400.0],
+            [100.0, 400.0],
+        ],
+        distances: Some([10.0, 40.0, 10.0, 40.0]),
+        speed_limit: limit,
+        ..ZoneConfig::default()
+    }
+}
+
+#[test]
+fn speed_in_a_calibrated_zone_reaches_the_events_and_track_end() {
+    // Down the road at 5 px a frame, 10 fps: 50 px/s x 0.2 m/px = 10 m/s
+    // = 36 km/h; then across at 20 px a frame: 200 px/s x 0.025 = 5 m/s.
+    let mut tr = tracker(TrackConfig::default(), &[road(Some(30.0))], &[]);
+    let mut ev = Vec::new();
+    let mut f = 0u64;
+    for k in 0..40 {
+        f += 1;
+        let bottom = 180.0 + 5.0 * k as f32;
+        ev.extend(
+            tr.update(t(f), &[det(280.0, bottom - 40.0, 40.0, 40.0, 0.9, "car")])
+                .events,
+        );
+    }
+    ev.extend(tr.finish(EndReason::Lost, t(f + 1)));
+    let kinds = names(&ev);
+    assert_eq!(
+        kinds,
+        vec![
+            "track_start",
+            "zone_enter",
+            "speeding",
+            "zone_leave",
+            "track_end"
+        ]
+    );
+    let speed_of = |e: &Event| match &e.kind {
+        EventKind::ZoneEnter { speed, .. } | EventKind::ZoneLeave { speed, .. } => {
+            speed.map(|s| s.speed)
+        }
+        EventKind::Speeding { speed, .. } => Some(speed.speed),
+        EventKind::TrackEnd(s) => s.max_speed,
+        _ => None,
+    };
+    for e in &ev[1..] {
+        let v = speed_of(e).unwrap_or_else(|| panic!("no speed: {e:?}"));
+        assert!((v - 36.0).abs() < 0.5, "{}: {v}", e.kind.name());
+    }
+    let EventKind::TrackEnd(s) = &ev[4].kind else {
+        unreachable!()
+    };
+    assert_eq!(s.speed_unit, Some(crate::track::SpeedUnit::KmH));
+    let EventKind::Speeding { speed_limit, .. } = &ev[2].kind else {
+        unreachable!()
+    };
+    assert!((speed_limit - 30.0).abs() < 1e-3);
+
+    // Slower than the limit: no speeding; across the road, 5 m/s = 18 km/h.
+    let mut tr = tracker(TrackConfig::default(), &[road(Some(30.0))], &[]);
+    let mut ev = Vec::new();
+    for k in 0..30u64 {
+        let x = 60.0 + 20.0 * k as f32;
+        ev.extend(
+            tr.update(t(k + 1), &[det(x - 20.0, 260.0, 40.0, 40.0, 0.9, "car")])
+                .events,
+        );
+    }
+    assert!(!names(&ev).contains(&"speeding"), "{:?}", names(&ev));
+    let leave = ev
+        .iter()
+        .find(|e| e.kind.name() == "zone_leave")
+        .expect("left the road");
+    let v = speed_of(leave).unwrap();
+    assert!((v - 18.0).abs() < 0.5, "{v}");
+    // A zone without distances gives no speed.
+    let mut tr = tracker(TrackConfig::default(), &[yard()], &[]);
+    let mut ev = Vec::new();
+    for k in 0..20u64 {
+        ev.extend(
+            tr.update(
+                t(k + 1),
+                &[det(100.0, 300.0 + k as f32, 40.0, 40.0, 0.9, "car")],
+            )
+            .events,
+        );
+    }
+    ev.extend(tr.finish(EndReason::Lost, t(21)));
+    assert!(ev.iter().all(|e| speed_of(e).is_none()), "{ev:?}");
 }

@@ -26,11 +26,16 @@ use std::time::{Duration, SystemTime};
 use trackforge::trackers::byte_track::{ByteTrack, ByteTrackParams};
 use trackforge::trackers::common::CommonParams;
 
-use super::config::{LineConfig, TrackConfig, ZoneConfig};
-use super::events::{Crossing, EndReason, Event, EventKind, TrackSummary};
+use super::config::{LineConfig, TrackConfig, ZoneConfig, after_depth};
+use super::events::{
+    Crossing, Direction, EndReason, Event, EventKind, OccupancyEvent, Speed, TrackSummary,
+    ZONE_OCCUPANCY,
+};
 use super::geometry::Point;
+use super::occupancy::Counter;
+use super::speed::SpeedUnit;
 use super::stats::TrackStats;
-use super::zones::{Line, LineState, Zone, ZoneChange, ZoneState, line_margin};
+use super::zones::{Line, LineState, Zone, ZoneChange, ZoneState, came_from, line_margin};
 
 /// Labels one stream tracks, at most (a detector's classes); detections of
 /// further labels pass untracked and are counted.
@@ -88,14 +93,34 @@ pub struct TrackingSpec {
     pub config: TrackConfig,
     pub zones: Vec<Zone>,
     pub lines: Vec<Line>,
+    /// The zones in the order a frame steps them: a zone after the zone
+    /// its `after` names, so an entry into both in one frame is in order.
+    order: Vec<usize>,
+    /// The zones that count their occupancy.
+    occupancy: Vec<usize>,
+    /// The unit of `max_speed` (the calibrated zones share one).
+    speed_unit: Option<SpeedUnit>,
 }
 
 impl TrackingSpec {
     pub fn new(config: TrackConfig, zones: &[ZoneConfig], lines: &[LineConfig]) -> Self {
+        let mut built: Vec<Zone> = zones.iter().map(Zone::new).collect();
+        for (z, c) in built.iter_mut().zip(zones) {
+            z.after = c
+                .after
+                .as_ref()
+                .and_then(|a| zones.iter().position(|o| o.name == *a));
+        }
+        // A chain in a circle was refused by `check`; here it sorts last.
+        let mut order: Vec<usize> = (0..zones.len()).collect();
+        order.sort_by_key(|&i| after_depth(zones, i).unwrap_or(usize::MAX));
         TrackingSpec {
             config,
-            zones: zones.iter().map(Zone::new).collect(),
+            occupancy: (0..built.len()).filter(|&i| built[i].occupancy).collect(),
+            speed_unit: built.iter().find(|z| z.ground.is_some()).map(|z| z.unit),
+            zones: built,
             lines: lines.iter().map(Line::new).collect(),
+            order,
         }
     }
 
@@ -134,6 +159,8 @@ pub struct FrameOutput {
     /// One per detection of the frame, in its order.
     pub objects: Vec<Tracked>,
     pub events: Vec<Event>,
+    /// Zone counts that changed (zones with `occupancy`).
+    pub occupancy: Vec<OccupancyEvent>,
 }
 
 #[derive(Debug, Default)]
@@ -194,8 +221,22 @@ struct Track {
     visited: Vec<usize>,
     crossed: Vec<Crossing>,
     votes: Votes,
+    /// The fastest settled speed in a calibrated zone, metres per second.
+    max_speed: Option<f64>,
     /// Events of a tentative track, told once it is confirmed.
-    held: Vec<(EventKind, [f32; 4], f32, SystemTime)>,
+    held: Vec<Held>,
+}
+
+/// An event waiting for its track's confirmation.
+#[derive(Debug)]
+struct Held {
+    kind: EventKind,
+    bbox: [f32; 4],
+    score: f32,
+    ts: SystemTime,
+    /// False: a zone's `direction` keeps it quiet; it still moves the
+    /// zone's count of objects inside.
+    told: bool,
 }
 
 /// The tracks of one stream.
@@ -211,6 +252,12 @@ pub struct StreamTracker {
     labels: Vec<(String, ByteTrack)>,
     tracks: KeyMap<u64, Track>,
     by_crate: KeyMap<(u16, u64), u64>,
+    /// The stream's name, for its occupancy counts.
+    stream: String,
+    /// Per zone with `occupancy` (the spec's order), per label index.
+    counters: Vec<Vec<Counter>>,
+    /// This frame's counts, zone-major: reused, not reallocated.
+    raw: Vec<u32>,
 }
 
 impl StreamTracker {
@@ -234,7 +281,16 @@ impl StreamTracker {
             labels: Vec::new(),
             tracks: KeyMap::default(),
             by_crate: KeyMap::default(),
+            stream: String::new(),
+            counters: Vec::new(),
+            raw: Vec::new(),
         }
+    }
+
+    /// Names the stream in its occupancy counts (`/metrics`, the status).
+    pub fn with_stream(mut self, stream: &str) -> Self {
+        self.stream = stream.to_string();
+        self
     }
 
     /// Open tracks (tentative ones included).
@@ -271,7 +327,7 @@ impl StreamTracker {
         self.frame += 1;
         let mut out = FrameOutput {
             objects: vec![Tracked::default(); dets.len()],
-            events: Vec::new(),
+            ..FrameOutput::default()
         };
         // Per label: the detections' indices, then one ByteTrack step each
         // (also for labels with none this frame, so their tracks age).
@@ -356,6 +412,75 @@ impl StreamTracker {
             flush_held(t, label_name, &self.stats, &mut out.events);
         }
         self.age(at, &mut out.events);
+        if !self.spec.occupancy.is_empty() {
+            self.count_zones(at, &mut out.occupancy);
+        }
+        out
+    }
+
+    /// Counts each occupancy zone's confirmed tracks per label where they
+    /// were last seen; tells the counts that changed.
+    fn count_zones(&mut self, at: SystemTime, out: &mut Vec<OccupancyEvent>) {
+        let nl = self.labels.len();
+        let occ = &self.spec.occupancy;
+        self.raw.clear();
+        self.raw.resize(occ.len() * nl, 0);
+        for t in self.tracks.values() {
+            if t.n.is_none() {
+                continue;
+            }
+            for (k, &zi) in occ.iter().enumerate() {
+                if t.zones[zi].raw() {
+                    self.raw[k * nl + t.label as usize] += 1;
+                }
+            }
+        }
+        self.counters.resize_with(occ.len(), Vec::new);
+        for (k, &zi) in occ.iter().enumerate() {
+            let zone = &self.spec.zones[zi];
+            let counters = &mut self.counters[k];
+            counters.resize(nl, Counter::default());
+            for (l, c) in counters.iter_mut().enumerate() {
+                let Some(ch) = c.step(self.raw[k * nl + l], zone.inertia(), at) else {
+                    continue;
+                };
+                let label = &self.labels[l].0;
+                self.stats
+                    .occupancy(&self.stream, &zone.name, label, ch.count);
+                out.push(OccupancyEvent {
+                    event: ZONE_OCCUPANCY,
+                    zone: zone.name.clone(),
+                    label: label.clone(),
+                    count: ch.count,
+                    previous: ch.previous,
+                    ts: ch.at,
+                });
+            }
+        }
+    }
+
+    /// The stream ended: every zone is empty now. Call after [`Self::finish`].
+    pub fn empty_zones(&mut self, at: SystemTime) -> Vec<OccupancyEvent> {
+        let mut out = Vec::new();
+        for (k, counters) in self.counters.iter_mut().enumerate() {
+            let Some(zone) = self.spec.occupancy.get(k).map(|&zi| &self.spec.zones[zi]) else {
+                continue;
+            };
+            for (l, c) in counters.iter_mut().enumerate() {
+                if let Some(ch) = c.empty(at) {
+                    self.stats.count_event(ZONE_OCCUPANCY);
+                    out.push(OccupancyEvent {
+                        event: ZONE_OCCUPANCY,
+                        zone: zone.name.clone(),
+                        label: self.labels[l].0.clone(),
+                        count: 0,
+                        previous: ch.previous,
+                        ts: at,
+                    });
+                }
+            }
+        }
+        self.stats.forget_stream(&self.stream);
         out
     }
 
@@ -406,6 +531,7 @@ impl StreamTracker {
                 visited: Vec::new(),
                 crossed: Vec::new(),
                 votes: Votes::default(),
+                max_speed: None,
                 held: Vec::new(),
             },
         );
@@ -472,15 +598,21 @@ impl StreamTracker {
         let track = format!("{}{n}", self.prefix);
         // Leave the zones it is in, so occupancy returns to zero.
         for (zi, z) in self.spec.zones.iter().enumerate() {
-            if t.zones[zi].inside() {
-                let dwell = t.zones[zi]
+            let st = &t.zones[zi];
+            if st.inside() && !st.ignored {
+                let dwell = st
                     .entered_at()
                     .and_then(|e| t.last_seen.duration_since(e).ok())
                     .unwrap_or(Duration::ZERO);
                 let kind = EventKind::ZoneLeave {
                     zone: z.name.clone(),
                     dwell_s: dwell.as_secs_f64(),
+                    speed: st.speed.estimate().map(|e| Speed::new(e.mps, z.unit)),
                 };
+                if !z.direction.allows(Direction::Out) {
+                    self.stats.presence(&kind, &label);
+                    continue;
+                }
                 self.stats.event(&kind, &label);
                 events.push(Event {
                     kind,
@@ -507,6 +639,11 @@ impl StreamTracker {
                 .collect(),
             lines: std::mem::take(&mut t.crossed),
             stationary: t.stationary,
+            max_speed: t
+                .max_speed
+                .zip(self.spec.speed_unit)
+                .map(|(m, u)| Speed::new(m, u).speed),
+            speed_unit: self.spec.speed_unit.filter(|_| t.max_speed.is_some()),
             snapshot: None,
             text: vote.as_ref().map(|v| v.0.clone()),
             text_agreement: vote.as_ref().map(|v| v.1),
@@ -551,39 +688,94 @@ impl StreamTracker {
 /// Zones and lines for a track seen at `p`.
 fn areas(spec: &TrackingSpec, label: &str, t: &mut Track, p: Point, at: SystemTime) {
     let (bbox, score) = (t.bbox, t.score);
-    for (zi, z) in spec.zones.iter().enumerate() {
+    let hold = |held: &mut Vec<Held>, kind: EventKind, ts: SystemTime, told: bool| {
+        held.push(Held {
+            kind,
+            bbox,
+            score,
+            ts,
+            told,
+        })
+    };
+    for &zi in &spec.order {
+        let z = &spec.zones[zi];
         if !z.counts(label) {
             continue;
         }
-        let kind = match t.zones[zi].step(z, p, at) {
-            None => continue,
+        let st = &mut t.zones[zi];
+        let change = st.step(z, p, at);
+        // Speed: ground positions while the point is in the polygon, of a
+        // visit not (yet) found to be one `after` keeps out.
+        if let Some(g) = &z.ground
+            && st.raw()
+            && !st.ignored
+            && let Some(w) = g.ground(p)
+        {
+            st.speed.push(at, w);
+        }
+        let speed = || st.speed.estimate().map(|e| Speed::new(e.mps, z.unit));
+        match change {
+            None => {}
             Some(ZoneChange::Enter { at: when }) => {
+                if !came_from(z, &t.visited) {
+                    st.ignored = true;
+                    st.speed.clear();
+                    continue;
+                }
+                let kind = EventKind::ZoneEnter {
+                    zone: z.name.clone(),
+                    speed: speed(),
+                };
                 if !t.visited.contains(&zi) {
                     t.visited.push(zi);
                 }
-                (
-                    EventKind::ZoneEnter {
-                        zone: z.name.clone(),
-                    },
-                    when,
-                )
+                hold(&mut t.held, kind, when, z.direction.allows(Direction::In));
             }
-            Some(ZoneChange::Leave { at: when, dwell }) => (
-                EventKind::ZoneLeave {
+            Some(ZoneChange::Leave { at: when, dwell }) => {
+                if std::mem::take(&mut st.ignored) {
+                    st.speed.clear();
+                    continue;
+                }
+                let kind = EventKind::ZoneLeave {
                     zone: z.name.clone(),
                     dwell_s: dwell.as_secs_f64(),
-                },
-                when,
-            ),
-            Some(ZoneChange::Loiter { dwell }) => (
-                EventKind::Loiter {
+                    speed: speed(),
+                };
+                st.speed.clear();
+                hold(&mut t.held, kind, when, z.direction.allows(Direction::Out));
+            }
+            Some(ZoneChange::Loiter { dwell }) => {
+                if st.ignored {
+                    continue;
+                }
+                let kind = EventKind::Loiter {
                     zone: z.name.clone(),
                     dwell_s: dwell.as_secs_f64(),
-                },
-                at,
-            ),
-        };
-        t.held.push((kind.0, bbox, score, kind.1));
+                };
+                hold(&mut t.held, kind, at, true);
+            }
+        }
+        // Settled estimates of an entered visit that counts raise
+        // max_speed and may be speeding.
+        if z.ground.is_some()
+            && st.inside()
+            && !st.ignored
+            && let Some(e) = st.speed.estimate().filter(|e| e.settled())
+        {
+            t.max_speed = Some(t.max_speed.map_or(e.mps, |m| m.max(e.mps)));
+            if let Some(limit) = z.speed_limit
+                && !st.sped
+                && e.mps > limit
+            {
+                st.sped = true;
+                let kind = EventKind::Speeding {
+                    zone: z.name.clone(),
+                    speed: Speed::new(e.mps, z.unit),
+                    speed_limit: z.unit.from_mps(limit) as f32,
+                };
+                hold(&mut t.held, kind, at, true);
+            }
+        }
     }
     if spec.lines.is_empty() {
         return;
@@ -593,20 +785,18 @@ fn areas(spec: &TrackingSpec, label: &str, t: &mut Track, p: Point, at: SystemTi
         if !l.counts(label) {
             continue;
         }
-        if let Some((direction, when)) = t.lines[li].step(l, p, margin, at) {
+        if let Some((direction, when)) = t.lines[li].step(l, p, margin, at)
+            && l.direction.allows(direction)
+        {
             t.crossed.push(Crossing {
                 line: l.name.clone(),
                 direction,
             });
-            t.held.push((
-                EventKind::LineCross {
-                    line: l.name.clone(),
-                    direction,
-                },
-                bbox,
-                score,
-                when,
-            ));
+            let kind = EventKind::LineCross {
+                line: l.name.clone(),
+                direction,
+            };
+            hold(&mut t.held, kind, when, true);
         }
     }
 }
@@ -620,8 +810,16 @@ fn confirm(t: &mut Track, numbers: &AtomicU64, stats: &TrackStats, prefix: &str)
     let kind = EventKind::TrackStart {
         first_seen: t.first_seen,
     };
-    let (bbox, score, at) = (t.bbox, t.score, t.last_seen);
-    t.held.insert(0, (kind, bbox, score, at));
+    t.held.insert(
+        0,
+        Held {
+            kind,
+            bbox: t.bbox,
+            score: t.score,
+            ts: t.last_seen,
+            told: true,
+        },
+    );
     stats.track_started();
 }
 
@@ -630,15 +828,19 @@ fn flush_held(t: &mut Track, label: &str, stats: &TrackStats, events: &mut Vec<E
     let Some(id) = &t.id else {
         return;
     };
-    for (kind, bbox, score, ts) in t.held.drain(..) {
-        stats.event(&kind, label);
+    for h in t.held.drain(..) {
+        if !h.told {
+            stats.presence(&h.kind, label);
+            continue;
+        }
+        stats.event(&h.kind, label);
         events.push(Event {
-            kind,
+            kind: h.kind,
             track: id.to_string(),
             label: label.to_string(),
-            bbox,
-            score,
-            ts,
+            bbox: h.bbox,
+            score: h.score,
+            ts: h.ts,
         });
     }
 }
@@ -649,11 +851,14 @@ impl Drop for StreamTracker {
         for t in self.tracks.values().filter(|t| t.n.is_some()) {
             let label = &self.labels[t.label as usize].0;
             for (zi, z) in self.spec.zones.iter().enumerate() {
-                if t.zones[zi].inside() {
+                if t.zones[zi].inside() && !t.zones[zi].ignored {
                     self.stats.zone_forgotten(&z.name, label);
                 }
             }
             self.stats.track_forgotten();
+        }
+        if !self.counters.is_empty() {
+            self.stats.forget_stream(&self.stream);
         }
     }
 }

@@ -121,7 +121,7 @@ mod tests {
                 },
                 Tracked::default(),
             ],
-            events: vec![],
+            ..FrameOutput::default()
         };
         annotate(&mut v, &at, &out);
         assert_eq!(v["boxes"][0]["track"], "d/p/s/1");

@@ -14,9 +14,10 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::config::{LineConfig, ZoneConfig};
+use super::config::{Directions, LineConfig, ZoneConfig};
 use super::events::Direction;
 use super::geometry::{Place, Point, Polygon, Segment, Side};
+use super::speed::{GroundPlane, SpeedUnit, SpeedWindow};
 
 /// Points closer to a line than this (pixels) are on neither side.
 pub const LINE_MARGIN: f32 = 2.0;
@@ -29,17 +30,41 @@ pub struct Zone {
     inertia: u32,
     loiter: Option<Duration>,
     classes: Vec<String>,
+    pub occupancy: bool,
+    pub direction: Directions,
+    /// The index of the zone a track must have been in first.
+    pub after: Option<usize>,
+    /// Pixels to metres, when the zone is calibrated.
+    pub ground: Option<GroundPlane>,
+    pub unit: SpeedUnit,
+    /// In metres per second.
+    pub speed_limit: Option<f64>,
 }
 
 impl Zone {
+    /// The zone of a checked config; `after` is resolved by the caller,
+    /// who knows the other zones.
     pub fn new(c: &ZoneConfig) -> Self {
+        let unit = c.unit();
         Zone {
             name: c.name.clone(),
             polygon: Polygon::new(c.points()),
             inertia: c.inertia.max(1),
             loiter: c.loiter,
             classes: c.classes.clone(),
+            occupancy: c.occupancy,
+            direction: c.direction,
+            after: None,
+            // `check` refused a calibration that fails; one that slipped
+            // through measures nothing rather than something wrong.
+            ground: c.ground().and_then(Result::ok),
+            unit,
+            speed_limit: c.speed_limit.map(|l| f64::from(l) / unit.from_mps(1.0)),
         }
+    }
+
+    pub fn inertia(&self) -> u32 {
+        self.inertia
     }
 
     pub fn counts(&self, label: &str) -> bool {
@@ -54,6 +79,7 @@ pub struct Line {
     segment: Segment,
     inertia: u32,
     classes: Vec<String>,
+    pub direction: Directions,
 }
 
 impl Line {
@@ -64,6 +90,7 @@ impl Line {
             segment: Segment::new(a, b),
             inertia: c.inertia.max(1),
             classes: c.classes.clone(),
+            direction: c.direction,
         }
     }
 
@@ -89,11 +116,25 @@ pub struct ZoneState {
     run_start: Option<SystemTime>,
     entered_at: Option<SystemTime>,
     loitered: bool,
+    /// The last point's own test, before inertia: what occupancy counts.
+    raw: bool,
+    /// This visit does not count (the track was not in the `after` zone
+    /// first): no events until it leaves.
+    pub ignored: bool,
+    /// Ground positions of this visit, in a calibrated zone.
+    pub speed: SpeedWindow,
+    /// `speeding` was told (once per track and zone).
+    pub sped: bool,
 }
 
 impl ZoneState {
     pub fn inside(&self) -> bool {
         self.inside
+    }
+
+    /// Whether the last point was in the polygon.
+    pub fn raw(&self) -> bool {
+        self.raw
     }
 
     pub fn entered_at(&self) -> Option<SystemTime> {
@@ -103,6 +144,7 @@ impl ZoneState {
     /// One frame at `p`, time `at`.
     pub fn step(&mut self, zone: &Zone, p: Point, at: SystemTime) -> Option<ZoneChange> {
         let raw = zone.polygon.contains(p);
+        self.raw = raw;
         if raw == self.inside {
             self.run = 0;
             self.run_start = None;
@@ -138,6 +180,13 @@ impl ZoneState {
         }
         None
     }
+}
+
+/// Whether a track that entered a zone with `after` counts there: it must
+/// have been in the `after` zone first (`visited`: the zones it entered so
+/// far, counted visits only).
+pub fn came_from(zone: &Zone, visited: &[usize]) -> bool {
+    zone.after.is_none_or(|a| visited.contains(&a))
 }
 
 /// One track's state at one line.
@@ -233,7 +282,7 @@ mod tests {
             inertia,
             loiter,
             classes: vec!["car".into()],
-            camera: None,
+            ..ZoneConfig::default()
         })
     }
 
@@ -242,8 +291,7 @@ mod tests {
             name: "gate".into(),
             points: [[320.0, 0.0], [320.0, 480.0]],
             inertia,
-            classes: vec![],
-            camera: None,
+            ..LineConfig::default()
         })
     }
 
@@ -357,6 +405,23 @@ mod tests {
             }
         }
         assert_eq!(dirs, vec![Direction::In, Direction::Out]);
+    }
+
+    #[test]
+    fn after_asks_for_the_other_zone_first() {
+        let mut z = zone(1, None);
+        assert!(came_from(&z, &[]), "no `after`: every track");
+        z.after = Some(2);
+        assert!(!came_from(&z, &[]));
+        assert!(!came_from(&z, &[0, 1]));
+        assert!(came_from(&z, &[1, 2]));
+    }
+
+    #[test]
+    fn direction_filters_allow_their_side() {
+        assert!(Directions::Both.allows(Direction::In) && Directions::Both.allows(Direction::Out));
+        assert!(Directions::In.allows(Direction::In) && !Directions::In.allows(Direction::Out));
+        assert!(Directions::Out.allows(Direction::Out) && !Directions::Out.allows(Direction::In));
     }
 
     #[test]

@@ -46,3 +46,4 @@ mod udp_kernel_drops;
 mod uplink;
 mod uplink_outbox_fault;
 mod vision;
+mod zone_analytics;

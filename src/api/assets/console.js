@@ -9,7 +9,8 @@
   const SNAPSHOT_EVERY_MS = 3000;
   const SNAPSHOT_RETRY_MS = 30000;
 
-  const EVENT_KINDS = ['track_start', 'zone_enter', 'zone_leave', 'line_cross', 'loiter', 'track_end'];
+  const EVENT_KINDS = ['track_start', 'zone_enter', 'zone_leave', 'line_cross', 'loiter', 'speeding',
+    'zone_occupancy', 'track_end'];
   const EVENTS_SHOWN = 20;
 
   let points = [];
@@ -289,6 +290,27 @@
     return '#' + (i >= 0 ? s.slice(i + 1) : s);
   }
 
+  // A zone's objects now (zones with `occupancy`), per label, of the stream
+  // whose boxes are drawn, else of all streams: "2 car, 1 person".
+  function zoneCounts(t, zone) {
+    const occ = t.occupancy || {};
+    const streams = t.live && occ[t.live.stream] ? [t.live.stream] : Object.keys(occ);
+    const sum = new Map();
+    for (const s of streams) {
+      const byLabel = (occ[s] || {})[zone] || {};
+      for (const label of Object.keys(byLabel)) {
+        const n = Number(byLabel[label]);
+        if (isFinite(n)) sum.set(label, (sum.get(label) || 0) + n);
+      }
+    }
+    const parts = [];
+    for (const [label, n] of Array.from(sum.entries()).sort()) {
+      if (n > 0) parts.push(n + ' ' + label);
+    }
+    if (parts.length === 0 && sum.size > 0) return '0';
+    return parts.join(', ');
+  }
+
   function drawOverlay(c, t) {
     const svg = c.overlay;
     if (!svg) return;
@@ -319,7 +341,11 @@
       poly.dataset.name = String(z.name);
       svg.appendChild(poly);
       const top = pts.reduce((a, q) => (q[1] < a[1] || (q[1] === a[1] && q[0] < a[0]) ? q : a));
-      svg.appendChild(svgText('zone-name', top[0] + fs * 0.3, top[1] + fs * 1.1, fs, String(z.name)));
+      const count = zoneCounts(t, String(z.name));
+      const name = svgText('zone-name', top[0] + fs * 0.3, top[1] + fs * 1.1, fs,
+        String(z.name) + (count ? ': ' + count : ''));
+      name.dataset.name = String(z.name);
+      svg.appendChild(name);
     }
     for (const l of geo.lines || []) {
       const [a, b] = l.points || [];
@@ -401,6 +427,10 @@
     if (e.zone !== undefined) d.push('zone ' + e.zone);
     if (e.line !== undefined) d.push('line ' + e.line + (e.direction !== undefined ? ' ' + e.direction : ''));
     if (typeof e.dwell_s === 'number') d.push(e.dwell_s.toFixed(1) + ' s');
+    if (typeof e.count === 'number') d.push(e.count + ' now (was ' + e.previous + ')');
+    if (typeof e.speed === 'number') d.push(e.speed.toFixed(1) + ' ' + String(e.speed_unit || ''));
+    if (typeof e.max_speed === 'number') d.push('max ' + e.max_speed.toFixed(1) + ' ' + String(e.speed_unit || ''));
+    if (typeof e.speed_limit === 'number') d.push('limit ' + e.speed_limit);
     if (e.reason !== undefined) d.push(String(e.reason));
     if (e.text !== undefined && e.text !== null) d.push('“' + e.text + '”');
     return d.join(', ');
@@ -417,12 +447,14 @@
     for (const { e } of c.seen.values()) {
       const li = el('li');
       li.dataset.event = String(e.event);
-      li.dataset.track = String(e.track);
+      // A zone's count is the stream's, no track's.
+      const track = e.track === undefined ? '' : String(e.track);
+      li.dataset.track = track;
       li.dataset.ts = String(e.ts);
-      li.title = String(e.track);
+      li.title = track;
       li.appendChild(el('span', 'when', clockTime(e.ts)));
       li.appendChild(el('span', 'kind', String(e.event)));
-      li.appendChild(el('span', 'track', shortId(e.track)));
+      li.appendChild(el('span', 'track', track ? shortId(track) : ''));
       li.appendChild(el('span', 'label', String(e.label === undefined ? '' : e.label)));
       const detail = eventDetail(e);
       if (detail) li.appendChild(el('span', 'detail', detail));

@@ -337,8 +337,10 @@ mod tests {
         );
         assert_eq!(label(&serde_json::json!({"box": [0, 0, 1, 1]})), None);
         assert_eq!(
-            label(&serde_json::json!({"label": "car", "score": 0.5, "track": "gw/street/cam/3-17"}))
-                .as_deref(),
+            label(
+                &serde_json::json!({"label": "car", "score": 0.5, "track": "gw/street/cam/3-17"})
+            )
+            .as_deref(),
             Some("car 3-17 0.50")
         );
 

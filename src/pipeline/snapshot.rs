@@ -85,9 +85,13 @@ fn four(v: &Value) -> Option<[f64; 4]> {
     (x.len() == 4).then(|| [x[0], x[1], x[2], x[3]])
 }
 
-/// Draws each box of `outputs.boxes` (and its landmarks).
+/// Draws each box of `outputs.detections` (a detector's) or
+/// `outputs.boxes` (MTCNN's, OCR's), and its landmarks.
 pub fn draw(img: &mut Rgb, outputs: &Value) {
-    let Some(boxes) = outputs.get("boxes").and_then(Value::as_array) else {
+    let Some(boxes) = crate::track::value::BOX_KEYS
+        .iter()
+        .find_map(|k| outputs.get(*k).and_then(Value::as_array))
+    else {
         return;
     };
     for b in boxes {
@@ -115,7 +119,8 @@ pub fn draw(img: &mut Rgb, outputs: &Value) {
     }
 }
 
-/// What a box says: its text (OCR), else its class label, else its score.
+/// What a box says: its text (OCR), else its class label, else its score;
+/// a tracked box's label ends in its track's number (`{boot}-{n}`).
 fn label(b: &Value) -> Option<String> {
     let score = b.get("score").and_then(Value::as_f64);
     if let Some(t) = b.get("text").and_then(Value::as_str) {
@@ -126,6 +131,14 @@ fn label(b: &Value) -> Option<String> {
         Value::Number(n) => Some(n.to_string()),
         _ => None,
     });
+    let track = b
+        .get("track")
+        .and_then(Value::as_str)
+        .and_then(|t| t.rsplit('/').next());
+    let class = match (class, track) {
+        (Some(c), Some(t)) => Some(format!("{c} {t}")),
+        (c, _) => c,
+    };
     match (class, score) {
         (Some(c), Some(s)) => Some(format!("{c} {s:.2}")),
         (Some(c), None) => Some(c),
@@ -296,6 +309,19 @@ mod tests {
     }
 
     #[test]
+    fn a_detectors_detections_are_drawn_like_boxes() {
+        let mut img = grey(50, 40);
+        let out = serde_json::json!({"detections": [
+            {"box": [10.0, 10.0, 30.0, 20.0], "score": 0.5, "class": 2, "label": "car"}
+        ]});
+        draw(&mut img, &out);
+        let at = |x: usize, y: usize| &img.pixels[(y * 50 + x) * 3..(y * 50 + x) * 3 + 3];
+        assert_eq!(at(30, 15), BOX_COLOUR);
+        assert_eq!(at(20, 20), BOX_COLOUR);
+        assert_eq!(at(20, 15), &[128, 128, 128]);
+    }
+
+    #[test]
     fn labels_say_text_or_score_above_the_box() {
         assert_eq!(
             label(&serde_json::json!({"text": "pump 3", "score": 0.9})).as_deref(),
@@ -310,6 +336,13 @@ mod tests {
             Some("cat 0.50")
         );
         assert_eq!(label(&serde_json::json!({"box": [0, 0, 1, 1]})), None);
+        assert_eq!(
+            label(
+                &serde_json::json!({"label": "car", "score": 0.5, "track": "gw/street/cam/3-17"})
+            )
+            .as_deref(),
+            Some("car 3-17 0.50")
+        );
 
         let mut img = grey(100, 60);
         draw(

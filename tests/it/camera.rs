@@ -3,6 +3,9 @@
 //! photographs, read by a real `outpost run` through GStreamer.
 
 #[cfg(feature = "camera")]
+pub(crate) use with_gstreamer::serial;
+
+#[cfg(feature = "camera")]
 mod with_gstreamer {
     use std::io::BufRead;
     use std::path::Path;
@@ -13,9 +16,10 @@ mod with_gstreamer {
 
     /// The camera tests run one at a time: each streams live video through
     /// an encoder and a decoder, and the frame-age test measures latency.
+    /// (tests/it/street.rs takes the same turn: a detector on a live camera.)
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    fn serial() -> std::sync::MutexGuard<'static, ()> {
+    pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
         SERIAL.lock().unwrap_or_else(|p| p.into_inner())
     }
 

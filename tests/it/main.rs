@@ -41,6 +41,7 @@ mod sparkplug;
 mod state;
 mod stream_bounds;
 mod streams;
+mod street;
 mod tracking;
 mod udp_kernel_drops;
 mod uplink;

@@ -310,15 +310,17 @@ mod tests {
 
     #[test]
     fn a_detectors_detections_are_drawn_like_boxes() {
-        let mut img = grey(50, 40);
+        // Room above the box for its label strip (rows 8..18).
+        let mut img = grey(60, 50);
         let out = serde_json::json!({"detections": [
-            {"box": [10.0, 10.0, 30.0, 20.0], "score": 0.5, "class": 2, "label": "car"}
+            {"box": [10.0, 20.0, 30.0, 35.0], "score": 0.5, "class": 2, "label": "car"}
         ]});
         draw(&mut img, &out);
-        let at = |x: usize, y: usize| &img.pixels[(y * 50 + x) * 3..(y * 50 + x) * 3 + 3];
-        assert_eq!(at(30, 15), BOX_COLOUR);
-        assert_eq!(at(20, 20), BOX_COLOUR);
-        assert_eq!(at(20, 15), &[128, 128, 128]);
+        let at = |x: usize, y: usize| &img.pixels[(y * 60 + x) * 3..(y * 60 + x) * 3 + 3];
+        assert_eq!(at(30, 27), BOX_COLOUR);
+        assert_eq!(at(20, 35), BOX_COLOUR);
+        assert_eq!(at(20, 27), &[128, 128, 128]);
+        assert_eq!(at(10, 8), LABEL_BACKGROUND);
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod onnx_proto;
 pub mod ota;
 pub mod outbox;
 pub mod output;
+pub mod panics;
 pub mod pipeline;
 pub mod plan;
 pub mod postprocess;

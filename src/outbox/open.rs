@@ -97,10 +97,9 @@ fn classify(e: sled::Error) -> Failure {
 }
 
 fn panic_text(p: Box<dyn Any + Send>) -> String {
-    match (p.downcast_ref::<&str>(), p.downcast_ref::<String>()) {
-        (Some(s), _) => format!("sled panicked: {s}"),
-        (_, Some(s)) => format!("sled panicked: {s}"),
-        _ => "sled panicked".to_string(),
+    match crate::panics::message(p.as_ref()) {
+        Some(s) => format!("sled panicked: {s}"),
+        None => "sled panicked".to_string(),
     }
 }
 

@@ -182,15 +182,6 @@ impl FpsGate {
     }
 }
 
-/// What a panic carried, in words (a `&str` or `String` message).
-#[cfg(feature = "camera")]
-pub(crate) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic".to_string())
-}
-
 /// Reconnect delays: from 0.25 s, a ceiling of 0.5 s doubling to 8 s, each
 /// a random draw up to its ceiling, so cameras that failed together do not
 /// retry in step.

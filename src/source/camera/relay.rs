@@ -37,6 +37,23 @@ impl Cut {
     }
 }
 
+/// Why the camera could not be connected, or the client not pointed at it.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RelayError {
+    #[error("the camera url has no host")]
+    NoHost,
+    /// In the operating system's words (refused, unreachable, ...).
+    #[error("connect {target}: {source}")]
+    Connect {
+        target: String,
+        source: std::io::Error,
+    },
+    #[error("cannot listen on loopback for the RTSP client: {0}")]
+    Listen(std::io::Error),
+    #[error("camera url: cannot point it at the loopback port")]
+    Url,
+}
+
 /// A camera connected, and where the client is to find it.
 pub(super) struct Relayed {
     /// `url` with the loopback address and port in place of the camera's.
@@ -48,28 +65,27 @@ pub(super) struct Relayed {
 /// runtime (the camera's own), bounding what the camera sends by `max`
 /// bytes a message or frame. The error: why the camera cannot be reached,
 /// in the operating system's words.
-pub(super) async fn open(url: &::url::Url, max: u64) -> Result<Relayed, String> {
-    let host = url.host_str().ok_or("the camera url has no host")?;
+pub(super) async fn open(url: &::url::Url, max: u64) -> Result<Relayed, RelayError> {
+    let host = url.host_str().ok_or(RelayError::NoHost)?;
     let port = url.port().unwrap_or(554);
     let target = format!("{host}:{port}");
-    let camera = TcpStream::connect(&target)
-        .await
-        .map_err(|e| format!("connect {target}: {e}"))?;
+    let camera = match TcpStream::connect(&target).await {
+        Ok(c) => c,
+        Err(source) => return Err(RelayError::Connect { target, source }),
+    };
     // Requests are small and the client waits for each answer.
     let _ = camera.set_nodelay(true);
     let listener = TcpListener::bind(("127.0.0.1", 0))
         .await
-        .map_err(|e| format!("cannot listen on loopback for the RTSP client: {e}"))?;
-    let local = listener
-        .local_addr()
-        .map_err(|e| format!("loopback listener: {e}"))?;
+        .map_err(RelayError::Listen)?;
+    let local = listener.local_addr().map_err(RelayError::Listen)?;
     let mut client_url = url.clone();
     client_url
         .set_host(Some("127.0.0.1"))
-        .map_err(|e| format!("camera url: {e}"))?;
+        .map_err(|_| RelayError::Url)?;
     client_url
         .set_port(Some(local.port()))
-        .map_err(|()| "camera url: cannot set the port".to_string())?;
+        .map_err(|()| RelayError::Url)?;
     let cut = Arc::new(Cut::default());
     tokio::spawn(relay(listener, camera, max, cut.clone()));
     Ok(Relayed {

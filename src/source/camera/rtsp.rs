@@ -29,7 +29,7 @@ use retina::codec::{CodecItem, FrameFormat};
 use super::decode::Verdict;
 use super::fanout::Shared;
 use super::guard::Oversize;
-use super::relay::{self, Cut};
+use super::relay::{self, Cut, RelayError};
 
 /// Compressed frames waiting in the appsrc beyond which the decoder is
 /// behind: frames are dropped from there to the next keyframe (a delta
@@ -63,6 +63,9 @@ pub(super) enum RtspError {
     /// The camera's answer, or the network's, in words.
     #[error("{0}")]
     Camera(String),
+    /// The camera could not be reached, or the client not pointed at it.
+    #[error("{0}")]
+    Relay(#[from] RelayError),
     #[error("no answer from the camera for {0} s (stall_timeout)")]
     NoAnswer(f64),
     #[error("the stream has no video track (tracks: {0})")]
@@ -154,9 +157,7 @@ async fn open(
     let url =
         ::url::Url::parse(&location).map_err(|e| RtspError::Camera(format!("camera url: {e}")))?;
     // The camera's bytes reach the client only through the bound.
-    let relayed = relay::open(&url, t.max_frame_bytes)
-        .await
-        .map_err(RtspError::Camera)?;
+    let relayed = relay::open(&url, t.max_frame_bytes).await?;
     let cut = relayed.cut;
     let err = |e: retina::Error| RtspError::from_client(e, &cut);
     let creds = t.user.map(|u| Credentials {
@@ -335,7 +336,7 @@ pub(super) fn pump(
             if let Err(p) = ran {
                 let why = sh.scrubber.scrub(&format!(
                     "the RTSP client failed: {}",
-                    super::panic_text(p.as_ref())
+                    crate::panics::message(p.as_ref()).unwrap_or("a panic")
                 ));
                 gst::element_error!(src, gst::ResourceError::Read, ["{}", why]);
             }

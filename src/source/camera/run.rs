@@ -153,7 +153,7 @@ fn supervise(url: Option<&CameraUrl>, max_fps: Option<f64>, sh: &Arc<Shared>) {
         .unwrap_or_else(|p| End::Failed {
             error: format!(
                 "the camera's thread failed: {}",
-                super::panic_text(p.as_ref())
+                crate::panics::message(p.as_ref()).unwrap_or("a panic")
             ),
             streamed: false,
         });

@@ -15,7 +15,13 @@ With --fps F it takes F frames a second by the stream's clock: every frame
 is grabbed (cv2.VideoCapture.grab decodes it: H.264 frames need the ones
 before them), and only the frames taken are retrieved (converted) and run.
 
+With --preprocess coco the frame is stretched to --size (512 for
+models/coco_det) with cv2.resize (bilinear), made RGB and fed as 0..255
+floats NHWC, and the rows scoring at least 0.3 are kept, as the COCO
+detector's manifest says (perf/many_cameras uses this).
+
 Usage: camera_python_service.py URL MODEL.onnx --seconds S [--size 224] [--fps F]
+                                [--preprocess imagenet|coco]
 """
 
 import argparse
@@ -38,6 +44,8 @@ def main():
     ap.add_argument("--seconds", type=float, required=True)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--fps", type=float, default=0, help="frames taken a second (0: every frame)")
+    ap.add_argument("--preprocess", choices=["imagenet", "coco"], default="imagenet",
+                    help="imagenet: NCHW, ImageNet mean/std (the classifier); coco: NHWC 0..255")
     args = ap.parse_args()
 
     cv2.setNumThreads(1)
@@ -85,12 +93,19 @@ def main():
         t0 = got - pts if t0 is None else min(t0, got - pts)
         pts_list.append(pts)
         x = cv2.resize(frame, (args.size, args.size), interpolation=cv2.INTER_LINEAR)
-        x = cv2.cvtColor(x, cv2.COLOR_BGR2RGB).astype(np.float32) / 255.0
-        x = ((x - mean) / std).transpose(2, 0, 1)[None]
+        if args.preprocess == "coco":
+            x = cv2.cvtColor(x, cv2.COLOR_BGR2RGB).astype(np.float32)[None]
+        else:
+            x = cv2.cvtColor(x, cv2.COLOR_BGR2RGB).astype(np.float32) / 255.0
+            x = ((x - mean) / std).transpose(2, 0, 1)[None]
         t_run = time.perf_counter()
-        logits = sess.run(None, {name: x})[0]
+        out = sess.run(None, {name: x})[0]
         infer_s += time.perf_counter() - t_run
-        _ = int(logits.argmax())
+        if args.preprocess == "coco":
+            rows = out[0]
+            _ = rows[rows[:, 4] >= 0.3]
+        else:
+            _ = int(out.argmax())
         now = time.time()
         done_at.append(now)
         if now >= end:

@@ -206,6 +206,8 @@ pub(super) fn add_decode_probe(
     parser: &gst::Element,
     sh: &Arc<Shared>,
 ) -> Result<(), super::elements::SetupError> {
+    let g = sh.clone();
+    add_key_units_probe(parser, move || g.keyframes_only())?;
     let pad = parser
         .static_pad("src")
         .ok_or("the parser has no source pad")?;
@@ -230,6 +232,70 @@ pub(super) fn add_decode_probe(
         }
     });
     Ok(())
+}
+
+/// While the decoder gets keyframes only, its input segment says so
+/// (`TRICKMODE_KEY_UNITS`): GStreamer's video decoders then hand each
+/// keyframe on as soon as it is decoded. Without the flag a decoder holds
+/// frames for the reordering the stream declares (B-frames): libav held
+/// each keyframe until two more had come, two keyframe intervals (seconds)
+/// of frame age. The flag changes only at a keyframe, by a new segment
+/// event sent to the decoder before that keyframe; segments coming from
+/// upstream get the flag as it stands.
+pub(super) fn add_key_units_probe(
+    parser: &gst::Element,
+    keyframes_only: impl Fn() -> bool + Send + Sync + 'static,
+) -> Result<(), super::elements::SetupError> {
+    let pad = parser
+        .static_pad("src")
+        .ok_or("the parser has no source pad")?;
+    let flagged = AtomicBool::new(false);
+    let kinds = gst::PadProbeType::BUFFER | gst::PadProbeType::EVENT_DOWNSTREAM;
+    pad.add_probe(kinds, move |pad, info| {
+        match &mut info.data {
+            Some(gst::PadProbeData::Event(ev)) => {
+                if let gst::EventView::Segment(s) = ev.view() {
+                    let want = flagged.load(Ordering::Relaxed);
+                    if let Some(seg) = key_units(s.segment(), want) {
+                        *ev = gst::event::Segment::new(&seg);
+                    }
+                }
+            }
+            Some(gst::PadProbeData::Buffer(buf)) => {
+                let key = !buf.flags().contains(gst::BufferFlags::DELTA_UNIT);
+                let want = keyframes_only();
+                if key
+                    && flagged.swap(want, Ordering::Relaxed) != want
+                    && let Some(peer) = pad.peer()
+                    && let Some(current) = peer.sticky_event::<gst::event::Segment>(0)
+                    && let Some(seg) = key_units(current.segment(), want)
+                    && !peer.send_event(gst::event::Segment::new(&seg))
+                {
+                    tracing::debug!("the decoder refused its new segment");
+                }
+            }
+            _ => {}
+        }
+        gst::PadProbeReturn::Ok
+    });
+    Ok(())
+}
+
+/// `seg` with `TRICKMODE_KEY_UNITS` set (`on`) or cleared; None when it is
+/// so already.
+fn key_units(seg: &gst::Segment, on: bool) -> Option<gst::Segment> {
+    let flag = gst::SegmentFlags::TRICKMODE_KEY_UNITS;
+    if seg.flags().contains(flag) == on {
+        return None;
+    }
+    let mut seg = seg.clone();
+    let flags = if on {
+        seg.flags() | flag
+    } else {
+        seg.flags() - flag
+    };
+    seg.set_flags(flags);
+    Some(seg)
 }
 
 /// Drops the probe's buffer by taking it (`Handled`): returning `Drop`
@@ -621,5 +687,150 @@ mod tests {
             assert_eq!(a.0.len(), tight);
             assert!(a.0 == b.0, "frame {i} packs differently");
         }
+    }
+
+    /// One H.264 access unit: bytes, pts, dts, keyframe.
+    type Unit = (
+        Vec<u8>,
+        Option<gst::ClockTime>,
+        Option<gst::ClockTime>,
+        bool,
+    );
+
+    /// A stream with B-frames (the decoder must reorder), a keyframe every
+    /// 10 frames, as access units in decode order.
+    fn b_frame_stream() -> Vec<Unit> {
+        let p = gst::parse::launch(
+            "videotestsrc num-buffers=60 pattern=ball ! \
+             video/x-raw,format=I420,width=320,height=240,framerate=25/1 ! \
+             x264enc speed-preset=fast bframes=2 b-adapt=false key-int-max=10 threads=1 ! \
+             h264parse config-interval=-1 ! \
+             video/x-h264,stream-format=byte-stream,alignment=au ! appsink name=out sync=false",
+        )
+        .unwrap()
+        .downcast::<gst::Pipeline>()
+        .unwrap();
+        let sink = p
+            .by_name("out")
+            .and_then(|e| e.downcast::<gst_app::AppSink>().ok())
+            .unwrap();
+        p.set_state(gst::State::Playing).unwrap();
+        let mut units = Vec::new();
+        while let Some(sample) = sink.try_pull_sample(gst::ClockTime::from_seconds(30)) {
+            let b = sample.buffer().unwrap();
+            let key = !b.flags().contains(gst::BufferFlags::DELTA_UNIT);
+            let data = b.map_readable().unwrap().as_slice().to_vec();
+            units.push((data, b.pts(), b.dts(), key));
+        }
+        let _ = p.set_state(gst::State::Null);
+        units
+    }
+
+    /// Pushes `units` through parser and decoder synchronously (the test's
+    /// own pad: each push returns once the decoder is done with the unit)
+    /// and says how many frames had come out after each. `key_units`: the
+    /// probe, asked through the flag whether keyframes only are decoded.
+    fn decode(units: &[&Unit], key_units: Option<Arc<AtomicBool>>, then: &[&Unit]) -> Vec<usize> {
+        let p = gst::Pipeline::new();
+        let parse = gst::ElementFactory::make("h264parse").build().unwrap();
+        let dec = gst::ElementFactory::make("avdec_h264")
+            .property("max-threads", 1i32)
+            .build()
+            .unwrap();
+        let sink = gst_app::AppSink::builder().sync(false).build();
+        sink.set_property("async", false);
+        sink.set_property("wait-on-eos", false);
+        p.add_many([&parse, &dec, sink.upcast_ref()]).unwrap();
+        gst::Element::link_many([&parse, &dec, sink.upcast_ref()]).unwrap();
+        if let Some(flag) = &key_units {
+            let f = flag.clone();
+            add_key_units_probe(&parse, move || f.load(Ordering::SeqCst)).unwrap();
+        }
+        let feed = gst::Pad::builder(gst::PadDirection::Src)
+            .name("feed")
+            .build();
+        feed.link(&parse.static_pad("sink").unwrap()).unwrap();
+        feed.set_active(true).unwrap();
+        p.set_state(gst::State::Playing).unwrap();
+        assert!(feed.push_event(gst::event::StreamStart::new("b-frames")));
+        let caps = gst::Caps::builder("video/x-h264")
+            .field("stream-format", "byte-stream")
+            .field("alignment", "au")
+            .build();
+        assert!(feed.push_event(gst::event::Caps::new(&caps)));
+        let seg = gst::FormattedSegment::<gst::ClockTime>::new();
+        assert!(feed.push_event(gst::event::Segment::new(&seg)));
+        let mut out = 0;
+        let mut seen = Vec::new();
+        let mut push = |u: &Unit, seen: &mut Vec<usize>| {
+            let mut b = gst::Buffer::from_slice(u.0.clone());
+            {
+                let b = b.get_mut().unwrap();
+                b.set_pts(u.1);
+                b.set_dts(u.2);
+                if !u.3 {
+                    b.set_flags(gst::BufferFlags::DELTA_UNIT);
+                }
+            }
+            feed.push(b).unwrap();
+            while sink.try_pull_sample(gst::ClockTime::ZERO).is_some() {
+                out += 1;
+            }
+            seen.push(out);
+        };
+        for u in units {
+            push(u, &mut seen);
+        }
+        if let Some(flag) = &key_units {
+            flag.store(false, Ordering::SeqCst);
+        }
+        for u in then {
+            push(u, &mut seen);
+        }
+        assert!(feed.push_event(gst::event::Eos::new()));
+        while sink.try_pull_sample(gst::ClockTime::ZERO).is_some() {
+            out += 1;
+        }
+        seen.push(out);
+        let _ = p.set_state(gst::State::Null);
+        seen
+    }
+
+    /// Keyframes alone into a decoder of a stream with B-frames: each one
+    /// comes out as it goes in with the probe (without it the decoder held
+    /// each for two more, seconds of delay at one keyframe a second); once
+    /// every frame is decoded again (the flag cleared at a keyframe), no
+    /// delta frame is lost to the decoder's keyframe mode.
+    #[test]
+    fn each_keyframe_leaves_the_decoder_as_it_enters_while_only_keyframes_are_decoded() {
+        gst::init().unwrap();
+        let units = b_frame_stream();
+        assert!(
+            units.windows(2).any(|w| w[1].1 < w[0].1),
+            "the stream has no B-frames (presentation order = decode order)"
+        );
+        let keys: Vec<&Unit> = units.iter().filter(|u| u.3).collect();
+        assert!(keys.len() >= 5, "{} keyframes", keys.len());
+        let (first, last) = keys.split_at(4);
+        // The last GOP whole: its keyframe and every frame up to the end.
+        let at = units.iter().position(|u| std::ptr::eq(u, last[0])).unwrap();
+        let gop: Vec<&Unit> = units[at..]
+            .iter()
+            .take_while(|u| !u.3 || std::ptr::eq(*u, last[0]))
+            .collect();
+
+        let held = decode(first, None, &[]);
+        assert!(
+            held[..4].iter().zip(1..).any(|(n, k)| *n < k),
+            "without the probe the decoder should hold keyframes back: {held:?}"
+        );
+        let flag = Arc::new(AtomicBool::new(true));
+        let seen = decode(first, Some(flag), &gop);
+        assert_eq!(&seen[..4], &[1, 2, 3, 4], "a keyframe held back: {seen:?}");
+        assert_eq!(
+            seen.last().copied(),
+            Some(4 + gop.len()),
+            "frames of the whole GOP decoded after keyframes only: {seen:?}"
+        );
     }
 }

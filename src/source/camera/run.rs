@@ -18,7 +18,8 @@ use parking_lot::Mutex;
 
 use super::elements::{element_names, from_plan, launch};
 use super::fanout::{
-    Reader, Shared, add_decode_probe, add_gate_probe, add_video_meta_probe, on_sample,
+    Reader, Shared, add_decode_probe, add_gate_probe, add_key_units_probe, add_video_meta_probe,
+    on_sample,
 };
 use super::plan::{chain, rgb_tail, source_plan};
 use super::rtsp;
@@ -358,7 +359,7 @@ fn decoder_elements(chain: &[&str], from: usize) -> Result<Vec<gst::Element>, St
 /// The appsrc of a session, its parser (named for outpost), decoder and,
 /// on a Jetson, the converter out of device memory, linked into the
 /// pipeline's colour conversion.
-fn add_retina_chain(p: &gst::Pipeline, encoding: &str, sh: &Shared) -> Result<(), String> {
+fn add_retina_chain(p: &gst::Pipeline, encoding: &str, sh: &Arc<Shared>) -> Result<(), String> {
     let chain = pick_decoder(encoding, has).map_err(|e| e.to_string())?;
     let src = rtsp::appsrc(encoding).map_err(|e| e.to_string())?;
     let mut elements: Vec<gst::Element> = vec![src.upcast()];
@@ -371,6 +372,11 @@ fn add_retina_chain(p: &gst::Pipeline, encoding: &str, sh: &Shared) -> Result<()
         .ok_or("no outpost_convert element")?;
     elements.push(convert);
     gst::Element::link_many(&elements).map_err(|e| e.to_string())?;
+    // [appsrc, parser, decoder, ...]
+    if let Some(parser) = elements.get(1) {
+        let g = sh.clone();
+        add_key_units_probe(parser, move || g.keyframes_only()).map_err(|e| e.to_string())?;
+    }
     let names = retina_elements(&chain);
     sh.each(|s| s.set_elements(&names));
     log_chain(sh, &names.join(" ! "));

@@ -199,13 +199,6 @@ impl CascadeError {
     }
 }
 
-/// Whether a pipeline runs through the cascade path.
-pub fn needs_cascade(cfg: &PipelineConfig, pre: &PreprocessConfig) -> bool {
-    !cfg.stages.is_empty()
-        || cfg.thumbnails.is_some()
-        || matches!(pre, PreprocessConfig::Pyramid { .. })
-}
-
 impl Cascade {
     /// The cascade of `cfg` (frames decoded by `frame_pre`), without its
     /// stages yet (see [`Cascade::add_stages`]).

@@ -170,7 +170,7 @@ impl Pipeline {
             states: &self.states,
             main_input: &self.main_input,
             constants: &self.constants,
-            stats: &self.stats,
+            runs: &self.stats.runs,
         };
         let outcomes = {
             let jobs: Vec<Job<'_>> = work

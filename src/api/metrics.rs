@@ -38,6 +38,13 @@ type Family<F> = (&'static str, &'static str, F);
 type PipelineCounter = Family<fn(&Pipeline) -> u64>;
 type PipelineGauge = Family<fn(&Scheduler, usize) -> f64>;
 type StageCounter = Family<fn(&StageStats) -> u64>;
+type StageHistogram = (
+    &'static str,
+    &'static str,
+    fn(&StageStats) -> &LatencyHistogram,
+    f64,
+    &'static [f64],
+);
 type CameraCounter = Family<fn(&Pipeline, &CameraState) -> u64>;
 type OutboxGauge = Family<fn(&OutboxStats) -> Option<f64>>;
 type OutboxCounter = Family<fn(&OutboxStats) -> u64>;
@@ -107,7 +114,7 @@ const PIPELINE_HISTOGRAMS: &[PipelineHistogram] = &[
         name: "outpost_inference_latency_seconds",
         help: "Inference time per run (a batch counts once)",
         labels: pipeline_model_labels,
-        histogram: |p| Some(&p.stats.inference_us),
+        histogram: |p| Some(&p.stats.runs.inference_us),
         scale: US,
         buckets: &BUCKETS_S,
     },
@@ -131,7 +138,7 @@ const PIPELINE_HISTOGRAMS: &[PipelineHistogram] = &[
         name: "outpost_batch_size",
         help: "Items per inference run",
         labels: pipeline_model_labels,
-        histogram: |p| Some(&p.stats.batch_sizes),
+        histogram: |p| Some(&p.stats.runs.batch_sizes),
         scale: 1.0,
         buckets: &BATCH_BUCKETS,
     },
@@ -161,6 +168,37 @@ const STAGE_COUNTERS: &[StageCounter] = &[
         "outpost_stage_errors",
         "Frames on which a cascade stage failed",
         |st| get(&st.errors),
+    ),
+    (
+        "outpost_stage_batches",
+        "Inference runs of a cascade stage's model (batches of crops)",
+        |st| get(&st.runs.batches),
+    ),
+];
+
+/// Histograms with one row per cascade stage, labelled `pipeline` and
+/// `stage`: (name, help, the histogram, its scale, its buckets).
+const STAGE_HISTOGRAMS: &[StageHistogram] = &[
+    (
+        "outpost_stage_latency_seconds",
+        "A cascade stage's work on one set of frames taken together (crops, inference, postprocessing)",
+        |st| &st.latency_us,
+        US,
+        &BUCKETS_S,
+    ),
+    (
+        "outpost_stage_inference_latency_seconds",
+        "Inference time per run of a cascade stage's model (a batch counts once)",
+        |st| &st.runs.inference_us,
+        US,
+        &BUCKETS_S,
+    ),
+    (
+        "outpost_stage_batch_size",
+        "Crops per inference run of a cascade stage's model",
+        |st| &st.runs.batch_sizes,
+        1.0,
+        &BATCH_BUCKETS,
     ),
 ];
 
@@ -506,17 +544,10 @@ fn stage_metrics(
             })
         })
         .collect();
-    histogram(
-        enc,
-        "outpost_stage_latency_seconds",
-        "A cascade stage's work on one frame (crops, inference, postprocessing)",
-        &stages
-            .iter()
-            .map(|(l, st)| (l.clone(), &st.latency_us))
-            .collect::<Vec<_>>(),
-        US,
-        &BUCKETS_S,
-    )?;
+    for (name, help, h, scale, buckets) in STAGE_HISTOGRAMS {
+        let rows: Vec<_> = stages.iter().map(|(l, st)| (l.clone(), h(st))).collect();
+        histogram(enc, name, help, &rows, *scale, buckets)?;
+    }
     for (name, help, value) in STAGE_COUNTERS {
         let rows: Vec<_> = stages
             .iter()

@@ -118,7 +118,14 @@ pub struct StageStatus {
     pub crops: u64,
     pub boxes_capped: u64,
     pub errors: u64,
+    /// The stage's work on one set of frames (crops, inference, postprocessing).
     pub latency: LatencySummary,
+    /// The stage model's inference runs (batches of crops, of every frame
+    /// of a set), the crops they held, and their time.
+    pub batches: u64,
+    pub batch_items: u64,
+    pub inference_us_total: u64,
+    pub inference_latency: LatencySummary,
 }
 
 #[derive(Debug, Serialize)]
@@ -287,18 +294,18 @@ impl PipelineStatus {
             frames_done: get(&st.frames_done),
             items: get(&st.items),
             records: get(&st.records),
-            batches: get(&st.batches),
-            batch_items: get(&st.batch_items),
-            inference_us_total: get(&st.inference_us_total),
+            batches: get(&st.runs.batches),
+            batch_items: get(&st.runs.batch_items),
+            inference_us_total: get(&st.runs.inference_us_total),
             drops: st.drops(),
             streams: p.streams_held(),
             outputs: p.outputs().status(),
             e2e_latency: st.e2e_us.summary(),
-            inference_latency: st.inference_us.summary(),
+            inference_latency: st.runs.inference_us.summary(),
             stage_latency: StageLatency {
                 queue: st.queue_us.summary(),
                 decode: st.decode_us.summary(),
-                inference: st.inference_us.summary(),
+                inference: st.runs.inference_us.summary(),
                 output: st.output_us.summary(),
             },
             stages: p
@@ -310,6 +317,10 @@ impl PipelineStatus {
                     boxes_capped: get(&ss.capped),
                     errors: get(&ss.errors),
                     latency: ss.latency_us.summary(),
+                    batches: get(&ss.runs.batches),
+                    batch_items: get(&ss.runs.batch_items),
+                    inference_us_total: get(&ss.runs.inference_us_total),
+                    inference_latency: ss.runs.inference_us.summary(),
                 })
                 .collect(),
             frame_age: st.frame_age_us.summary(),

@@ -83,9 +83,9 @@ impl crate::ota::host::ModelHost for DaemonModelHost {
             .iter()
             .filter(|p| p.model().manifest.name == name)
         {
-            h.runs += crate::pipeline::PipelineStats::get(&p.stats.batches);
+            h.runs += crate::pipeline::PipelineStats::get(&p.stats.runs.batches);
             h.errors += p.stats.drop_count(crate::pipeline::DropReason::Inference);
-            if let Some(v) = p.stats.inference_us.summary().p99_us {
+            if let Some(v) = p.stats.runs.inference_us.summary().p99_us {
                 h.p99_us = Some(h.p99_us.map_or(v, |x| x.max(v)));
             }
         }

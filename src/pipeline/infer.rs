@@ -1,18 +1,20 @@
 //! The one inference path: items in, one outcome per item out, in the items'
 //! order, whatever the pipeline's batching (one run per item, stacked runs,
-//! state batched across streams). Every run is counted by one function, and
-//! a run's outputs reach its items by one rule
-//! ([`LoadedModel::split_outputs`]).
+//! state batched across streams), and the cascade stages' batches of crops
+//! ([`run_batch`]). Every run is counted by one function
+//! ([`RunStats::count`], into the counters of the model that ran: the
+//! pipeline's or a stage's), and a run's outputs reach its items by one
+//! rule ([`LoadedModel::split_outputs`]).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::PipelineStats;
+use super::LatencyHistogram;
 use super::drops::{DropReason, Dropped};
 use super::mode::{Batching, Mode};
-use crate::backend::Tensor;
+use crate::backend::{RunError, Tensor};
 use crate::model::registry::LoadedModel;
 use crate::model::state::StreamStates;
 
@@ -32,6 +34,54 @@ pub struct Ran {
 /// What one item came to.
 pub type Outcome = Result<Ran, Dropped>;
 
+/// The inference runs of one model in one place: the pipeline's model
+/// (`PipelineStats::runs`) or a cascade stage's (`StageStats::runs`).
+#[derive(Default)]
+pub struct RunStats {
+    /// Inference runs.
+    pub batches: AtomicU64,
+    /// Items over all runs.
+    pub batch_items: AtomicU64,
+    /// Time in inference over all runs, µs.
+    pub inference_us_total: AtomicU64,
+    /// Inference alone (a batch counts once), µs.
+    pub inference_us: LatencyHistogram,
+    /// Items per inference run.
+    pub batch_sizes: LatencyHistogram,
+}
+
+impl RunStats {
+    /// Counts one run of `items` items that took `us` (failed runs too).
+    pub fn count(&self, us: u64, items: usize) {
+        self.inference_us_total.fetch_add(us, Ordering::Relaxed);
+        self.inference_us.record(us);
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.batch_items.fetch_add(items as u64, Ordering::Relaxed);
+        self.batch_sizes.record(items as u64);
+    }
+}
+
+/// One run of a batch of `n` items built beforehand (`inputs`, the items
+/// on the batch axis), counted in `runs`; each item's outputs, in order.
+/// The stateless runs of several items go through here: the pipeline's
+/// stacked frames and a cascade stage's crops.
+pub fn run_batch(
+    model: &LoadedModel,
+    inputs: &[(&str, &Tensor)],
+    n: usize,
+    runs: &RunStats,
+) -> Result<Vec<Ran>, RunError> {
+    let t0 = Instant::now();
+    let out = model.run(inputs);
+    let us = t0.elapsed().as_micros() as u64;
+    runs.count(us, n);
+    Ok(model
+        .split_outputs(out?, n)
+        .into_iter()
+        .map(|outputs| Ran { outputs, us })
+        .collect())
+}
+
 /// What a worker needs to run items of one pipeline.
 pub struct Engine<'a> {
     /// The model serving now (taken once for the set of frames).
@@ -42,7 +92,8 @@ pub struct Engine<'a> {
     pub main_input: &'a str,
     /// Inputs fed the same to every run.
     pub constants: &'a [(String, Tensor)],
-    pub stats: &'a PipelineStats,
+    /// Where the model's runs are counted.
+    pub runs: &'a RunStats,
 }
 
 impl Engine<'_> {
@@ -69,16 +120,6 @@ impl Engine<'_> {
             .collect()
     }
 
-    /// Counts one run of `items` items that took `us`.
-    fn account(&self, us: u64, items: usize) {
-        let s = self.stats;
-        s.inference_us_total.fetch_add(us, Ordering::Relaxed);
-        s.inference_us.record(us);
-        s.batches.fetch_add(1, Ordering::Relaxed);
-        s.batch_items.fetch_add(items as u64, Ordering::Relaxed);
-        s.batch_sizes.record(items as u64);
-    }
-
     /// One run of one item (with its stream's state, for a stateful model).
     fn one(&self, job: &Job<'_>) -> Outcome {
         let inputs = self.inputs(job.tensor);
@@ -89,7 +130,7 @@ impl Engine<'_> {
             self.model.run(&inputs)
         };
         let us = t0.elapsed().as_micros() as u64;
-        self.account(us, 1);
+        self.runs.count(us, 1);
         out.map(|outputs| Ran { outputs, us })
             .map_err(|e| Dropped::new(DropReason::Inference, e))
     }
@@ -103,17 +144,8 @@ impl Engine<'_> {
             // resize) cannot share a run.
             Err(e) => return fail(chunk.len(), Dropped::new(DropReason::Batch, e)),
         };
-        let t0 = Instant::now();
-        let out = self.model.run(&self.inputs(&batch));
-        let us = t0.elapsed().as_micros() as u64;
-        self.account(us, chunk.len());
-        match out {
-            Ok(outputs) => self
-                .model
-                .split_outputs(outputs, chunk.len())
-                .into_iter()
-                .map(|outputs| Ok(Ran { outputs, us }))
-                .collect(),
+        match run_batch(self.model, &self.inputs(&batch), chunk.len(), self.runs) {
+            Ok(per_item) => per_item.into_iter().map(Ok).collect(),
             Err(e) => fail(chunk.len(), Dropped::new(DropReason::Inference, e)),
         }
     }
@@ -153,7 +185,7 @@ impl Engine<'_> {
                         .lock()
                         .run_batch(self.model, &streams, axes, &inputs);
                     let us = t0.elapsed().as_micros() as u64;
-                    self.account(us, chunk.len());
+                    self.runs.count(us, chunk.len());
                     match r {
                         Ok(per_item) => per_item
                             .into_iter()

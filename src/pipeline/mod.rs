@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::drops::DropReason;
 pub use self::hook::{DynStreamHook, FrameMeta, HookOutput, StreamEnd, StreamHook};
+pub use self::infer::RunStats;
 pub use self::mode::{Batching, Mode};
 pub use self::queue::WhenFull;
 pub use self::scheduler::{Priority, Scheduler, SchedulerConfig};
@@ -242,16 +243,11 @@ pub struct PipelineStats {
     pub frames_done: AtomicU64,
     pub items: AtomicU64,
     pub records: AtomicU64,
-    pub batches: AtomicU64,
-    pub batch_items: AtomicU64,
-    pub inference_us_total: AtomicU64,
+    /// The model's inference runs.
+    pub runs: RunStats,
     drops: Mutex<BTreeMap<&'static str, u64>>,
     /// Frame arrival -> record produced (or the frame finished without one), µs.
     pub e2e_us: LatencyHistogram,
-    /// Inference alone (a batch counts once), µs.
-    pub inference_us: LatencyHistogram,
-    /// Items per inference run.
-    pub batch_sizes: LatencyHistogram,
     /// Frame arrival -> an inference worker takes it, µs.
     pub queue_us: LatencyHistogram,
     /// Decoding and preprocessing of one taken set of frames, µs.

@@ -4,12 +4,19 @@
 //! whether frames go through the cascade.
 
 use super::PipelineConfig;
-use super::stages::needs_cascade;
 use crate::backend::{Dim, is_batch_name};
 use crate::model::manifest::Manifest;
 use crate::model::state::StreamStates;
 use crate::postprocess::PostprocessConfig;
 use crate::preprocess::PreprocessConfig;
+
+/// Whether a pipeline runs through the cascade path (stages, thumbnails,
+/// an image pyramid).
+pub fn needs_cascade(cfg: &PipelineConfig, pre: &PreprocessConfig) -> bool {
+    !cfg.stages.is_empty()
+        || cfg.thumbnails.is_some()
+        || matches!(pre, PreprocessConfig::Pyramid { .. })
+}
 
 /// How items share inference runs.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,14 +6,25 @@
 //! refined `box` and `score`, `landmarks`...). A stage's result `None`
 //! drops the box; the stage's `finish_boxes` may drop or merge more (NMS).
 //!
+//! The results of a set of frames taken together (several cameras) pass
+//! the stages together: a stage's batches hold the crops of every frame of
+//! the set, and run through the one inference path ([`run_batch`]),
+//! counted in the stage's own [`StageStats::runs`].
+//!
 //! Invariants:
 //! - a frame's boxes pass the stages in order; a stage sees at most
 //!   `max_boxes` of them (the highest scores; the rest are left out of the
 //!   record and counted);
+//! - each crop's result goes to its own box, postprocessed with its own
+//!   frame's stream;
 //! - a failing stage (model error, bad output) leaves the boxes as the stage
 //!   before gave them, marks the record with `stage_error`, is counted and
-//!   logged; the pipeline keeps serving;
+//!   logged; the pipeline keeps serving. It fails only the frames whose
+//!   crops it could not take (a bad box) or whose crops were in the failed
+//!   run; the other frames of the set go on;
 //! - boxes outside the frame crop black pixels, never panic.
+
+mod config;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,138 +32,32 @@ use std::time::Instant;
 
 use ndarray::{ArrayD, IxDyn};
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+pub use self::config::{StageConfig, ThumbnailConfig};
+use super::infer::{RunStats, run_batch};
 use super::snapshot;
 use super::{LatencyHistogram, PipelineConfig};
 use crate::backend::{Dim, Tensor};
 use crate::model::registry::LoadedModel;
-use crate::postprocess::{PostprocessConfig, Postprocessor};
+use crate::postprocess::Postprocessor;
 use crate::preprocess::crop::{Normalizer, Rgb, decode_frame};
 use crate::preprocess::{DecodeError, ItemMeta, Layout, OutputDType, PreprocessConfig, ResizeMode};
 use crate::source::Frame;
 
-fn default_max_boxes() -> usize {
-    256
-}
-fn default_stage_batch() -> usize {
-    8
-}
-fn default_rotate() -> bool {
-    true
-}
-fn default_thumbnail_bytes() -> usize {
-    20_000
-}
 /// A free-width stage input grows to fit long crops, up to this many times
 /// its declared width (a 48 px high text line up to 3200 px).
 const MAX_WIDTH_FACTOR: u32 = 10;
 
-/// `[[pipelines.stages]]`: a model run on each box of the stage before.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StageConfig {
-    /// A model name in the model directory.
-    pub model: String,
-    /// Overrides the model's preprocessing (an `image` table: the crop's
-    /// size, normalization and `resize`).
-    #[serde(default)]
-    pub preprocess: Option<PreprocessConfig>,
-    /// Overrides the model's postprocessing.
-    #[serde(default)]
-    pub postprocess: Option<PostprocessConfig>,
-    /// Each side of a box grows by this fraction of the box's height before
-    /// cropping; default: the model manifest's `[stage] padding`, else 0.
-    #[serde(default)]
-    pub padding: Option<f32>,
-    /// Boxes per frame this stage runs on, at most (highest scores first);
-    /// the others are left out of the record and counted.
-    #[serde(default = "default_max_boxes")]
-    pub max_boxes: usize,
-    /// Crops per inference run.
-    #[serde(default = "default_stage_batch")]
-    pub max_batch: usize,
-    /// Rotate each crop by its box's `angle` (from an earlier `angle` stage).
-    #[serde(default = "default_rotate")]
-    pub rotate: bool,
-}
-
-impl StageConfig {
-    pub fn validate(&self, at: &str) -> Vec<String> {
-        let mut p = Vec::new();
-        if self.model.is_empty() {
-            p.push(format!("{at}.model: empty"));
-        }
-        if let Some(pad) = self.padding
-            && (!pad.is_finite() || !(0.0..=2.0).contains(&pad))
-        {
-            p.push(format!("{at}.padding: {pad} must be in 0..=2"));
-        }
-        if self.max_boxes == 0 || self.max_boxes > 100_000 {
-            p.push(format!(
-                "{at}.max_boxes: {} is out of range 1..=100000",
-                self.max_boxes
-            ));
-        }
-        if self.max_batch == 0 || self.max_batch > 1024 {
-            p.push(format!(
-                "{at}.max_batch: {} is out of range 1..=1024",
-                self.max_batch
-            ));
-        }
-        if let Some(pre) = &self.preprocess {
-            if !matches!(pre, PreprocessConfig::Image { .. }) {
-                p.push(format!(
-                    "{at}.preprocess: a stage takes an `image` preprocessing"
-                ));
-            }
-            p.extend(
-                pre.validate()
-                    .into_iter()
-                    .map(|e| format!("{at}.preprocess: {e}")),
-            );
-        }
-        if let Some(post) = &self.postprocess {
-            p.extend(
-                post.validate()
-                    .into_iter()
-                    .map(|e| format!("{at}.postprocess: {e}")),
-            );
-        }
-        p
-    }
-}
-
-/// `thumbnails = { max_bytes = 20000 }`: each box of a record carries a
-/// small JPEG of its crop (base64, `thumbnail`), at most `max_bytes` — the
-/// one exception to results-only records, off by default.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ThumbnailConfig {
-    /// Largest JPEG per box, bytes (before base64).
-    #[serde(default = "default_thumbnail_bytes")]
-    pub max_bytes: usize,
-}
-
-impl ThumbnailConfig {
-    pub fn validate(&self, at: &str) -> Vec<String> {
-        if self.max_bytes < 500 {
-            vec![format!(
-                "{at}.max_bytes: {} is too small for any JPEG (at least 500)",
-                self.max_bytes
-            )]
-        } else {
-            Vec::new()
-        }
-    }
-}
-
 /// Counters of one stage.
 #[derive(Default)]
 pub struct StageStats {
-    /// The stage's whole work on one frame (crops, inference, postprocessing), µs.
+    /// The stage's whole work on one set of frames taken together (crops,
+    /// inference, postprocessing; one frame unless the pipeline takes
+    /// several at once), µs.
     pub latency_us: LatencyHistogram,
+    /// The stage model's inference runs (batches of crops).
+    pub runs: RunStats,
     /// Crops run through the model.
     pub crops: AtomicU64,
     /// Boxes left out by `max_boxes`.
@@ -184,6 +89,16 @@ pub struct Cascade {
     thumbnails: Option<ThumbnailConfig>,
 }
 
+/// One result of a set of frames, on its way through the stages.
+pub struct Refine<'a> {
+    /// Its frame's picture; `None`: the stages leave it as it is.
+    pub picture: Option<&'a Rgb>,
+    /// Its frame's stream (the stages' postprocessing keeps state per stream).
+    pub stream: &'a str,
+    /// The result (`boxes`, ...), refined in place.
+    pub value: &'a mut Value,
+}
+
 /// Why a cascade cannot be built: every problem, each naming its stage.
 #[derive(Debug, thiserror::Error)]
 #[error("{}", .problems.join("; "))]
@@ -197,13 +112,6 @@ impl CascadeError {
             problems: vec![problem.into()],
         }
     }
-}
-
-/// Whether a pipeline runs through the cascade path.
-pub fn needs_cascade(cfg: &PipelineConfig, pre: &PreprocessConfig) -> bool {
-    !cfg.stages.is_empty()
-        || cfg.thumbnails.is_some()
-        || matches!(pre, PreprocessConfig::Pyramid { .. })
 }
 
 impl Cascade {
@@ -282,34 +190,41 @@ impl Cascade {
         .map(Some)
     }
 
-    /// Runs the stages on a frame's merged result, in order, and takes the
-    /// crop rectangles (for the stages only) out of its boxes. A failing
-    /// stage leaves the boxes as the stage before gave them, marks the
-    /// result with `stage_error` and ends the cascade; the error is returned
-    /// to be counted.
-    pub fn refine(&self, picture: Option<&Rgb>, value: &mut Value, stream: &str) -> Option<String> {
-        let mut failed = None;
-        if let Some(frame) = picture {
-            for stage in &self.stages {
-                let t0 = Instant::now();
-                let r = stage.run(frame, value, stream);
-                stage
-                    .stats
-                    .latency_us
-                    .record(t0.elapsed().as_micros() as u64);
-                if let Err(e) = r {
-                    stage.stats.errors.fetch_add(1, Ordering::Relaxed);
-                    let e = format!("stage `{}`: {e}", stage.model.id());
-                    value["stage_error"] = Value::String(e.clone());
-                    failed = Some(e);
-                    break;
-                }
+    /// Runs the stages on the merged results of a set of frames, stage by
+    /// stage over the whole set (each stage's crops of every frame share its
+    /// runs), and takes the crop rectangles (for the stages only) out of
+    /// their boxes. A stage failing on a result leaves its boxes as the
+    /// stage before gave them, marks it with `stage_error` and ends the
+    /// cascade for it; the others go on. Returns each result's error, in
+    /// order, to be counted.
+    pub fn refine(&self, set: &mut [Refine<'_>]) -> Vec<Option<String>> {
+        let mut failed: Vec<Option<String>> = vec![None; set.len()];
+        for stage in &self.stages {
+            let live: Vec<usize> = (0..set.len())
+                .filter(|&i| failed[i].is_none() && set[i].picture.is_some())
+                .collect();
+            if live.is_empty() {
+                break;
+            }
+            let t0 = Instant::now();
+            let errors = stage.run(set, &live);
+            stage
+                .stats
+                .latency_us
+                .record(t0.elapsed().as_micros() as u64);
+            for (i, e) in errors {
+                stage.stats.errors.fetch_add(1, Ordering::Relaxed);
+                let e = format!("stage `{}`: {e}", stage.model.id());
+                set[i].value["stage_error"] = Value::String(e.clone());
+                failed[i] = Some(e);
             }
         }
-        if let Some(boxes) = value.get_mut("boxes").and_then(Value::as_array_mut) {
-            for b in boxes.iter_mut() {
-                if let Some(o) = b.as_object_mut() {
-                    o.remove("crop");
+        for r in set.iter_mut() {
+            if let Some(boxes) = r.value.get_mut("boxes").and_then(Value::as_array_mut) {
+                for b in boxes.iter_mut() {
+                    if let Some(o) = b.as_object_mut() {
+                        o.remove("crop");
+                    }
                 }
             }
         }
@@ -467,10 +382,90 @@ impl Stage {
         }
     }
 
-    fn run(&self, frame: &Rgb, value: &mut Value, stream: &str) -> Result<(), String> {
-        let Some(list) = value.get_mut("boxes").and_then(Value::as_array_mut) else {
-            return Ok(());
-        };
+    /// This stage on the results `live` of `set` (each with its picture):
+    /// the crops of all of them in shared runs, each result's boxes merged
+    /// and finished on their own. Returns the results it failed on, each
+    /// with its error; their boxes are left as they came.
+    fn run(&self, set: &mut [Refine<'_>], live: &[usize]) -> Vec<(usize, String)> {
+        let mut parts: Vec<Part<'_>> = Vec::with_capacity(live.len());
+        for &at in live {
+            let r = &mut set[at];
+            let Some(picture) = r.picture else {
+                continue;
+            };
+            let Some(boxes) = self.take_boxes(r.value) else {
+                continue;
+            };
+            parts.push(Part {
+                at,
+                picture,
+                stream: r.stream,
+                results: vec![None; boxes.len()],
+                boxes,
+                error: None,
+            });
+        }
+        // The crops of every result: (its part, its box, its pixels). A
+        // result with a box that gives no crop fails here, alone.
+        let mut crops: Vec<(usize, usize, Rgb)> = Vec::new();
+        for (p, part) in parts.iter_mut().enumerate() {
+            let mine: Result<Vec<_>, String> = part
+                .boxes
+                .iter()
+                .enumerate()
+                .map(|(b, v)| {
+                    let o = v.as_object().ok_or("a box is not an object")?;
+                    Ok((p, b, self.crop(part.picture, o)?))
+                })
+                .collect();
+            match mine {
+                Ok(mine) => crops.extend(mine),
+                Err(e) => part.error = Some(e),
+            }
+        }
+        // Sorting by aspect ratio keeps batches of similar widths (less padding).
+        let mut order: Vec<usize> = (0..crops.len()).collect();
+        if self.free_width {
+            let ratio = |c: &Rgb| c.width as f64 / c.height.max(1) as f64;
+            order.sort_by(|a, b| ratio(&crops[*a].2).total_cmp(&ratio(&crops[*b].2)));
+        }
+        let mut post = self.post.lock();
+        for chunk in order.chunks(self.cfg.max_batch.max(1)) {
+            self.run_chunk(chunk, &crops, &mut parts, &mut **post);
+        }
+        let mut failed = Vec::new();
+        for part in parts {
+            let boxes = match part.error {
+                Some(e) => {
+                    failed.push((part.at, e));
+                    part.boxes
+                }
+                None => {
+                    let merged: Vec<Value> = part
+                        .boxes
+                        .into_iter()
+                        .zip(part.results)
+                        .filter_map(|(mut b, r)| {
+                            let r = r?;
+                            if let (Some(o), Value::Object(add)) = (b.as_object_mut(), r) {
+                                o.extend(add);
+                            }
+                            Some(b)
+                        })
+                        .collect();
+                    post.finish_boxes(merged)
+                }
+            };
+            set[part.at].value["boxes"] = Value::Array(boxes);
+        }
+        failed
+    }
+
+    /// The boxes of `value` this stage takes (at most `max_boxes`, the
+    /// highest scores in their order; the others counted in `capped`),
+    /// taken out of it; `None` without a box list.
+    fn take_boxes(&self, value: &mut Value) -> Option<Vec<Value>> {
+        let list = value.get_mut("boxes").and_then(Value::as_array_mut)?;
         let mut boxes: Vec<Value> = std::mem::take(list);
         if boxes.len() > self.cfg.max_boxes {
             // Keep the highest scores, in their original order.
@@ -490,142 +485,113 @@ impl Stage {
             let prev = value.get("capped").and_then(Value::as_u64).unwrap_or(0);
             value["capped"] = Value::from(prev + capped as u64);
         }
-        let result = self.run_boxes(frame, boxes, stream);
-        let (kept, err) = match result {
-            Ok(b) => (b, None),
-            Err((b, e)) => (b, Some(e)),
-        };
-        value["boxes"] = Value::Array(kept);
-        err.map_or(Ok(()), Err)
+        Some(boxes)
     }
 
-    /// The boxes after this stage; on failure the boxes as they came, and the error.
-    fn run_boxes(
+    /// One run of the crops `chunk` (indices into `crops`), less those of
+    /// results that failed meanwhile; each crop's result goes to its box,
+    /// postprocessed with its result's stream. A failed run fails the
+    /// results whose crops were in it.
+    fn run_chunk(
         &self,
-        frame: &Rgb,
-        boxes: Vec<Value>,
-        stream: &str,
-    ) -> Result<Vec<Value>, (Vec<Value>, String)> {
-        let mut crops = Vec::with_capacity(boxes.len());
-        for b in &boxes {
-            let Some(o) = b.as_object() else {
-                return Err((boxes, "a box is not an object".into()));
-            };
-            match self.crop(frame, o) {
-                Ok(c) => crops.push(c),
-                Err(e) => return Err((boxes, e)),
+        chunk: &[usize],
+        crops: &[(usize, usize, Rgb)],
+        parts: &mut [Part<'_>],
+        post: &mut dyn Postprocessor,
+    ) {
+        let (tensor, ran) = loop {
+            let ran: Vec<usize> = chunk
+                .iter()
+                .copied()
+                .filter(|&k| parts[crops[k].0].error.is_none())
+                .collect();
+            if ran.is_empty() {
+                return;
             }
-        }
-        // Sorting by aspect ratio keeps batches of similar widths (less padding).
-        let mut order: Vec<usize> = (0..crops.len()).collect();
-        if self.free_width {
-            let ratio = |c: &Rgb| c.width as f64 / c.height.max(1) as f64;
-            order.sort_by(|a, b| ratio(&crops[*a]).total_cmp(&ratio(&crops[*b])));
-        }
-        let mut results: Vec<Option<Value>> = vec![None; boxes.len()];
-        let mut post = self.post.lock();
-        for chunk in order.chunks(self.cfg.max_batch.max(1)) {
-            let batch_w = if self.free_width {
-                chunk
-                    .iter()
-                    .map(|&i| {
-                        let c = &crops[i];
-                        (self.height as f64 * c.width as f64 / c.height.max(1) as f64).ceil() as u32
-                    })
-                    .max()
-                    .unwrap_or(self.width)
-                    .clamp(self.width, self.width * MAX_WIDTH_FACTOR)
-            } else {
-                self.width
-            };
-            let (w, h) = (batch_w as usize, self.height as usize);
-            let per = 3 * w * h;
-            let mut data = vec![0f32; per * chunk.len()];
-            for (k, &i) in chunk.iter().enumerate() {
-                let (rw, rh) = self.fit(&crops[i], batch_w);
-                let img = crops[i]
-                    .resize(rw, rh)
-                    .map_err(|e| (boxes.clone(), e.to_string()))?;
-                self.norm
-                    .write(&img, &mut data[k * per..(k + 1) * per], w, h);
+            match self.batch(ran.iter().map(|&k| &crops[k].2)) {
+                Ok(t) => break (t, ran),
+                // A crop that cannot be resized fails its own result; the
+                // run goes on without it.
+                Err((i, e)) => parts[crops[ran[i]].0].error = Some(e),
             }
-            let shape = self.norm.shape(chunk.len(), w, h);
-            let tensor = ArrayD::from_shape_vec(IxDyn(&shape), data)
-                .map(Tensor::F32)
-                .map_err(|e| (boxes.clone(), e.to_string()))?;
-            let outputs = self
-                .model
-                .run(&[(self.input.as_str(), &tensor)])
-                .map_err(|e| (boxes.clone(), e.to_string()))?;
-            self.stats
-                .crops
-                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-            let per_item = self.model.split_outputs(outputs, chunk.len());
-            for (&i, outs) in chunk.iter().zip(per_item) {
-                match post.process(stream, &ItemMeta::default(), &outs) {
-                    Ok(r) => results[i] = r,
-                    Err(e) => return Err((boxes, e.to_string())),
+        };
+        let per_item = match run_batch(
+            &self.model,
+            &[(self.input.as_str(), &tensor)],
+            ran.len(),
+            &self.stats.runs,
+        ) {
+            Ok(per_item) => per_item,
+            Err(e) => {
+                let e = e.to_string();
+                for &k in &ran {
+                    parts[crops[k].0].error.get_or_insert_with(|| e.clone());
                 }
+                return;
+            }
+        };
+        self.stats
+            .crops
+            .fetch_add(ran.len() as u64, Ordering::Relaxed);
+        for (&k, item) in ran.iter().zip(per_item) {
+            let (p, b, _) = crops[k];
+            let part = &mut parts[p];
+            if part.error.is_some() {
+                continue;
+            }
+            match post.process(part.stream, &ItemMeta::default(), &item.outputs) {
+                Ok(r) => part.results[b] = r,
+                Err(e) => part.error = Some(e.to_string()),
             }
         }
-        let merged: Vec<Value> = boxes
-            .into_iter()
-            .zip(results)
-            .filter_map(|(mut b, r)| {
-                let r = r?;
-                if let (Some(o), Value::Object(add)) = (b.as_object_mut(), r) {
-                    o.extend(add);
-                }
-                Some(b)
-            })
-            .collect();
-        Ok(post.finish_boxes(merged))
+    }
+
+    /// The input tensor of one run of `crops`: each resized to the stage's
+    /// input (free-width stages: the batch as wide as its widest crop);
+    /// else the index of the crop that failed, and why.
+    fn batch<'c>(
+        &self,
+        crops: impl ExactSizeIterator<Item = &'c Rgb> + Clone,
+    ) -> Result<Tensor, (usize, String)> {
+        let n = crops.len();
+        let batch_w = if self.free_width {
+            crops
+                .clone()
+                .map(|c| {
+                    (self.height as f64 * c.width as f64 / c.height.max(1) as f64).ceil() as u32
+                })
+                .max()
+                .unwrap_or(self.width)
+                .clamp(self.width, self.width * MAX_WIDTH_FACTOR)
+        } else {
+            self.width
+        };
+        let (w, h) = (batch_w as usize, self.height as usize);
+        let per = 3 * w * h;
+        let mut data = vec![0f32; per * n];
+        for (k, c) in crops.enumerate() {
+            let (rw, rh) = self.fit(c, batch_w);
+            let img = c.resize(rw, rh).map_err(|e| (k, e.to_string()))?;
+            self.norm
+                .write(&img, &mut data[k * per..(k + 1) * per], w, h);
+        }
+        let shape = self.norm.shape(n, w, h);
+        // The data is as long as the shape says: this cannot fail.
+        ArrayD::from_shape_vec(IxDyn(&shape), data)
+            .map(Tensor::F32)
+            .map_err(|e| (0, e.to_string()))
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stages_parse_with_defaults_and_every_problem_is_reported() {
-        let c: PipelineConfig = toml::from_str(
-            r#"
-name = "labels"
-model = "ppocr_det"
-source = { type = "http" }
-thumbnails = { max_bytes = 20000 }
-[[stages]]
-model = "ppocr_cls"
-[[stages]]
-model = "ppocr_rec"
-padding = 0.1
-"#,
-        )
-        .unwrap();
-        assert_eq!(c.stages.len(), 2);
-        let s = &c.stages[0];
-        assert_eq!(
-            (s.max_boxes, s.max_batch, s.rotate, s.padding),
-            (256, 8, true, None)
-        );
-        assert_eq!(c.thumbnails, Some(ThumbnailConfig { max_bytes: 20000 }));
-        assert!(c.validate("p").is_empty(), "{:?}", c.validate("p"));
-        let bad = PipelineConfig {
-            stages: vec![StageConfig {
-                model: String::new(),
-                padding: Some(-1.0),
-                max_boxes: 0,
-                max_batch: 0,
-                ..c.stages[0].clone()
-            }],
-            thumbnails: Some(ThumbnailConfig { max_bytes: 10 }),
-            ..c
-        };
-        assert_eq!(bad.validate("p").len(), 5, "{:?}", bad.validate("p"));
-        assert!(
-            toml::from_str::<StageConfig>("model = \"x\"\nmax_box = 3").is_err(),
-            "unknown keys are refused"
-        );
-    }
+/// One result's boxes in a stage's run over a set.
+struct Part<'a> {
+    /// Its index in the set.
+    at: usize,
+    picture: &'a Rgb,
+    stream: &'a str,
+    boxes: Vec<Value>,
+    /// The stage's result for each box (`None`: drop the box).
+    results: Vec<Option<Value>>,
+    /// Why the stage failed on this result.
+    error: Option<String>,
 }

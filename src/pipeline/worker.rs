@@ -367,7 +367,7 @@ impl Pipeline {
         }
         let mut slot = self.model.write();
         *self.states.lock() = StreamStates::new();
-        self.stats.inference_us.reset();
+        self.stats.runs.inference_us.reset();
         *slot = new;
         Ok(old)
     }

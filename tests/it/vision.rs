@@ -389,6 +389,16 @@ fn stages_handle_no_boxes_capped_boxes_and_a_failing_model() {
         labels["stages"][1]["latency"]["count"].as_u64().unwrap() >= 1,
         "{labels}"
     );
+    // Each stage's own inference runs: the crops they held, failed runs too.
+    let rec = &labels["stages"][1];
+    let runs = rec["batches"].as_u64().unwrap();
+    assert!(runs >= 3, "20 crops in batches of 8: {rec}");
+    assert_eq!(rec["batch_items"], rec["crops"], "{rec}");
+    assert_eq!(rec["inference_latency"]["count"], runs, "{rec}");
+    assert!(rec["inference_us_total"].as_u64().unwrap() > 0, "{rec}");
+    let refused = &broken["stages"][1];
+    assert!(refused["batches"].as_u64().unwrap() >= 2, "{refused}");
+    assert_eq!(refused["crops"], 0, "{refused}");
     // And in /metrics.
     let (_, m) = http("GET", &d.api, "/metrics", b"").unwrap();
     let m = String::from_utf8_lossy(&m);
@@ -399,4 +409,18 @@ fn stages_handle_no_boxes_capped_boxes_and_a_failing_model() {
     assert!(m.contains(
         "outpost_stage_latency_seconds_count{pipeline=\"labels\",stage=\"ppocr_rec@1.4.4\"}"
     ));
+    assert!(m.contains(&format!(
+        "outpost_stage_batches_total{{pipeline=\"labels\",stage=\"ppocr_rec@1.4.4\"}} {runs}"
+    )));
+    for family in [
+        "outpost_stage_batch_size_count",
+        "outpost_stage_inference_latency_seconds_count",
+    ] {
+        assert!(
+            m.contains(&format!(
+                "{family}{{pipeline=\"labels\",stage=\"ppocr_rec@1.4.4\"}} {runs}"
+            )),
+            "{family}: {m}"
+        );
+    }
 }

@@ -1,7 +1,9 @@
 //! The cascade on a fake engine: a frame's boxes through a stage model,
 //! thumbnails, a failing stage, a stage output without a batch axis, the
-//! items of an image pyramid merged into one record, and a failing main
-//! model, all through the one inference path.
+//! crops of frames of several streams in one stage run (and a run or a crop
+//! that fails only its own frames), the items of an image pyramid merged
+//! into one record, and a failing main model, all through the one
+//! inference path.
 
 use std::sync::Arc;
 
@@ -14,6 +16,9 @@ use crate::backend::fake::Answer;
 use crate::backend::{RunError, Tensor};
 use crate::model::registry::LoadedModel;
 use crate::pipeline::IdGen;
+use crate::pipeline::stages::{Cascade as Stages, Refine};
+use crate::preprocess::PreprocessConfig;
+use crate::preprocess::crop::Rgb;
 use crate::preprocess::raw::RawImage;
 use crate::source::{Frame, FrameErrorKind};
 
@@ -100,9 +105,34 @@ fn classify() -> Answer {
     })
 }
 
+/// The mean of each crop's values: `p` = (mean, 7) per crop, what a crop
+/// of a uniform frame gives wherever it sits in its run.
+fn mean_of_crop() -> Answer {
+    Box::new(|inputs| {
+        let x = input(inputs, "x");
+        let means: Vec<f32> = x
+            .outer_iter()
+            .map(|c| c.mean().unwrap_or_default())
+            .collect();
+        let p =
+            ndarray::Array2::from_shape_fn(
+                (means.len(), 2),
+                |(i, j)| {
+                    if j == 0 { means[i] } else { 7.0 }
+                },
+            );
+        Ok(vec![("p".into(), Tensor::F32(p.into_dyn()))])
+    })
+}
+
 /// A 32x32 decoded RGB frame, as a camera hands it on.
 fn picture(stream: &str) -> (Frame, Reply) {
-    let (mut f, rx) = frame_of(stream, vec![128u8; 32 * 32 * 3]);
+    picture_of(stream, 128)
+}
+
+/// A 32x32 decoded RGB frame of one grey `level`.
+fn picture_of(stream: &str, level: u8) -> (Frame, Reply) {
+    let (mut f, rx) = frame_of(stream, vec![level; 32 * 32 * 3]);
     f.raw = Some(RawImage::rgb(32, 32));
     (f, rx)
 }
@@ -111,15 +141,30 @@ struct Cascade {
     pipeline: Pipeline,
     sink: Arc<Sink>,
     det_runs: Arc<Mutex<Vec<usize>>>,
+    /// The batch size of each run of the stage model.
+    stage_runs: Arc<Mutex<Vec<usize>>>,
 }
 
 fn cascade(det: (&str, Answer), stage: Option<(&str, Answer)>, extra: &str) -> Cascade {
+    cascade_with(det, stage, extra, "")
+}
+
+/// [`cascade`] with `stage_extra` lines in the stage's table.
+fn cascade_with(
+    det: (&str, Answer),
+    stage: Option<(&str, Answer)>,
+    extra: &str,
+    stage_extra: &str,
+) -> Cascade {
     let (model, det_runs) = model(det.0, det.1);
     let mut stages: Vec<Arc<LoadedModel>> = Vec::new();
     let mut cfg = extra.to_string();
+    let mut stage_runs = Arc::default();
     if let Some((manifest, answer)) = stage {
-        stages.push(super::testkit::model(manifest, answer).0);
-        cfg.push_str("\n[[stages]]\nmodel = \"cls\"\n");
+        let (m, runs) = super::testkit::model(manifest, answer);
+        stages.push(m);
+        stage_runs = runs;
+        cfg.push_str(&format!("\n[[stages]]\nmodel = \"cls\"\n{stage_extra}\n"));
     }
     let sink = Arc::new(Sink::default());
     let pipeline = Pipeline::build(
@@ -137,6 +182,7 @@ fn cascade(det: (&str, Answer), stage: Option<(&str, Answer)>, extra: &str) -> C
         pipeline,
         sink,
         det_runs,
+        stage_runs,
     }
 }
 
@@ -238,6 +284,180 @@ fn a_stage_output_without_a_batch_axis_is_the_same_for_every_crop() {
         assert_eq!(x["scale"]["data"], json!([1.0, 2.0, 3.0]), "{x}");
         assert!(recs[0].outputs.get("stage_error").is_none());
     }
+}
+
+fn get(a: &std::sync::atomic::AtomicU64) -> u64 {
+    a.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Each record's `outputs` by its stream.
+fn outputs_by_stream(sink: &Sink) -> std::collections::BTreeMap<String, Value> {
+    sink.records()
+        .into_iter()
+        .map(|r| (r.stream, r.outputs))
+        .collect()
+}
+
+#[test]
+fn the_crops_of_frames_of_several_streams_run_as_one_stage_batch() {
+    let c = cascade((DET, text_map(true)), Some((CLS, mean_of_crop())), "");
+    let (fa, ra) = picture_of("cam-a", 60);
+    let (fb, rb) = picture_of("cam-b", 200);
+    c.pipeline.process(vec![fa, fb], 0);
+    assert_eq!((answer(ra), answer(rb)), (Ok(1), Ok(1)));
+    // The detector runs each frame; the stage runs the 4 crops of both once.
+    assert_eq!(*c.det_runs.lock(), vec![1, 1]);
+    assert_eq!(*c.stage_runs.lock(), vec![4]);
+    let st = c.pipeline.stage_stats()[0].1;
+    assert_eq!(
+        (
+            get(&st.runs.batches),
+            get(&st.runs.batch_items),
+            get(&st.crops)
+        ),
+        (1, 4, 4)
+    );
+    let sizes = st.runs.batch_sizes.summary();
+    assert_eq!((sizes.count, sizes.max_us), (1, Some(4)));
+    assert_eq!(st.runs.inference_us.summary().count, 1);
+    assert_eq!(st.latency_us.summary().count, 1, "one set");
+    // The pipeline's own counters hold its model's runs only.
+    assert_eq!(get(&c.pipeline.stats.runs.batches), 2);
+    let together = outputs_by_stream(&c.sink);
+
+    // Each box got its own frame's result: the same as each frame alone.
+    let alone = cascade((DET, text_map(true)), Some((CLS, mean_of_crop())), "");
+    for (stream, level) in [("cam-a", 60), ("cam-b", 200)] {
+        let (f, rx) = picture_of(stream, level);
+        alone.pipeline.process(vec![f], 0);
+        assert_eq!(answer(rx), Ok(1));
+    }
+    assert_eq!(*alone.stage_runs.lock(), vec![2, 2]);
+    assert_eq!(together, outputs_by_stream(&alone.sink));
+    for (stream, level) in [("cam-a", 60.0), ("cam-b", 200.0)] {
+        let b = boxes(&together[stream]);
+        assert_eq!(b.len(), 2, "{}", together[stream]);
+        for x in &b {
+            let p = x["p"]["data"][0].as_f64().unwrap();
+            assert!((p - level / 255.0).abs() < 1e-4, "{stream}: {x}");
+        }
+    }
+    assert!(c.pipeline.stats.drops().is_empty());
+}
+
+#[test]
+fn a_failed_stage_run_fails_only_the_frames_whose_crops_it_held() {
+    // Two crops per run: frame a's two, then frame b's two; the model
+    // refuses b's bright crops.
+    let refuse_bright: Answer = {
+        let mut inner = mean_of_crop();
+        Box::new(move |inputs| {
+            if input(inputs, "x").iter().any(|v| *v > 0.5) {
+                return Err(RunError::Engine("too bright".into()));
+            }
+            inner(inputs)
+        })
+    };
+    let c = cascade_with(
+        (DET, text_map(true)),
+        Some((CLS, refuse_bright)),
+        "",
+        "max_batch = 2",
+    );
+    let (fa, ra) = picture_of("cam-a", 60);
+    let (fb, rb) = picture_of("cam-b", 200);
+    c.pipeline.process(vec![fa, fb], 0);
+    assert_eq!((answer(ra), answer(rb)), (Ok(1), Ok(1)));
+    assert_eq!(*c.stage_runs.lock(), vec![2, 2]);
+    let out = outputs_by_stream(&c.sink);
+    let a = &out["cam-a"];
+    assert!(a.get("stage_error").is_none(), "{a}");
+    assert!(
+        boxes(a).iter().all(|x| x["p"]["data"][1] == json!(7.0)),
+        "{a}"
+    );
+    let b = &out["cam-b"];
+    assert!(
+        b["stage_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cls@1.0.0") && e.contains("too bright")),
+        "{b}"
+    );
+    assert_eq!(boxes(b).len(), 2, "the boxes as the detector gave them");
+    assert!(boxes(b).iter().all(|x| x.get("p").is_none()), "{b}");
+    let st = c.pipeline.stage_stats()[0].1;
+    assert_eq!(
+        (get(&st.runs.batches), get(&st.crops), get(&st.errors)),
+        (2, 2, 1)
+    );
+    assert_eq!(drops(&c.pipeline), vec![("stage_error", 1)]);
+}
+
+#[test]
+fn a_box_that_gives_no_crop_fails_its_own_frame_only() {
+    let (stage_model, stage_runs) = super::testkit::model(CLS, mean_of_crop());
+    let cfg = config("[[stages]]\nmodel = \"cls\"\n");
+    let pre: PreprocessConfig =
+        toml::from_str("type = \"image\"\nwidth = 16\nheight = 16").unwrap();
+    let mut stages = Stages::new(&cfg, pre).unwrap();
+    stages.add_stages(&cfg, &[stage_model]).unwrap();
+    let grey = |level: u8| Rgb {
+        width: 32,
+        height: 32,
+        pixels: vec![level; 32 * 32 * 3],
+    };
+    let (pa, pb) = (grey(60), grey(200));
+    let good = json!({"boxes": [
+        {"box": [4, 4, 28, 12], "score": 0.9},
+        {"box": [4, 20, 28, 28], "score": 0.8},
+    ]});
+    // Frame b's second box lies far outside any frame.
+    let bad = json!({"boxes": [
+        {"box": [4, 4, 28, 12], "score": 0.9},
+        {"box": [1.0e9, 0, 2.0e9, 5], "score": 0.8},
+    ]});
+    let (mut va, mut vb) = (good.clone(), bad.clone());
+    let errors = stages.refine(&mut [
+        Refine {
+            picture: Some(&pa),
+            stream: "cam-a",
+            value: &mut va,
+        },
+        Refine {
+            picture: Some(&pb),
+            stream: "cam-b",
+            value: &mut vb,
+        },
+    ]);
+    assert!(errors[0].is_none(), "{errors:?}");
+    assert!(
+        errors[1]
+            .as_deref()
+            .is_some_and(|e| e.contains("cls@1.0.0") && e.contains("far outside")),
+        "{errors:?}"
+    );
+    // Frame a's crops ran, and only they.
+    assert_eq!(*stage_runs.lock(), vec![2]);
+    assert_eq!(boxes(&va).len(), 2, "{va}");
+    for x in boxes(&va) {
+        let p = x["p"]["data"][0].as_f64().unwrap();
+        assert!((p - 60.0 / 255.0).abs() < 1e-4, "{x}");
+    }
+    // The same as frame a alone.
+    let mut alone = good.clone();
+    let e = stages.refine(&mut [Refine {
+        picture: Some(&pa),
+        stream: "cam-a",
+        value: &mut alone,
+    }]);
+    assert_eq!(e, vec![None]);
+    assert_eq!(alone, va);
+    // Frame b keeps its boxes as they came, marked.
+    let mut marked = bad.clone();
+    marked["stage_error"] = json!(errors[1].clone().unwrap());
+    assert_eq!(vb, marked);
+    let st = stages.stats()[0].1;
+    assert_eq!((get(&st.errors), get(&st.runs.batches)), (1, 2));
 }
 
 /// A sliding-window net on any image size: `y` [batch, 2].

@@ -1,8 +1,9 @@
 //! The one path a set of frames takes through a worker, whatever the
 //! pipeline's mode: decode every frame, run every item at once through
-//! [`Engine::run`], postprocess (the cascade merges a frame's items and runs
-//! its stages), the stream hook, records to the local outputs, then the
-//! set's records stored together and each frame answered.
+//! [`Engine::run`], postprocess (the cascade merges a frame's items), the
+//! cascade's stages over every result of the set at once (their crops share
+//! runs), the stream hook, records to the local outputs, then the set's
+//! records stored together and each frame answered.
 //!
 //! Each frame travels as one [`Work`] value that holds its items, its
 //! results, its records and its failure, so nothing is matched up by index
@@ -16,6 +17,7 @@ use serde_json::Value;
 use super::super::drops::{DropReason, Dropped};
 use super::super::hook::{FrameMeta, HookOutput};
 use super::super::infer::{Engine, Job, Outcome};
+use super::super::stages::Refine;
 use super::Pipeline;
 use crate::model::registry::LoadedModel;
 use crate::postprocess::Postprocessor;
@@ -106,6 +108,7 @@ impl Pipeline {
                 self.postprocess(&mut **post, w);
             }
         }
+        self.refine(&mut work);
         for w in &mut work {
             self.make_records(&model, w);
         }
@@ -170,7 +173,7 @@ impl Pipeline {
             states: &self.states,
             main_input: &self.main_input,
             constants: &self.constants,
-            stats: &self.stats,
+            runs: &self.stats.runs,
         };
         let outcomes = {
             let jobs: Vec<Job<'_>> = work
@@ -228,18 +231,39 @@ impl Pipeline {
         };
     }
 
-    /// Each result through the cascade's stages and the stream hook, to a
+    /// Every result of the set through the cascade's stages at once (a
+    /// stage's crops of all frames share its runs); a result a stage failed
+    /// on is counted (its record is still made).
+    fn refine(&self, work: &mut [Work]) {
+        let Some(c) = &self.cascade else {
+            return;
+        };
+        let mut set: Vec<Refine<'_>> = Vec::new();
+        for w in work.iter_mut() {
+            let (picture, stream) = (w.picture.as_ref(), &*w.frame.stream);
+            for (value, _) in &mut w.results {
+                set.push(Refine {
+                    picture,
+                    stream,
+                    value,
+                });
+            }
+        }
+        if set.is_empty() {
+            return;
+        }
+        let failed = c.refine(&mut set);
+        for (r, e) in set.iter().zip(failed) {
+            if let Some(e) = e {
+                self.count_drop(DropReason::Stage, &format!("stream {}: {e}", r.stream));
+            }
+        }
+    }
+
+    /// Each result (refined by the cascade) through the stream hook, to a
     /// record (sent to the local outputs at once) and the hook's events.
     fn make_records(&self, model: &LoadedModel, w: &mut Work) {
         for (mut value, us) in std::mem::take(&mut w.results) {
-            if let Some(c) = &self.cascade
-                && let Some(e) = c.refine(w.picture.as_ref(), &mut value, &w.frame.stream)
-            {
-                self.count_drop(
-                    DropReason::Stage,
-                    &format!("stream {}: {e}", w.frame.stream),
-                );
-            }
             let hooked = self.hook_frame(w, &mut value);
             self.snapshot.keep(&w.frame.payload, w.frame.raw, &value);
             if let Some(c) = &self.cascade {

@@ -31,7 +31,7 @@ fn one_run_per_item_when_not_batching() {
     for mut rx in replies {
         assert_eq!(rx.try_recv().unwrap().unwrap().len(), 1);
     }
-    assert_eq!(r.pipeline.stats.batch_sizes.summary().count, 3);
+    assert_eq!(r.pipeline.stats.runs.batch_sizes.summary().count, 3);
 }
 
 #[test]
@@ -374,13 +374,17 @@ fn every_run_is_counted_once_whatever_the_mode() {
         let s = &r.pipeline.stats;
         let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         assert_eq!(
-            (get(&s.batches), get(&s.batch_items), get(&s.items)),
+            (
+                get(&s.runs.batches),
+                get(&s.runs.batch_items),
+                get(&s.items)
+            ),
             (runs, 4, 4),
             "{extra} {}",
             r.pipeline.mode().stateful
         );
-        assert_eq!(s.batch_sizes.summary().count, runs);
-        assert_eq!(s.inference_us.summary().count, runs);
+        assert_eq!(s.runs.batch_sizes.summary().count, runs);
+        assert_eq!(s.runs.inference_us.summary().count, runs);
         assert_eq!((get(&s.frames_done), get(&s.records)), (4, 4));
     }
 }

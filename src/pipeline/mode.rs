@@ -42,8 +42,8 @@ pub struct Mode {
     /// The model feeds state back per stream (`[[state]]` in its manifest).
     pub stateful: bool,
     pub batching: Batching,
-    /// Frames run one by one through the cascade (stages, an image
-    /// pyramid, thumbnails): a frame's items are merged into one result.
+    /// Frames go through the cascade (stages, an image pyramid,
+    /// thumbnails): a frame's items are merged into one result.
     pub cascade: bool,
 }
 
@@ -83,9 +83,11 @@ impl Mode {
             .iter()
             .filter(|i| i.name != main_input && !m.is_state_input(&i.name));
         let max = cfg.max_batch;
-        let batching = if cascade || max <= 1 || !has_batch_axis {
-            // The cascade runs a frame's items (pyramid levels of different
-            // sizes) one by one.
+        let pyramid = matches!(pre, PreprocessConfig::Pyramid { .. });
+        let batching = if pyramid || max <= 1 || !has_batch_axis {
+            // A pyramid's levels (of different sizes) run one by one; the
+            // cascade otherwise takes the ready frames together, and their
+            // stages' crops share runs.
             Batching::One
         } else if stateful {
             // Constants are fed once per run as they are: none may have a
@@ -201,16 +203,15 @@ shape = ["batch", 2]
     }
 
     #[test]
-    fn the_cascade_runs_items_one_by_one() {
+    fn a_pyramid_runs_its_levels_one_by_one_and_other_cascades_take_ready_frames_together() {
         let image = "type = \"image\"\nwidth = 8\nheight = 8";
-        let m = mode(
-            MODEL,
-            "max_batch = 8\nthumbnails = { max_bytes = 2000 }",
-            image,
-            RAW,
-            false,
-        );
+        let thumbs = "max_batch = 8\nthumbnails = { max_bytes = 2000 }";
+        let m = mode(MODEL, thumbs, image, RAW, false);
         assert!(m.cascade);
-        assert_eq!(m.batching, Batching::One);
+        assert_eq!(m.batching, Batching::Stacked { max: 8 });
+        let pyramid = "type = \"pyramid\"\nwindow = 12\nmin_size = 12";
+        let p = mode(MODEL, thumbs, pyramid, RAW, false);
+        assert!(p.cascade);
+        assert_eq!(p.batching, Batching::One);
     }
 }

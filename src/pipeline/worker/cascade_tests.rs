@@ -197,7 +197,7 @@ fn each_box_gets_its_stage_result_and_a_thumbnail() {
         Some((CLS, classify())),
         "max_batch = 8\nthumbnails = { max_bytes = 2000 }",
     );
-    assert!(c.pipeline.mode().cascade && !c.pipeline.batchable());
+    assert!(c.pipeline.mode().cascade && c.pipeline.batchable());
     let (f, rx) = picture("cam");
     c.pipeline.process(vec![f], 0);
     assert_eq!(answer(rx), Ok(1));
@@ -296,6 +296,31 @@ fn outputs_by_stream(sink: &Sink) -> std::collections::BTreeMap<String, Value> {
         .into_iter()
         .map(|r| (r.stream, r.outputs))
         .collect()
+}
+
+/// With `max_batch`, the detector of a cascade runs the ready frames of
+/// several cameras in one run too; each frame's result is what it is alone.
+#[test]
+fn a_cascade_with_max_batch_runs_the_ready_frames_through_its_detector_together() {
+    let c = cascade(
+        (DET, text_map(true)),
+        Some((CLS, mean_of_crop())),
+        "max_batch = 8",
+    );
+    assert!(c.pipeline.batchable());
+    let (fa, ra) = picture_of("cam-a", 60);
+    let (fb, rb) = picture_of("cam-b", 200);
+    c.pipeline.process(vec![fa, fb], 0);
+    assert_eq!((answer(ra), answer(rb)), (Ok(1), Ok(1)));
+    assert_eq!(*c.det_runs.lock(), vec![2]);
+    assert_eq!(*c.stage_runs.lock(), vec![4]);
+    let alone = cascade((DET, text_map(true)), Some((CLS, mean_of_crop())), "");
+    for (stream, level) in [("cam-a", 60), ("cam-b", 200)] {
+        let (f, rx) = picture_of(stream, level);
+        alone.pipeline.process(vec![f], 0);
+        assert_eq!(answer(rx), Ok(1));
+    }
+    assert_eq!(outputs_by_stream(&c.sink), outputs_by_stream(&alone.sink));
 }
 
 #[test]

@@ -17,6 +17,9 @@ use super::live::{self, Live};
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const CONSOLE_CSS: &str = include_str!("assets/console.css");
 const CONSOLE_JS: &str = include_str!("assets/console.js");
+/// The pictures: snapshots with their overlays, one per camera of a
+/// pipeline over several (loaded before `console.js`, which uses it).
+const VIEWS_JS: &str = include_str!("assets/views.js");
 
 /// Only the daemon's own scripts, styles and connections; images from the
 /// API or inline (the placeholder).
@@ -57,6 +60,10 @@ async fn js() -> Response {
     asset(CONSOLE_JS, "text/javascript; charset=utf-8")
 }
 
+async fn views_js() -> Response {
+    asset(VIEWS_JS, "text/javascript; charset=utf-8")
+}
+
 /// `GET /v1/pipelines/{name}/records`: its last records, newest first.
 async fn records(State(live): State<Arc<Live>>, Path(name): Path<String>) -> Response {
     let known = live
@@ -85,6 +92,7 @@ pub fn routes(live: Arc<Live>) -> Router {
         .route("/", get(index))
         .route("/console.css", get(css))
         .route("/console.js", get(js))
+        .route("/views.js", get(views_js))
         .route("/v1/events", get(live::events))
         .route("/v1/pipelines/{name}/records", get(records))
         .with_state(live)
@@ -98,12 +106,15 @@ mod tests {
     fn the_page_names_only_its_own_assets() {
         // Offline sites: nothing may come from elsewhere.
         let js = CONSOLE_JS.replace("'http://www.w3.org/2000/svg'", "");
-        for text in [INDEX_HTML, CONSOLE_CSS, js.as_str()] {
+        let views = VIEWS_JS.replace("'http://www.w3.org/2000/svg'", "");
+        for text in [INDEX_HTML, CONSOLE_CSS, js.as_str(), views.as_str()] {
             assert!(!text.contains("http://"), "absolute URL in an asset");
             assert!(!text.contains("https://"), "absolute URL in an asset");
             assert!(!text.contains("//cdn"), "CDN in an asset");
         }
         assert!(INDEX_HTML.contains("/console.js"));
+        assert!(INDEX_HTML.contains("/views.js"));
+        assert!(VIEWS_JS.contains("snapshot.jpg"));
         assert!(INDEX_HTML.contains("/console.css"));
         assert!(CONSOLE_JS.contains("/v1/events"));
     }

@@ -2,7 +2,7 @@
 //! `/healthz` (the process answers), `/readyz` (models warmed, outbox open,
 //! sources started), `/metrics` (OpenMetrics), `/v1/status` (pipelines, models, outbox,
 //! uplink, OTA, machine), `GET /v1/pipelines/{name}/tracks/{id}/snapshot.jpg` (a track's best crop),
-//! `GET /v1/pipelines/{name}/snapshot.jpg` (the latest frame,
+//! `GET /v1/pipelines/{name}/snapshot.jpg[?stream=NAME]` (the latest frame,
 //! annotated), the http source's `POST /v1/pipelines/{name}/infer`, and the local
 //! console (`GET /`, `/v1/events`, `/v1/pipelines/{name}/records`). Every
 //! request passes the [`guard`] first (Host names, cross-origin state
@@ -254,12 +254,21 @@ async fn status(State(s): State<ApiState>) -> impl IntoResponse {
     axum::Json(status::Status::read(&s))
 }
 
-/// The latest frame of an image pipeline with its boxes drawn (JPEG); 404
-/// with a JSON error for an unknown pipeline or before its first frame.
+/// `?stream=NAME` of a snapshot: one camera of a pipeline over several.
+#[derive(Debug, serde::Deserialize)]
+struct SnapshotQuery {
+    stream: Option<String>,
+}
+
+/// The latest frame of an image pipeline with its boxes drawn (JPEG), of
+/// one stream with `?stream=NAME`; 404 with a JSON error for an unknown
+/// pipeline or camera, or before such a frame.
 async fn snapshot(
     State(s): State<ApiState>,
     axum::extract::Path(name): axum::extract::Path<String>,
+    axum::extract::Query(q): axum::extract::Query<SnapshotQuery>,
 ) -> axum::response::Response {
+    use crate::pipeline::snapshot::SnapshotError;
     let err = |code: StatusCode, msg: String| {
         (code, axum::Json(serde_json::json!({ "error": msg }))).into_response()
     };
@@ -267,9 +276,11 @@ async fn snapshot(
     let Some(p) = sched.pipelines().iter().find(|p| p.name() == name).cloned() else {
         return err(StatusCode::NOT_FOUND, format!("no pipeline `{name}`"));
     };
+    let per_stream = p.snapshot_per_stream();
+    let stream = q.stream.clone();
     // Decoding and JPEG encoding take milliseconds: off the async workers.
-    match tokio::task::spawn_blocking(move || p.snapshot_jpeg()).await {
-        Ok(Some(Ok(jpeg))) => (
+    match tokio::task::spawn_blocking(move || p.snapshot_jpeg(stream.as_deref())).await {
+        Ok(Ok(Some(jpeg))) => (
             [
                 (axum::http::header::CONTENT_TYPE, "image/jpeg"),
                 (axum::http::header::CACHE_CONTROL, "no-store"),
@@ -277,13 +288,26 @@ async fn snapshot(
             jpeg,
         )
             .into_response(),
-        Ok(Some(Err(e))) => err(
+        Ok(Err(SnapshotError::UnknownStream(cam))) => err(
+            StatusCode::NOT_FOUND,
+            format!("pipeline `{name}` reads no camera `{cam}`"),
+        ),
+        Ok(Err(e)) => err(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("pipeline `{name}`: cannot draw the latest frame: {e}"),
         ),
-        Ok(None) => err(
+        Ok(Ok(None)) => err(
             StatusCode::NOT_FOUND,
-            format!("pipeline `{name}` has no image frame yet"),
+            match (&q.stream, per_stream) {
+                (None, _) => format!("pipeline `{name}` has no image frame yet"),
+                (Some(st), true) => {
+                    format!("pipeline `{name}` has no image frame of camera `{st}` yet")
+                }
+                (Some(st), false) => format!(
+                    "pipeline `{name}` has no image frame of stream `{st}` \
+                     (it keeps only its newest frame, of any stream)"
+                ),
+            },
         ),
         Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }

@@ -213,6 +213,14 @@ impl Core {
                         .entry(p.name.clone())
                         .or_insert_with(|| Arc::new(1.into()))
                         .clone();
+                    // A pipeline over several cameras: each camera's own
+                    // boxes for the console.
+                    let cameras: Vec<String> = match &p.source {
+                        SourceConfig::Camera(c) if c.is_many() => {
+                            c.resolved_many.iter().map(|d| d.name.clone()).collect()
+                        }
+                        _ => Vec::new(),
+                    };
                     let tracking =
                         crate::track::PipelineTracking::new(crate::track::TrackingSetup {
                             track,
@@ -230,6 +238,7 @@ impl Core {
                                 &p.name,
                                 track.snapshot_bytes,
                             ),
+                            cameras: &cameras,
                         });
                     Pipeline::tracked(
                         p.clone(),

@@ -2,6 +2,15 @@
 //! of its latest record drawn (`GET /v1/pipelines/{name}/snapshot.jpg`), and
 //! the optional per-box thumbnails of records. The frame is kept as it
 //! came (a reference to its bytes) and decoded and drawn only when asked for.
+//!
+//! Bounds: a pipeline keeps its newest frame (of any stream); a pipeline
+//! over several cameras also keeps the newest frame of each camera
+//! (`?stream=NAME`), in slots made with the pipeline from its fixed camera
+//! list, never from what arrives. The newest frame is one of those, so such
+//! a pipeline holds one frame per camera at most (a reference to bytes the
+//! camera already made, no copy); other pipelines hold one frame.
+
+use std::sync::Arc;
 
 use base64::Engine;
 use bytes::Bytes;
@@ -24,21 +33,38 @@ pub const LABEL_BACKGROUND: [u8; 3] = [0, 0, 0];
 /// Characters of a label at most (longer text ends in `~`).
 const LABEL_CHARS: usize = 48;
 
+/// A kept frame: its bytes, their layout when raw, the record's outputs.
+type Slot = (Bytes, Option<RawImage>, Value);
+
 /// The latest frame and record outputs of one pipeline.
 pub struct Latest {
     /// How frames decode; `None` for pipelines that take no images.
     pre: Option<PreprocessConfig>,
-    slot: Mutex<Option<(Bytes, Option<RawImage>, Value)>>,
+    /// The newest frame, of whichever stream.
+    slot: Mutex<Option<(Arc<str>, Slot)>>,
+    /// Each camera's newest frame (pipelines over several cameras), in the
+    /// pipeline's camera order; empty for other pipelines.
+    streams: Vec<(Arc<str>, Mutex<Option<Slot>>)>,
 }
 
 impl Latest {
     pub fn new(pre: &PreprocessConfig) -> Latest {
+        Latest::with_streams(pre, &[])
+    }
+
+    /// A pipeline whose streams are the fixed `streams` (its cameras): each
+    /// keeps its own newest frame as well.
+    pub fn with_streams(pre: &PreprocessConfig, streams: &[Arc<str>]) -> Latest {
         let pre = matches!(
             pre,
             PreprocessConfig::Image { .. } | PreprocessConfig::Pyramid { .. }
         )
         .then(|| pre.clone());
         Latest {
+            streams: streams
+                .iter()
+                .map(|s| (s.clone(), Mutex::new(None)))
+                .collect(),
             pre,
             slot: Mutex::new(None),
         }
@@ -48,25 +74,66 @@ impl Latest {
         self.pre.is_some()
     }
 
-    /// Keeps a frame and its outputs (a reference count, no copy of the bytes).
-    pub fn keep(&self, payload: &Bytes, raw: Option<RawImage>, outputs: &Value) {
-        if self.pre.is_some() {
-            *self.slot.lock() = Some((payload.clone(), raw, outputs.clone()));
-        }
+    /// Whether each stream keeps its own frame (`?stream=` of any of
+    /// [`Latest::streams`]); otherwise only the newest is kept.
+    pub fn keeps_each_stream(&self) -> bool {
+        !self.streams.is_empty()
     }
 
-    /// The latest frame with its boxes drawn, as JPEG; `None` before the first frame.
-    pub fn render(&self) -> Option<Result<Vec<u8>, SnapshotError>> {
-        let pre = self.pre.as_ref()?;
-        let (payload, raw, outputs) = self.slot.lock().clone()?;
-        Some((|| {
-            let mut img = match raw {
-                Some(raw) => raw.to_rgb(&payload),
-                None => decode_frame(&payload, pre),
-            }?;
-            draw(&mut img, &outputs);
-            Ok(jpeg(&img, 90)?)
-        })())
+    /// The streams that keep their own frame.
+    pub fn streams(&self) -> Vec<&str> {
+        self.streams.iter().map(|(s, _)| &**s).collect()
+    }
+
+    /// Keeps a frame of `stream` and its outputs (a reference count, no
+    /// copy of the bytes).
+    pub fn keep(&self, stream: &Arc<str>, payload: &Bytes, raw: Option<RawImage>, outputs: &Value) {
+        if self.pre.is_none() {
+            return;
+        }
+        let slot = (payload.clone(), raw, outputs.clone());
+        let name = match self.streams.iter().find(|(s, _)| s == stream) {
+            Some((name, own)) => {
+                *own.lock() = Some(slot.clone());
+                name.clone()
+            }
+            None => stream.clone(),
+        };
+        *self.slot.lock() = Some((name, slot));
+    }
+
+    /// The latest frame (of `stream`, where given) with its boxes drawn, as
+    /// JPEG; `Ok(None)` before such a frame. A stream that is not one of
+    /// a pipeline's cameras is [`SnapshotError::UnknownStream`]; a pipeline
+    /// that keeps only its newest frame draws it when it is of `stream`.
+    pub fn render(&self, stream: Option<&str>) -> Result<Option<Vec<u8>>, SnapshotError> {
+        let Some(pre) = self.pre.as_ref() else {
+            return Ok(None);
+        };
+        let kept = match stream {
+            None => self.slot.lock().clone().map(|(_, s)| s),
+            Some(name) if self.keeps_each_stream() => {
+                let Some((_, own)) = self.streams.iter().find(|(s, _)| &**s == name) else {
+                    return Err(SnapshotError::UnknownStream(name.to_string()));
+                };
+                own.lock().clone()
+            }
+            Some(name) => self
+                .slot
+                .lock()
+                .clone()
+                .filter(|(s, _)| &**s == name)
+                .map(|(_, s)| s),
+        };
+        let Some((payload, raw, outputs)) = kept else {
+            return Ok(None);
+        };
+        let mut img = match raw {
+            Some(raw) => raw.to_rgb(&payload),
+            None => decode_frame(&payload, pre),
+        }?;
+        draw(&mut img, &outputs);
+        Ok(Some(jpeg(&img, 90)?))
     }
 }
 
@@ -77,6 +144,8 @@ pub enum SnapshotError {
     Decode(#[from] crate::preprocess::DecodeError),
     #[error("encoding the JPEG: {0}")]
     Encode(#[from] image::ImageError),
+    #[error("no camera `{0}` in this pipeline")]
+    UnknownStream(String),
 }
 
 fn four(v: &Value) -> Option<[f64; 4]> {
@@ -373,6 +442,40 @@ mod tests {
         );
         let i = ((7 * 100 + 10) * 3) as usize;
         assert_eq!(&img.pixels[i..i + 3], LABEL_BACKGROUND);
+    }
+
+    #[test]
+    fn each_camera_keeps_its_own_frame_and_others_are_unknown() {
+        let pre: PreprocessConfig =
+            toml::from_str("type = \"image\"\nwidth = 8\nheight = 8").unwrap();
+        let (gate, yard): (Arc<str>, Arc<str>) = ("gate".into(), "yard".into());
+        let l = Latest::with_streams(&pre, &[gate.clone(), yard.clone()]);
+        assert!(l.keeps_each_stream());
+        assert!(l.render(None).unwrap().is_none());
+        assert!(l.render(Some("gate")).unwrap().is_none());
+        let frame = |w: u32, h: u32| Bytes::from(vec![200u8; (w * h * 3) as usize]);
+        let out = serde_json::json!({});
+        l.keep(&gate, &frame(16, 8), Some(RawImage::rgb(16, 8)), &out);
+        l.keep(&yard, &frame(8, 24), Some(RawImage::rgb(8, 24)), &out);
+        let size = |j: Vec<u8>| {
+            let img = image::load_from_memory(&j).unwrap();
+            (img.width(), img.height())
+        };
+        assert_eq!(size(l.render(Some("gate")).unwrap().unwrap()), (16, 8));
+        assert_eq!(size(l.render(Some("yard")).unwrap().unwrap()), (8, 24));
+        // Without a stream: the newest of any.
+        assert_eq!(size(l.render(None).unwrap().unwrap()), (8, 24));
+        assert!(matches!(
+            l.render(Some("dock")),
+            Err(SnapshotError::UnknownStream(s)) if s == "dock"
+        ));
+
+        // One stream's frame only: a stream is drawn while its frame is the newest.
+        let one = Latest::new(&pre);
+        assert!(!one.keeps_each_stream());
+        one.keep(&gate, &frame(16, 8), Some(RawImage::rgb(16, 8)), &out);
+        assert!(one.render(Some("gate")).unwrap().is_some());
+        assert!(one.render(Some("yard")).unwrap().is_none());
     }
 
     #[test]

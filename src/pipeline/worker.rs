@@ -255,7 +255,8 @@ impl Pipeline {
                 post_cfg.build(&base).map_err(|e| setup(e.to_string()))?,
             ));
         }
-        let snapshot = Latest::new(&pre_cfg);
+        // Each camera keeps its own newest frame: one frame per camera.
+        let snapshot = Latest::with_streams(&pre_cfg, &cameras.names());
         let streams = Mutex::new(StreamTable::new(cfg.max_streams, cfg.stream_idle));
         Ok(Pipeline {
             outputs: LocalOutputs::new(&cfg.name, &cfg.outputs),
@@ -330,10 +331,19 @@ impl Pipeline {
         self.cascade.as_ref().map(|c| c.stats()).unwrap_or_default()
     }
 
-    /// The latest frame with its boxes drawn, as JPEG; `None` before the
-    /// first frame or for pipelines that take no images.
-    pub fn snapshot_jpeg(&self) -> Option<Result<Vec<u8>, super::snapshot::SnapshotError>> {
-        self.snapshot.render()
+    /// The latest frame (of `stream`, where given) with its boxes drawn,
+    /// as JPEG; `Ok(None)` before such a frame or for pipelines that take
+    /// no images (see [`Latest::render`]).
+    pub fn snapshot_jpeg(
+        &self,
+        stream: Option<&str>,
+    ) -> Result<Option<Vec<u8>>, super::snapshot::SnapshotError> {
+        self.snapshot.render(stream)
+    }
+
+    /// Whether each stream (camera) keeps its own snapshot.
+    pub fn snapshot_per_stream(&self) -> bool {
+        self.snapshot.keeps_each_stream()
     }
 
     /// The model serving this pipeline now.

@@ -21,18 +21,17 @@ use std::sync::atomic::AtomicU64;
 use std::time::SystemTime;
 
 use parking_lot::Mutex;
-use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::config::{Emit, LineConfig, TrackConfig, ZoneConfig};
-use super::events::{EndReason, Event, EventKind, OccupancyEvent, rfc3339};
+use super::events::{EndReason, Event, EventKind, OccupancyEvent};
 use super::snapshots::{SnapshotStore, snapshot_name};
 use super::stats::TrackStats;
 use super::tracker::{Detection, FrameOutput, StreamTracker, TrackingSpec};
 use super::value;
-
-/// Tracked boxes of the newest frame kept for the console, at most.
-pub const LIVE_BOXES: usize = 64;
+use super::view::{
+    Geometry, LIVE_BOXES, LineShape, LiveBox, LiveSlot, LiveTracks, TrackingView, ZoneShape,
+};
 
 /// One pipeline's tracking.
 pub struct PipelineTracking {
@@ -57,8 +56,7 @@ pub struct PipelineTracking {
     /// URL path of a track's snapshot, before the escaped id.
     snapshot_base: String,
     geometry: Geometry,
-    /// The newest frame's tracked boxes: written once a frame (a short
-    /// lock), read by the console's feed once a second.
+    /// The newest frame's tracked boxes (and each camera's newest frame's).
     live: Mutex<LiveSlot>,
 }
 
@@ -66,69 +64,6 @@ pub struct PipelineTracking {
 pub struct StreamState {
     tracker: StreamTracker,
     stream: String,
-}
-
-/// The zones and lines as configured, in source-frame pixels.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Geometry {
-    pub zones: Vec<ZoneShape>,
-    pub lines: Vec<LineShape>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ZoneShape {
-    pub name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub camera: Option<String>,
-    pub polygon: Vec<[f32; 2]>,
-}
-
-/// `points[0]` to `points[1]`; crossing from its left to its right (seen
-/// with the first point at the top) is `in`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LineShape {
-    pub name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub camera: Option<String>,
-    pub points: [[f32; 2]; 2],
-}
-
-#[derive(Debug, Default)]
-struct LiveSlot {
-    /// The source frame's width and height, from the newest frame that had one.
-    frame_size: Option<[u32; 2]>,
-    tracks: Option<LiveTracks>,
-}
-
-/// The tracked boxes of the pipeline's newest frame (of whichever stream).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LiveTracks {
-    pub stream: String,
-    #[serde(serialize_with = "rfc3339")]
-    pub ts: SystemTime,
-    /// At most [`LIVE_BOXES`], those with a track id only.
-    pub boxes: Vec<LiveBox>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LiveBox {
-    pub track: String,
-    pub label: String,
-    #[serde(rename = "box")]
-    pub bbox: [f32; 4],
-    pub score: f32,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub stationary: bool,
-}
-
-/// What the console draws of a pipeline's tracking.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TrackingView {
-    pub geometry: Geometry,
-    /// `[width, height]` of the source frames; `null` before the first one.
-    pub frame_size: Option<[u32; 2]>,
-    /// `null` before the first frame and after its stream ended.
-    pub live: Option<LiveTracks>,
 }
 
 impl StreamState {
@@ -170,6 +105,9 @@ pub struct TrackingSetup<'a> {
     /// The label of boxes without `label` or `class` (MTCNN faces, text boxes).
     pub default_label: &'a str,
     pub snapshots: Option<Arc<SnapshotStore>>,
+    /// The cameras of a pipeline over several (`cameras = [...]`): each
+    /// keeps its own newest frame's boxes for the console; empty otherwise.
+    pub cameras: &'a [String],
 }
 
 impl PipelineTracking {
@@ -235,7 +173,7 @@ impl PipelineTracking {
                     })
                     .collect(),
             },
-            live: Mutex::new(LiveSlot::default()),
+            live: Mutex::new(LiveSlot::with_cameras(s.cameras)),
         }
     }
 
@@ -250,6 +188,7 @@ impl PipelineTracking {
             geometry: self.geometry.clone(),
             frame_size: slot.frame_size,
             live: slot.tracks.clone(),
+            cameras: slot.cameras.clone(),
         }
     }
 
@@ -276,15 +215,14 @@ impl PipelineTracking {
             })
             .take(LIVE_BOXES)
             .collect();
-        let mut slot = self.live_slot();
-        if let Some((w, h)) = size {
-            slot.frame_size = Some([w, h]);
-        }
-        slot.tracks = Some(LiveTracks {
-            stream: stream.to_string(),
-            ts: at,
-            boxes,
-        });
+        self.live_slot().keep(
+            size.map(|(w, h)| [w, h]),
+            LiveTracks {
+                stream: stream.to_string(),
+                ts: at,
+                boxes,
+            },
+        );
     }
 
     pub fn stats(&self) -> &Arc<TrackStats> {
@@ -383,11 +321,7 @@ impl PipelineTracking {
         let frame = st.tracker.frames() + 1;
         self.open.lock().remove(&st.stream);
         let occ = st.tracker.empty_zones(at);
-        let mut slot = self.live_slot();
-        if slot.tracks.as_ref().is_some_and(|t| t.stream == st.stream) {
-            slot.tracks = None;
-        }
-        drop(slot);
+        self.live_slot().end(&st.stream);
         self.events(ev, occ, frame)
     }
 
@@ -498,6 +432,7 @@ mod tests {
             max_record_bytes: 1 << 20,
             default_label: "face",
             snapshots,
+            cameras: &[],
         })
     }
 
@@ -596,6 +531,7 @@ mod tests {
             max_record_bytes: 64 << 10,
             default_label: "face",
             snapshots: None,
+            cameras: &[],
         });
         let mut st = p.stream("cam");
         let boxes: Vec<Value> = (0..256)

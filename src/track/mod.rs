@@ -24,18 +24,18 @@ pub mod speed;
 pub mod stats;
 pub mod tracker;
 pub mod value;
+pub mod view;
 pub mod zones;
 
 pub use self::config::{Directions, Emit, LineConfig, TrackConfig, ZoneConfig};
 pub use self::events::{
     Direction, EndReason, Event, EventKind, OccupancyEvent, Speed, TrackSummary,
 };
-pub use self::hook::{
-    Geometry, LiveBox, LiveTracks, PipelineTracking, Step, StreamState, TrackingSetup, TrackingView,
-};
+pub use self::hook::{PipelineTracking, Step, StreamState, TrackingSetup};
 pub use self::speed::SpeedUnit;
 pub use self::stats::{TrackCounts, TrackStats, ZoneCount};
 pub use self::tracker::{Detection, FrameOutput, StreamTracker, Tracked, TrackingSpec};
+pub use self::view::{CameraLive, Geometry, LiveBox, LiveTracks, TrackingView};
 
 #[cfg(test)]
 mod tests;

@@ -251,7 +251,7 @@ impl Browser {
         );
     }
 
-    fn window(&self, w: u32, h: u32) {
+    pub(crate) fn window(&self, w: u32, h: u32) {
         self.cmd(
             "POST",
             "/window/rect",
@@ -259,7 +259,7 @@ impl Browser {
         );
     }
 
-    fn screenshot(&self, name: &str) -> PathBuf {
+    pub(crate) fn screenshot(&self, name: &str) -> PathBuf {
         let b64 = self.cmd("GET", "/screenshot", None);
         let png = base64::engine::general_purpose::STANDARD
             .decode(b64.as_str().expect("screenshot base64"))
@@ -274,7 +274,7 @@ impl Browser {
     }
 
     /// The browser's console entries since the last call.
-    fn console_log(&self) -> Vec<Value> {
+    pub(crate) fn console_log(&self) -> Vec<Value> {
         self.cmd("POST", "/se/log", Some(&json!({"type": "browser"})))
             .as_array()
             .cloned()
@@ -344,7 +344,7 @@ return out;
 
 /// Console errors other than the snapshot endpoint answering 404 (the
 /// console shows a placeholder then, by design).
-fn errors(entries: &[Value]) -> Vec<Value> {
+pub(crate) fn errors(entries: &[Value]) -> Vec<Value> {
     entries
         .iter()
         .filter(|e| e["level"] == "SEVERE")

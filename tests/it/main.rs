@@ -15,6 +15,7 @@ mod clock;
 mod coco;
 mod common;
 mod console;
+mod console_cameras;
 mod detection_layouts;
 mod docs;
 mod errors;

@@ -4,10 +4,10 @@
 
 (function () {
   const SVGNS = 'http://www.w3.org/2000/svg';
+  const views = window.outpostViews;
+  const shortId = views.shortId;
   const TOKEN_KEY = 'outpost.api_token';
   const WINDOW_MS = 10 * 60 * 1000;
-  const SNAPSHOT_EVERY_MS = 3000;
-  const SNAPSHOT_RETRY_MS = 30000;
 
   const EVENT_KINDS = ['track_start', 'zone_enter', 'zone_leave', 'line_cross', 'loiter', 'speeding',
     'zone_occupancy', 'track_end'];
@@ -216,29 +216,13 @@
     plots.appendChild(p99Fig);
     card.appendChild(plots);
 
-    let img = null;
-    let overlay = null;
+    let view = null;
     let events = null;
     if (p.input === 'image') {
-      const view = el('div', 'view');
-      img = el('img', 'snapshot');
-      img.dataset.field = 'snapshot';
-      img.width = 320;
-      img.height = 180;
-      placeholder(img, 'no snapshot yet');
-      view.appendChild(img);
-      if (p.tracking) {
-        // Zones, lines and the live tracks, in source-frame pixels: the
-        // viewBox is the frame's size, so the browser does the scaling.
-        overlay = document.createElementNS(SVGNS, 'svg');
-        overlay.setAttribute('class', 'overlay');
-        overlay.setAttribute('preserveAspectRatio', 'none');
-        overlay.setAttribute('role', 'img');
-        overlay.setAttribute('aria-label', 'zones, lines and tracks of ' + p.name);
-        overlay.dataset.field = 'overlay';
-        view.appendChild(overlay);
-      }
-      card.appendChild(view);
+      // One picture, or one per camera of a pipeline over several.
+      view = views.build(p);
+      card.appendChild(view.root);
+      if (view.cameras) card.classList.add('many');
     }
     if (p.tracking) {
       card.appendChild(el('h4', null, 'Last tracking events'));
@@ -252,10 +236,8 @@
     recs.dataset.field = 'records_list';
     card.appendChild(recs);
     const c = {
-      card, fps, p99, img, overlay, events, seen: new Map(), tracking: null,
-      snapAt: 0, snapFrames: -1, snapRetryAt: 0,
+      card, fps, p99, view, events, seen: new Map(),
     };
-    if (img && overlay) img.addEventListener('load', () => { if (c.tracking) drawOverlay(c, c.tracking); });
     if (events) {
       // The tick carries the newest records only: start from the last ones kept.
       fetch('/v1/pipelines/' + encodeURIComponent(p.name) + '/records')
@@ -266,144 +248,7 @@
     return c;
   }
 
-  // ---- tracking: overlay and events ------------------------------------
-
-  function svgEl(tag, cls, attrs) {
-    const e = document.createElementNS(SVGNS, tag);
-    if (cls) e.setAttribute('class', cls);
-    for (const k of Object.keys(attrs || {})) e.setAttribute(k, String(attrs[k]));
-    return e;
-  }
-
-  function svgText(cls, x, y, size, text) {
-    const t = svgEl('text', cls, { x: x.toFixed(1), y: y.toFixed(1), 'font-size': size.toFixed(1) });
-    t.textContent = text;
-    return t;
-  }
-
-  function finite(...xs) { return xs.every(x => typeof x === 'number' && isFinite(x)); }
-
-  // `{device}/{pipeline}/{stream}/{boot}-{n}`: `{boot}-{n}` tells tracks apart.
-  function shortId(id) {
-    const s = String(id || '');
-    const i = s.lastIndexOf('/');
-    return '#' + (i >= 0 ? s.slice(i + 1) : s);
-  }
-
-  // A zone's objects now (zones with `occupancy`), per label, of the stream
-  // whose boxes are drawn, else of all streams: "2 car, 1 person".
-  function zoneCounts(t, zone) {
-    const occ = t.occupancy || {};
-    const streams = t.live && occ[t.live.stream] ? [t.live.stream] : Object.keys(occ);
-    const sum = new Map();
-    for (const s of streams) {
-      const byLabel = (occ[s] || {})[zone] || {};
-      for (const label of Object.keys(byLabel)) {
-        const n = Number(byLabel[label]);
-        if (isFinite(n)) sum.set(label, (sum.get(label) || 0) + n);
-      }
-    }
-    const parts = [];
-    for (const [label, n] of Array.from(sum.entries()).sort()) {
-      if (n > 0) parts.push(n + ' ' + label);
-    }
-    if (parts.length === 0 && sum.size > 0) return '0';
-    return parts.join(', ');
-  }
-
-  function drawOverlay(c, t) {
-    const svg = c.overlay;
-    if (!svg) return;
-    // The snapshot is the whole source frame: its natural size is the
-    // frame's; before it loads, the size the daemon saw.
-    let size = null;
-    if (c.img && c.img.dataset.kind === 'snapshot' && c.img.naturalWidth > 0) {
-      size = [c.img.naturalWidth, c.img.naturalHeight];
-    } else if (Array.isArray(t.frame_size) && finite(t.frame_size[0], t.frame_size[1])) {
-      size = t.frame_size;
-    }
-    while (svg.firstChild) svg.removeChild(svg.firstChild);
-    if (!size || !(size[0] > 0 && size[1] > 0)) {
-      svg.dataset.tracks = '0';
-      return;
-    }
-    const [w, h] = size;
-    svg.setAttribute('viewBox', '0 0 ' + w + ' ' + h);
-    const fs = Math.max(w, h) / 28;
-    const geo = t.geometry || {};
-    for (const z of geo.zones || []) {
-      const pts = (z.polygon || []).filter(q => Array.isArray(q) && finite(q[0], q[1]));
-      if (pts.length < 3) continue;
-      const poly = svgEl('polygon', 'zone', {
-        points: pts.map(q => q[0] + ',' + q[1]).join(' '),
-        'vector-effect': 'non-scaling-stroke',
-      });
-      poly.dataset.name = String(z.name);
-      svg.appendChild(poly);
-      const top = pts.reduce((a, q) => (q[1] < a[1] || (q[1] === a[1] && q[0] < a[0]) ? q : a));
-      const count = zoneCounts(t, String(z.name));
-      const name = svgText('zone-name', top[0] + fs * 0.3, top[1] + fs * 1.1, fs,
-        String(z.name) + (count ? ': ' + count : ''));
-      name.dataset.name = String(z.name);
-      svg.appendChild(name);
-    }
-    for (const l of geo.lines || []) {
-      const [a, b] = l.points || [];
-      if (!a || !b || !finite(a[0], a[1], b[0], b[1])) continue;
-      const line = svgEl('line', 'line', {
-        x1: a[0], y1: a[1], x2: b[0], y2: b[1], 'vector-effect': 'non-scaling-stroke',
-      });
-      line.dataset.name = String(l.name);
-      svg.appendChild(line);
-      // "in" is crossing from the left to the right with the first point at
-      // the top: the right-hand normal of a->b (y pointing down).
-      const dx = b[0] - a[0], dy = b[1] - a[1];
-      const len = Math.hypot(dx, dy) || 1;
-      const nx = dy / len, ny = -dx / len;
-      const mx = (a[0] + b[0]) / 2, my = (a[1] + b[1]) / 2;
-      const L = fs * 1.6, hw = fs * 0.5;
-      const tip = [mx + nx * L, my + ny * L];
-      const back = [mx + nx * L * 0.45, my + ny * L * 0.45];
-      const arrow = svgEl('path', 'in-side', {
-        d: 'M' + mx.toFixed(1) + ' ' + my.toFixed(1) + 'L' + back[0].toFixed(1) + ' ' + back[1].toFixed(1) +
-          'M' + (back[0] - ny * hw).toFixed(1) + ' ' + (back[1] + nx * hw).toFixed(1) +
-          'L' + tip[0].toFixed(1) + ' ' + tip[1].toFixed(1) +
-          'L' + (back[0] + ny * hw).toFixed(1) + ' ' + (back[1] - nx * hw).toFixed(1) + 'Z',
-        'vector-effect': 'non-scaling-stroke',
-      });
-      arrow.dataset.name = String(l.name);
-      svg.appendChild(arrow);
-      const inLabel = svgText('in-label', tip[0] + nx * fs * 0.4, tip[1] + ny * fs * 0.4 + fs * 0.35, fs, 'in');
-      inLabel.setAttribute('text-anchor', nx > 0.3 ? 'start' : nx < -0.3 ? 'end' : 'middle');
-      svg.appendChild(inLabel);
-      const first = a[1] <= b[1] ? a : b;
-      svg.appendChild(svgText('line-name', first[0] + fs * 0.3, first[1] + fs * 1.1, fs, String(l.name)));
-    }
-    let n = 0;
-    const boxes = t.live && Array.isArray(t.live.boxes) ? t.live.boxes : [];
-    for (const bx of boxes) {
-      const q = bx.box;
-      if (!Array.isArray(q) || !finite(q[0], q[1], q[2], q[3])) continue;
-      const rect = svgEl('rect', 'track' + (bx.stationary ? ' stationary' : ''), {
-        x: Math.min(q[0], q[2]), y: Math.min(q[1], q[3]),
-        width: Math.abs(q[2] - q[0]), height: Math.abs(q[3] - q[1]),
-        'vector-effect': 'non-scaling-stroke',
-      });
-      rect.dataset.track = String(bx.track);
-      svg.appendChild(rect);
-      const x0 = Math.min(q[0], q[2]), x1 = Math.max(q[0], q[2]), y0 = Math.min(q[1], q[3]);
-      const text = shortId(bx.track) + ' ' + String(bx.label === undefined ? '' : bx.label);
-      const ty = y0 > fs * 1.2 ? y0 - fs * 0.3 : y0 + fs;
-      // Kept inside the frame: near its right edge the label ends at the box's.
-      const right = x0 + text.length * fs * 0.62 > w;
-      const label = svgText('track-label', right ? x1 : x0, ty, fs, text);
-      if (right) label.setAttribute('text-anchor', 'end');
-      label.dataset.track = String(bx.track);
-      svg.appendChild(label);
-      n++;
-    }
-    svg.dataset.tracks = String(n);
-  }
+  // ---- tracking events ---------------------------------------------------
 
   // Events of the records, each once (by record id and place), newest first.
   function mergeEvents(c, recs) {
@@ -462,36 +307,6 @@
     }
   }
 
-  function placeholder(img, text) {
-    const svg = '<svg xmlns="' + SVGNS + '" width="320" height="180" viewBox="0 0 320 180">' +
-      '<rect width="320" height="180" fill="#e6e6e6" stroke="#000" stroke-width="2"/>' +
-      '<text x="160" y="96" font-family="sans-serif" font-size="18" text-anchor="middle" fill="#000">' +
-      text + '</text></svg>';
-    img.src = 'data:image/svg+xml;charset=utf-8,' + encodeURIComponent(svg);
-    img.alt = text;
-    img.dataset.kind = 'placeholder';
-  }
-
-  function refreshSnapshot(name, c, framesDone) {
-    const now = Date.now();
-    if (!c.img || now < c.snapRetryAt || now - c.snapAt < SNAPSHOT_EVERY_MS) return;
-    if (framesDone === c.snapFrames) return;
-    c.snapAt = now;
-    c.snapFrames = framesDone;
-    const probe = new Image();
-    probe.onload = () => {
-      c.img.src = probe.src;
-      c.img.alt = 'latest frame of ' + name;
-      c.img.dataset.kind = 'snapshot';
-    };
-    probe.onerror = () => {
-      // Not there (yet): keep the placeholder and ask again later.
-      c.snapRetryAt = Date.now() + SNAPSHOT_RETRY_MS;
-      if (c.img.dataset.kind !== 'snapshot') placeholder(c.img, 'no snapshot yet');
-    };
-    probe.src = '/v1/pipelines/' + encodeURIComponent(name) + '/snapshot.jpg?frame=' + framesDone;
-  }
-
   // A line a person reads: classes with scores, events, box counts; else JSON.
   function summary(o) {
     if (o === null || o === undefined) return '';
@@ -535,8 +350,10 @@
   function renderPipelines(status, point, records) {
     const host = $('pipelines');
     const names = status.pipelines.map(p => p.name);
-    // A card is built for what its pipeline is: its name, input and tracking.
-    const sig = status.pipelines.map(p => p.name + '\t' + p.input + '\t' + (p.tracking ? 't' : '')).join('\n');
+    // A card is built for what its pipeline is: its name, input, tracking
+    // and cameras.
+    const sig = status.pipelines.map(p => p.name + '\t' + p.input + '\t' + (p.tracking ? 't' : '') +
+      '\t' + views.signature(p)).join('\n');
     if (sig !== cardsSig) {
       cardsSig = sig;
       while (host.firstChild) host.removeChild(host.firstChild);
@@ -573,14 +390,10 @@
       const drops = Object.entries(p.drops || {}).filter(([, n]) => n > 0);
       set(card, 'drops', drops.length ? drops.map(([r, n]) => r + ' ' + n).join(', ') : 'none');
       renderRecords(field(card, 'records_list'), records ? records[p.name] : null);
-      refreshSnapshot(p.name, c, p.frames_done);
-      if (p.tracking) {
-        c.tracking = p.tracking;
-        drawOverlay(c, p.tracking);
-        if (c.events) {
-          mergeEvents(c, records ? records[p.name] : null);
-          renderEvents(c);
-        }
+      if (c.view) views.update(c.view, p);
+      if (p.tracking && c.events) {
+        mergeEvents(c, records ? records[p.name] : null);
+        renderEvents(c);
       }
     }
   }

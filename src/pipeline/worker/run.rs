@@ -265,7 +265,8 @@ impl Pipeline {
     fn make_records(&self, model: &LoadedModel, w: &mut Work) {
         for (mut value, us) in std::mem::take(&mut w.results) {
             let hooked = self.hook_frame(w, &mut value);
-            self.snapshot.keep(&w.frame.payload, w.frame.raw, &value);
+            self.snapshot
+                .keep(&w.frame.stream, &w.frame.payload, w.frame.raw, &value);
             if let Some(c) = &self.cascade {
                 c.attach_thumbnails(w.picture.as_ref(), &mut value);
             }

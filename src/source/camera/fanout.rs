@@ -262,10 +262,13 @@ pub(super) fn add_key_units_probe(
                 }
             }
             Some(gst::PadProbeData::Buffer(buf)) => {
-                let key = !buf.flags().contains(gst::BufferFlags::DELTA_UNIT);
+                // Only a keyframe may change the flag: delta frames pass
+                // without asking (the question takes the gate's lock).
+                if buf.flags().contains(gst::BufferFlags::DELTA_UNIT) {
+                    return gst::PadProbeReturn::Ok;
+                }
                 let want = keyframes_only();
-                if key
-                    && flagged.swap(want, Ordering::Relaxed) != want
+                if flagged.swap(want, Ordering::Relaxed) != want
                     && let Some(peer) = pad.peer()
                     && let Some(current) = peer.sticky_event::<gst::event::Segment>(0)
                     && let Some(seg) = key_units(current.segment(), want)

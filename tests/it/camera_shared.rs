@@ -109,6 +109,26 @@ pub(crate) mod with_gstreamer {
         }
     }
 
+    /// `[[cameras]]` entries for `names`, all reading the server's `/cam`
+    /// (one shared encoder there, one RTSP session per camera here);
+    /// `fps`: each entry's own rate, where given.
+    pub(crate) fn cameras(server: &RtspServer, names: &[&str], fps: &[(&str, f64)]) -> String {
+        names
+            .iter()
+            .map(|n| {
+                let own = fps
+                    .iter()
+                    .find(|(c, _)| c == n)
+                    .map(|(_, f)| format!("fps = {f}\n"))
+                    .unwrap_or_default();
+                format!(
+                    "[[cameras]]\nname = \"{n}\"\nurl = \"{}\"\nstall_timeout = \"3s\"\n{own}\n",
+                    server.url("/cam")
+                )
+            })
+            .collect()
+    }
+
     pub(crate) fn config(body: &str) -> String {
         format!(
             r#"

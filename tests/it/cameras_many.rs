@@ -7,31 +7,11 @@ mod with_gstreamer {
     use std::time::{Duration, Instant};
 
     use crate::camera_shared::with_gstreamer::{
-        RtspServer, config, pipeline_status, serial, wait_status,
+        RtspServer, cameras, config, pipeline_status, serial, wait_status,
     };
     use crate::common::*;
 
     const NAMES: [&str; 4] = ["gate", "yard", "dock", "pier"];
-
-    /// `[[cameras]]` entries for `names`, all reading the server's `/cam`
-    /// (one shared encoder there, one RTSP session per camera here);
-    /// `fps`: each entry's own rate, where given.
-    fn cameras(server: &RtspServer, names: &[&str], fps: &[(&str, f64)]) -> String {
-        names
-            .iter()
-            .map(|n| {
-                let own = fps
-                    .iter()
-                    .find(|(c, _)| c == n)
-                    .map(|(_, f)| format!("fps = {f}\n"))
-                    .unwrap_or_default();
-                format!(
-                    "[[cameras]]\nname = \"{n}\"\nurl = \"{}\"\nstall_timeout = \"3s\"\n{own}\n",
-                    server.url("/cam")
-                )
-            })
-            .collect()
-    }
 
     fn events(recs: &[serde_json::Value]) -> Vec<(String, serde_json::Value)> {
         recs.iter()

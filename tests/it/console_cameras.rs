@@ -10,7 +10,7 @@ mod with_gstreamer {
 
     use serde_json::Value;
 
-    use crate::camera_shared::with_gstreamer::{RtspServer, config, serial, wait_status};
+    use crate::camera_shared::with_gstreamer::{RtspServer, cameras, config, serial, wait_status};
     use crate::common::*;
     use crate::console::{Browser, errors};
 
@@ -19,15 +19,7 @@ mod with_gstreamer {
     /// Two cameras (one RTSP session each on the server's `/cam`), one
     /// tracking pipeline over both, a zone on each and a line on `gate`.
     fn site(server: &RtspServer) -> String {
-        let cameras: String = NAMES
-            .iter()
-            .map(|n| {
-                format!(
-                    "[[cameras]]\nname = \"{n}\"\nurl = \"{}\"\nstall_timeout = \"3s\"\n\n",
-                    server.url("/cam")
-                )
-            })
-            .collect();
+        let cameras = cameras(server, &NAMES, &[]);
         config(&format!(
             r#"
 {cameras}

@@ -103,6 +103,8 @@ pub(super) struct Core {
     /// Each tracking pipeline's next track number, across generations: a
     /// pipeline rebuilt by a reload goes on counting, so no track id repeats.
     pub(super) track_numbers: HashMap<String, Arc<std::sync::atomic::AtomicU64>>,
+    /// The running cameras: a reload keeps those whose definition stayed.
+    pub(super) cameras: crate::source::camera::CameraHost,
 }
 
 /// One config's pipelines, workers and sources.
@@ -322,7 +324,7 @@ impl Core {
     }
 
     /// Starts a prepared generation's workers, outputs and sources.
-    pub(super) async fn launch(&self, p: Prepared) -> Result<Generation, GenerationError> {
+    pub(super) async fn launch(&mut self, p: Prepared) -> Result<Generation, GenerationError> {
         let Prepared {
             scheduler,
             mqtt,
@@ -404,12 +406,12 @@ impl Core {
                 }
             }
         }
-        match cameras.spawn() {
-            Ok(t) => g.tasks.extend(t),
-            Err(e) => {
-                g.stop().await;
-                return Err(e.into());
-            }
+        // Cameras that ran for the previous generation as they are now
+        // defined go on running (their sessions and decoders kept).
+        if let Err(e) = self.cameras.attach(cameras, &self.lifecycle.part()).await {
+            self.cameras.park();
+            g.stop().await;
+            return Err(e.into());
         }
         Ok(g)
     }

@@ -243,10 +243,12 @@ impl Daemon {
     /// Sources stop taking frames, workers finish every queued frame, then
     /// the API, the OTA agent and the uplink stop, and the outbox is
     /// flushed and fsynced.
-    async fn stop(self) -> Result<(), DaemonError> {
+    async fn stop(mut self) -> Result<(), DaemonError> {
         tracing::info!("stopping: sources first, then the queued frames, then the outbox");
         notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
         self.ready.store(false, Ordering::SeqCst);
+        // Cameras are sources: they stop first.
+        self.core.cameras.stop().await;
         // Nothing takes the per-stream state over: its streams end here and
         // their last events are stored before the outbox closes.
         let stopped = self.generation.stop().await;

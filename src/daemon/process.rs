@@ -158,6 +158,7 @@ impl Daemon {
             lifecycle,
             reader_fds: Arc::new(tokio::sync::Semaphore::new(reader_fds as usize)),
             track_numbers: HashMap::new(),
+            cameras: Default::default(),
         };
 
         notify(&[NotifyState::Status("loading and warming models")]);

@@ -222,6 +222,8 @@ impl Generations for Core {
     }
 
     async fn stop(&mut self, running: Generation) -> crate::pipeline::Scheduler {
+        // Cameras run on for the next generation, handing frames to no one.
+        self.cameras.park();
         running.stop().await
     }
 

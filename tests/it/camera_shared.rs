@@ -93,6 +93,22 @@ pub(crate) mod with_gstreamer {
                 .collect()
         }
 
+        /// Waits until the client counts reported so far satisfy `pred`.
+        pub(crate) fn wait_clients(
+            &self,
+            timeout: Duration,
+            pred: impl Fn(&[u64]) -> bool,
+        ) -> Vec<u64> {
+            let t0 = Instant::now();
+            loop {
+                let c = self.client_counts();
+                if pred(&c) || t0.elapsed() > timeout {
+                    return c;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+
         pub(crate) fn url(&self, path: &str) -> String {
             format!("rtsp://127.0.0.1:{}{path}", self.port)
         }

@@ -80,6 +80,14 @@ pub enum Verdict {
     Skip,
 }
 
+/// The fastest consumer's frame interval (`None`: one wants every frame).
+fn need_ns(fps: &[Option<f64>]) -> Option<u64> {
+    fps.iter()
+        .map(|f| f.filter(|f| *f > 0.0).map(|f| (1e9 / f) as u64))
+        .collect::<Option<Vec<u64>>>()
+        .and_then(|v| v.into_iter().min())
+}
+
 /// Decides, frame by frame at the parser's output, what the decoder gets.
 #[derive(Debug)]
 pub struct DecodeGate {
@@ -98,18 +106,20 @@ pub struct DecodeGate {
 impl DecodeGate {
     /// `fps`: each consumer's (`None`: every frame).
     pub fn new(decode: Decode, fps: &[Option<f64>]) -> DecodeGate {
-        let need_ns = fps
-            .iter()
-            .map(|f| f.filter(|f| *f > 0.0).map(|f| (1e9 / f) as u64))
-            .collect::<Option<Vec<u64>>>()
-            .and_then(|v| v.into_iter().min());
         DecodeGate {
             decode,
-            need_ns,
+            need_ns: need_ns(fps),
             watch: KeyframeWatch::default(),
             keyframes_only: decode == Decode::Keyframes,
             fallback: false,
         }
+    }
+
+    /// The consumers changed (a reload): what they need from now on. The
+    /// keyframe interval seen so far stays; a change of mode waits for the
+    /// next keyframe as ever.
+    pub fn set_need(&mut self, fps: &[Option<f64>]) {
+        self.need_ns = need_ns(fps);
     }
 
     /// Whether keyframes alone serve every consumer now.
@@ -233,6 +243,29 @@ mod tests {
             assert_eq!(*d == Verdict::Decode, n % 30 == 0, "frame {n}");
         }
         assert_eq!(g.mode(), "keyframes");
+        assert_eq!(g.interval_ns(), Some(30 * FRAME));
+    }
+
+    /// A reload that brings a consumer wanting every frame turns every-frame
+    /// decoding on at the next keyframe (the delta frames before it would
+    /// not decode), and one that takes it away goes back to keyframes only
+    /// at once, on the interval already seen.
+    #[test]
+    fn new_consumers_change_the_mode_at_the_next_keyframe_keeping_the_interval_seen() {
+        let mut g = DecodeGate::new(Decode::Auto, &[Some(1.0)]);
+        run(&mut g, 30, 0..100);
+        assert_eq!(g.mode(), "keyframes");
+        g.set_need(&[Some(1.0), None]);
+        let v = run(&mut g, 30, 100..200);
+        // Frames 100..119 are still skipped; from keyframe 120 on, all decode.
+        assert!(v[..20].iter().all(|(_, d)| *d == Verdict::Skip), "{v:?}");
+        assert!(v[20..].iter().all(|(_, d)| *d == Verdict::Decode), "{v:?}");
+        assert_eq!(g.mode(), "all");
+        g.set_need(&[Some(1.0)]);
+        let v = run(&mut g, 30, 200..260);
+        for (n, d) in &v {
+            assert_eq!(*d == Verdict::Decode, n % 30 == 0, "frame {n}");
+        }
         assert_eq!(g.interval_ns(), Some(30 * FRAME));
     }
 

@@ -10,12 +10,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use gstreamer as gst;
 use gstreamer::prelude::*;
 use gstreamer_app as gst_app;
 use gstreamer_video as gst_video;
 use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use super::decode::{DecodeGate, Verdict};
 use super::{CameraDef, CameraEvent, CameraState, FpsGate, Scrubber, store_event};
@@ -27,6 +29,8 @@ pub(super) struct Reader {
     pub(super) ctx: SourceCtx,
     stream: Arc<str>,
     pub(super) state: Arc<CameraState>,
+    /// Frames per second it takes (`None`: every frame).
+    fps: Option<f64>,
     gate: Mutex<FpsGate>,
 }
 
@@ -44,20 +48,50 @@ impl Reader {
         Reader {
             stream: Arc::from(stream.as_deref().unwrap_or(ctx.pipeline.as_str())),
             state,
+            fps,
             gate: Mutex::new(FpsGate::new(fps)),
             ctx,
         }
     }
 }
 
+/// The pipelines reading the camera now, swapped whole when a reload
+/// gives the camera the new generation's pipelines.
+pub(super) struct Readers {
+    /// In config order; never empty (a camera is started for its readers).
+    pub(super) list: Vec<Reader>,
+    pub(super) pipelines: Vec<String>,
+    /// Their generation stopped: frames go to no one until the next one's
+    /// readers come (the camera decodes on meanwhile).
+    parked: AtomicBool,
+}
+
+impl Readers {
+    fn new(list: Vec<Reader>) -> Readers {
+        Readers {
+            pipelines: list.iter().map(|r| r.ctx.pipeline.clone()).collect(),
+            list,
+            parked: AtomicBool::new(false),
+        }
+    }
+
+    fn fps(&self) -> Vec<Option<f64>> {
+        self.list.iter().map(|r| r.fps).collect()
+    }
+
+    pub(super) fn parked(&self) -> bool {
+        self.parked.load(Ordering::Relaxed)
+    }
+}
+
 /// What one camera's runs need to know, shared with GStreamer's threads.
 pub(super) struct Shared {
     pub(super) def: CameraDef,
-    /// In config order; never empty (a camera is started for its readers).
-    pub(super) readers: Vec<Reader>,
+    readers: ArcSwap<Readers>,
+    /// Stops the camera: its host's token, or its readers' generation's.
+    stop: CancellationToken,
     /// The camera without credentials.
     pub(super) shown: String,
-    pub(super) pipelines: Vec<String>,
     /// Takes the camera's credentials out of every text it shows.
     pub(super) scrubber: Scrubber,
     /// Milliseconds since `epoch` of the last decoded frame (0: none yet in this run).
@@ -73,23 +107,27 @@ pub(super) struct Shared {
     /// Which readers take the frame now between the fps gate and the
     /// appsink (by its timestamp): set and read on the one streaming
     /// thread that carries the frame through colour conversion.
-    admitted: Mutex<Option<(Option<gst::ClockTime>, Vec<bool>)>>,
+    admitted: Mutex<Option<Admitted>>,
 }
 
+/// The fps gates' answers for one frame, with the readers they were asked of.
+type Admitted = (Option<gst::ClockTime>, Arc<Readers>, Vec<bool>);
+
 impl Shared {
-    pub(super) fn new(def: CameraDef, readers: Vec<Reader>, fps: &[Option<f64>]) -> Shared {
+    pub(super) fn new(def: CameraDef, readers: Vec<Reader>, stop: CancellationToken) -> Shared {
         let shown = def.shown();
-        let pipelines: Vec<String> = readers.iter().map(|r| r.ctx.pipeline.clone()).collect();
-        for r in &readers {
-            r.state.set_camera(&def.name, &pipelines, def.decode);
+        let readers = Readers::new(readers);
+        for r in &readers.list {
+            r.state
+                .set_camera(&def.name, &readers.pipelines, def.decode);
         }
         Shared {
             scrubber: Scrubber::for_camera(&def),
-            decode: Mutex::new(DecodeGate::new(def.decode, fps)),
+            decode: Mutex::new(DecodeGate::new(def.decode, &readers.fps())),
             def,
-            readers,
+            readers: ArcSwap::from_pointee(readers),
+            stop,
             shown,
-            pipelines,
             last_frame_ms: AtomicU64::new(0),
             last_input_ms: AtomicU64::new(0),
             last_decoded_ms: AtomicU64::new(0),
@@ -99,19 +137,47 @@ impl Shared {
         }
     }
 
-    /// The first reader: its token stops the camera (every reader's is the
-    /// generation's), and the camera's events are stored under its pipeline.
-    pub(super) fn first(&self) -> &SourceCtx {
-        &self.readers[0].ctx
+    /// The pipelines reading the camera now.
+    pub(super) fn readers(&self) -> Arc<Readers> {
+        self.readers.load_full()
+    }
+
+    /// Their names, for the log.
+    pub(super) fn pipelines(&self) -> String {
+        self.readers.load().pipelines.join(",")
     }
 
     pub(super) fn stopping(&self) -> bool {
-        self.readers.iter().all(|r| r.ctx.stopping())
+        self.stop.is_cancelled()
+    }
+
+    /// The readers' generation stopped: no frame goes to them any more.
+    pub(super) fn park(&self) {
+        self.readers.load().parked.store(true, Ordering::Relaxed);
+    }
+
+    /// A reload's new pipelines read the camera from now on: they take
+    /// over its state as the old ones show it, and the decoder gets what
+    /// their rates need (a change of mode waits for a keyframe, as ever).
+    pub(super) fn swap(&self, readers: Vec<Reader>) {
+        let old = self.readers.load_full();
+        let readers = Readers::new(readers);
+        for r in &readers.list {
+            if let Some(o) = old.list.first() {
+                r.state.take_over(&o.state);
+            }
+            r.state
+                .set_camera(&self.def.name, &readers.pipelines, self.def.decode);
+            r.ctx.set_state(r.state.state());
+        }
+        self.decode.lock().set_need(&readers.fps());
+        old.parked.store(true, Ordering::Relaxed);
+        self.readers.store(Arc::new(readers));
     }
 
     /// Applies `f` to every reader's view of the camera.
     pub(super) fn each(&self, f: impl Fn(&CameraState)) {
-        for r in &self.readers {
+        for r in &self.readers.load().list {
             f(&r.state);
         }
     }
@@ -124,20 +190,24 @@ impl Shared {
 
     /// The camera's state, in its status and in every reader's source state.
     pub(super) fn set_state(&self, state: &'static str) {
-        for r in &self.readers {
+        for r in &self.readers.load().list {
             r.state.set_state(state);
             r.ctx.set_state(state);
         }
     }
 
-    /// Stores a `camera_up` / `camera_down` record, once for the camera.
+    /// Stores a `camera_up` / `camera_down` record, once for the camera,
+    /// under its first reader's pipeline.
     pub(super) fn event(&self, error: Option<&str>) {
+        let readers = self.readers.load();
         let cam = CameraEvent {
             camera: &self.shown,
             name: &self.def.name,
-            pipelines: &self.pipelines,
+            pipelines: &readers.pipelines,
         };
-        store_event(self.first(), &cam, error);
+        if let Some(first) = readers.list.first() {
+            store_event(&first.ctx, &cam, error);
+        }
     }
 
     /// A new run of the pipeline: the stream is watched afresh.
@@ -327,8 +397,17 @@ pub(super) fn add_gate_probe(pad: &gst::Pad, sh: &Arc<Shared>, drop: bool) {
         let t = pts
             .map(|p| p.nseconds())
             .unwrap_or_else(|| g.epoch.elapsed().as_nanos() as u64);
-        let admitted: Vec<bool> = g
-            .readers
+        let readers = g.readers();
+        if readers.parked() {
+            // Between generations: no one takes it.
+            if drop {
+                return consume(info);
+            }
+            *g.admitted.lock() = Some((pts, readers.clone(), vec![false; readers.list.len()]));
+            return gst::PadProbeReturn::Ok;
+        }
+        let admitted: Vec<bool> = readers
+            .list
             .iter()
             .map(|r| {
                 let a = r.gate.lock().admit(t);
@@ -341,7 +420,7 @@ pub(super) fn add_gate_probe(pad: &gst::Pad, sh: &Arc<Shared>, drop: bool) {
         if drop && !admitted.contains(&true) {
             return consume(info);
         }
-        *g.admitted.lock() = Some((pts, admitted));
+        *g.admitted.lock() = Some((pts, readers, admitted));
         gst::PadProbeReturn::Ok
     });
 }
@@ -354,19 +433,24 @@ pub(super) fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Samp
     let (Some(buffer), Some(caps)) = (sample.buffer_owned(), sample.caps()) else {
         return;
     };
-    let takers: Vec<&Reader> = {
-        let admitted = sh.admitted.lock().take();
-        match admitted {
-            Some((pts, a)) if pts == buffer.pts() => sh
-                .readers
-                .iter()
-                .zip(a)
-                .filter_map(|(r, a)| a.then_some(r))
-                .collect(),
-            // Not through the gate (not expected: the gate sits on the same
-            // thread just before): every reader gets it rather than none.
-            _ => sh.readers.iter().collect(),
-        }
+    let admitted = sh.admitted.lock().take();
+    let (readers, admitted) = match admitted {
+        Some((pts, readers, a)) if pts == buffer.pts() => (readers, Some(a)),
+        // Not through the gate (not expected: the gate sits on the same
+        // thread just before): every reader gets it rather than none.
+        _ => (sh.readers(), None),
+    };
+    if readers.parked() {
+        return;
+    }
+    let takers: Vec<&Reader> = match admitted {
+        Some(a) => readers
+            .list
+            .iter()
+            .zip(a)
+            .filter_map(|(r, a)| a.then_some(r))
+            .collect(),
+        None => readers.list.iter().collect(),
     };
     if takers.is_empty() {
         return;

@@ -55,6 +55,7 @@ mod elements;
 mod fanout;
 #[cfg(feature = "camera")]
 mod guard;
+mod host;
 pub mod plan;
 #[cfg(feature = "camera")]
 mod relay;
@@ -81,6 +82,7 @@ pub use config::{
     CameraConfig, CameraDef, CameraList, Decode, PARSER_NAME, Transport, needs_camera_build,
     validate_cameras,
 };
+pub use host::CameraHost;
 pub use scrub::Scrubber;
 pub use url::{CameraUrl, UrlError};
 
@@ -343,6 +345,17 @@ impl CameraState {
         s.height = Some(height);
     }
 
+    /// What another view of the same camera shows now (its state, error,
+    /// elements, size and decoding): a reload's new pipeline reading a
+    /// camera that ran on. Its own counters start at zero with its pipeline.
+    pub fn take_over(&self, from: &CameraState) {
+        if std::ptr::eq(self, from) {
+            return;
+        }
+        let status = from.lock().clone();
+        *self.lock() = status;
+    }
+
     /// Which camera this is and who reads it.
     pub fn set_camera(&self, name: &str, pipelines: &[String], decode: Decode) {
         let mut s = self.lock();
@@ -430,6 +443,16 @@ pub struct Consumer {
     pub stream: Option<String>,
 }
 
+/// What a camera itself is asked for (a CSI sensor's rate): its fastest
+/// reader's, `None` when one wants every frame.
+fn asked_fps(consumers: &[Consumer]) -> Option<f64> {
+    consumers
+        .iter()
+        .map(|c| c.fps)
+        .collect::<Option<Vec<f64>>>()
+        .and_then(|v| v.into_iter().reduce(f64::max))
+}
+
 /// Which camera a source reads: a `[[cameras]]` entry, or its own (inline).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum CameraKey {
@@ -484,26 +507,67 @@ impl CameraSet {
         }
     }
 
-    /// Starts every camera: one GStreamer pipeline (one RTSP session) each.
+    /// Starts every camera: one GStreamer pipeline (one RTSP session) each,
+    /// stopped with its readers (their tokens are one generation's).
     pub fn spawn(self) -> Result<Vec<tokio::task::JoinHandle<()>>, SourceError> {
         let mut tasks = Vec::with_capacity(self.cameras.len());
-        for (key, def, consumers) in self.cameras {
-            let Some(def) = def else {
-                let name = match key {
-                    CameraKey::Named(n) | CameraKey::Inline(n) => n,
-                };
-                return Err(SourceError::Setup {
-                    pipeline: consumers
-                        .first()
-                        .map(|c| c.ctx.pipeline.clone())
-                        .unwrap_or_default(),
-                    kind: "camera",
-                    detail: format!("no camera `{name}` in [[cameras]]"),
-                });
-            };
-            tasks.push(spawn_camera(def, consumers)?);
+        for (_, def, consumers) in self.resolved()? {
+            let stop = consumers
+                .first()
+                .map(|c| c.ctx.shutdown.clone())
+                .unwrap_or_default();
+            tasks.push(spawn_camera(def, consumers, stop)?.task());
         }
         Ok(tasks)
+    }
+
+    /// Each camera with its definition, or the first that has none.
+    fn resolved(self) -> Result<Vec<(CameraKey, CameraDef, Vec<Consumer>)>, SourceError> {
+        self.cameras
+            .into_iter()
+            .map(|(key, def, consumers)| match def {
+                Some(def) => Ok((key, def, consumers)),
+                None => {
+                    let name = match key {
+                        CameraKey::Named(n) | CameraKey::Inline(n) => n,
+                    };
+                    Err(SourceError::Setup {
+                        pipeline: consumers
+                            .first()
+                            .map(|c| c.ctx.pipeline.clone())
+                            .unwrap_or_default(),
+                        kind: "camera",
+                        detail: format!("no camera `{name}` in [[cameras]]"),
+                    })
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(feature = "camera")]
+use run::Running;
+
+/// A running camera; a build without cameras never has one.
+#[cfg(not(feature = "camera"))]
+enum Running {}
+
+#[cfg(not(feature = "camera"))]
+impl Running {
+    fn swap(&self, _consumers: Vec<Consumer>) {
+        match *self {}
+    }
+
+    fn park(&self) {
+        match *self {}
+    }
+
+    async fn stop(self) {
+        match self {}
+    }
+
+    fn task(self) -> tokio::task::JoinHandle<()> {
+        match self {}
     }
 }
 
@@ -511,15 +575,17 @@ impl CameraSet {
 fn spawn_camera(
     def: CameraDef,
     consumers: Vec<Consumer>,
-) -> Result<tokio::task::JoinHandle<()>, SourceError> {
-    run::spawn(def, consumers)
+    stop: tokio_util::sync::CancellationToken,
+) -> Result<Running, SourceError> {
+    run::spawn(def, consumers, stop)
 }
 
 #[cfg(not(feature = "camera"))]
 fn spawn_camera(
     _def: CameraDef,
     consumers: Vec<Consumer>,
-) -> Result<tokio::task::JoinHandle<()>, SourceError> {
+    _stop: tokio_util::sync::CancellationToken,
+) -> Result<Running, SourceError> {
     Err(SourceError::Setup {
         pipeline: consumers
             .first()

@@ -410,7 +410,7 @@ async fn feed(
             last_key = Some(Instant::now());
         }
         if !backlog.admit(src.property::<u64>("current-level-buffers"), key) {
-            for r in &sh.readers {
+            for r in &sh.readers().list {
                 r.ctx.count_drop(
                     "decoder_behind",
                     "the decoder fell behind the camera: frames dropped to the next keyframe",

@@ -15,6 +15,7 @@ use gstreamer::prelude::*;
 use gstreamer_app as gst_app;
 use gstreamer_video as gst_video;
 use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use super::elements::{element_names, from_plan, launch};
 use super::fanout::{
@@ -24,7 +25,8 @@ use super::fanout::{
 use super::plan::{chain, rgb_tail, source_plan};
 use super::rtsp;
 use super::{
-    CameraDef, CameraUrl, Consumer, PARSER_NAME, Transport, pick_decoder, reconnect_backoff,
+    CameraDef, CameraUrl, Consumer, PARSER_NAME, Transport, asked_fps, pick_decoder,
+    reconnect_backoff,
 };
 use crate::source::SourceError;
 
@@ -77,11 +79,58 @@ pub(super) fn has(element: &str) -> bool {
     gst::ElementFactory::find(element).is_some()
 }
 
-/// Starts a camera for its readers (at least one).
+/// A started camera: what its host keeps to give it a reload's readers
+/// or to stop it.
+pub(super) struct Running {
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// The camera's readers from now on (a reload's pipelines); its
+    /// pipeline, session and decoder run on.
+    pub(super) fn swap(&self, consumers: Vec<Consumer>) {
+        let sh = &self.shared;
+        sh.swap(readers(consumers, &sh.shown));
+        tracing::info!(
+            camera = %sh.shown,
+            name = %sh.def.name,
+            pipelines = %sh.pipelines(),
+            "camera kept across the reload: its session and decoder run on"
+        );
+    }
+
+    /// Its readers' generation stopped: no frame goes to them.
+    pub(super) fn park(&self) {
+        self.shared.park();
+    }
+
+    /// Stops the camera and waits until its pipeline is torn down.
+    pub(super) async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+
+    /// The task that ends when the camera has stopped.
+    pub(super) fn task(self) -> tokio::task::JoinHandle<()> {
+        self.task
+    }
+}
+
+fn readers(consumers: Vec<Consumer>, shown: &str) -> Vec<Reader> {
+    consumers
+        .into_iter()
+        .map(|c| Reader::new(c.ctx, c.fps, c.stream, shown))
+        .collect()
+}
+
+/// Starts a camera for its readers (at least one); `stop` stops it.
 pub(super) fn spawn(
     def: CameraDef,
     consumers: Vec<Consumer>,
-) -> Result<tokio::task::JoinHandle<()>, SourceError> {
+    stop: CancellationToken,
+) -> Result<Running, SourceError> {
     let first = consumers
         .first()
         .map(|c| c.ctx.pipeline.clone())
@@ -106,29 +155,26 @@ pub(super) fn spawn(
     let shown = def.shown();
     let fps: Vec<Option<f64>> = consumers.iter().map(|c| c.fps).collect();
     // What the camera itself is asked for (CSI): the fastest reader's rate.
-    let max_fps = fps
-        .iter()
-        .copied()
-        .collect::<Option<Vec<f64>>>()
-        .and_then(|v| v.into_iter().reduce(f64::max));
-    let readers = consumers
-        .into_iter()
-        .map(|c| Reader::new(c.ctx, c.fps, c.stream, &shown))
-        .collect();
-    let shared = Arc::new(Shared::new(def, readers, &fps));
+    let max_fps = asked_fps(&consumers);
+    let shared = Arc::new(Shared::new(def, readers(consumers, &shown), stop.clone()));
     tracing::info!(
         camera = %shared.shown,
         name = %shared.def.name,
-        pipelines = %shared.pipelines.join(","),
+        pipelines = %shared.pipelines(),
         fps = %fps.iter().map(|f| f.map_or("all".to_string(), |f| f.to_string())).collect::<Vec<_>>().join(","),
         decode = shared.def.decode.as_str(),
         stall_timeout_s = shared.def.stall_timeout.as_secs_f64(),
         "camera source"
     );
-    let thread = tokio::task::spawn_blocking(move || supervise(url.as_ref(), max_fps, &shared));
-    Ok(tokio::spawn(async move {
-        let _ = thread.await;
-    }))
+    let sh = shared.clone();
+    let thread = tokio::task::spawn_blocking(move || supervise(url.as_ref(), max_fps, &sh));
+    Ok(Running {
+        shared,
+        stop,
+        task: tokio::spawn(async move {
+            let _ = thread.await;
+        }),
+    })
 }
 
 /// Why a run of the pipeline ended.
@@ -176,7 +222,7 @@ fn supervise(url: Option<&CameraUrl>, max_fps: Option<f64>, sh: &Arc<Shared>) {
         tracing::warn!(
             camera = %sh.shown,
             name = %sh.def.name,
-            pipelines = %sh.pipelines.join(","),
+            pipelines = %sh.pipelines(),
             error = %error,
             retry_in_ms = delay.as_millis() as u64,
             "camera down; reconnecting"

@@ -4,6 +4,7 @@
 use gstreamer as gst;
 use gstreamer::prelude::*;
 
+use super::PARSER_NAME;
 use super::plan::{CapsPlan, ElementPlan, Prop};
 
 /// Why GStreamer could not make or wire a camera's pipeline: an element or
@@ -169,6 +170,30 @@ pub(super) fn element_names(p: &gst::Pipeline) -> Vec<String> {
     // iterate_sorted goes sink to source.
     v.reverse();
     v
+}
+
+/// Whether GStreamer has this element here.
+pub(super) fn has(element: &str) -> bool {
+    gst::ElementFactory::find(element).is_some()
+}
+
+/// The elements of a decoder chain (`pick_decoder`'s, from index `from`),
+/// made one by one (not parsed) so the parser, always the chain's second,
+/// can be found by its name: keyframe-only decoding may drop delta frames
+/// at its source pad.
+pub(super) fn decoder_elements(chain: &[&str], from: usize) -> Result<Vec<gst::Element>, String> {
+    chain
+        .iter()
+        .enumerate()
+        .skip(from)
+        .map(|(i, f)| {
+            let mut b = gst::ElementFactory::make(f);
+            if i == 1 {
+                b = b.name(PARSER_NAME);
+            }
+            b.build().map_err(|e| format!("{f}: {e}"))
+        })
+        .collect()
 }
 
 #[cfg(test)]

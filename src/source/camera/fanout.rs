@@ -265,6 +265,15 @@ impl Shared {
         self.decode.lock().fall_back();
     }
 
+    /// Logs the decoder chain: at info the first time, at debug on rebuilds.
+    pub(super) fn log_chain(&self, chain: &str) {
+        if !self.logged.swap(true, Ordering::Relaxed) {
+            tracing::info!(camera = %self.shown, name = %self.def.name, elements = %chain, "camera elements");
+        } else {
+            tracing::debug!(name = %self.def.name, elements = %chain, "camera elements");
+        }
+    }
+
     pub(super) fn now_ms(&self) -> u64 {
         (self.epoch.elapsed().as_millis() as u64).max(1)
     }

@@ -62,6 +62,8 @@ mod relay;
 #[cfg(feature = "camera")]
 mod rtsp;
 #[cfg(feature = "camera")]
+mod rtspsrc;
+#[cfg(feature = "camera")]
 mod run;
 mod scrub;
 mod url;

@@ -189,7 +189,9 @@ pub(super) fn decoder_elements(chain: &[&str], from: usize) -> Result<Vec<gst::E
         .map(|(i, f)| {
             let mut b = gst::ElementFactory::make(f);
             if i == 1 {
-                b = b.name(PARSER_NAME);
+                // Parameter sets before every keyframe: a keyframe then
+                // decodes alone (a decoder shared by cameras, `keyframes.rs`).
+                b = b.name(PARSER_NAME).property("config-interval", -1i32);
             }
             b.build().map_err(|e| format!("{f}: {e}"))
         })

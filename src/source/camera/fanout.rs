@@ -384,38 +384,28 @@ fn key_units(seg: &gst::Segment, on: bool) -> Option<gst::Segment> {
 /// with the buffer still in the probe made GStreamer 1.22 unref a NULL
 /// buffer after the bindings had released it, one GStreamer-CRITICAL in
 /// the log per dropped frame.
-fn consume(info: &mut gst::PadProbeInfo<'_>) -> gst::PadProbeReturn {
+pub(super) fn consume(info: &mut gst::PadProbeInfo<'_>) -> gst::PadProbeReturn {
     drop(info.take_buffer());
     gst::PadProbeReturn::Handled
 }
 
-/// Counts decoded frames and asks each reader's fps gate about them, before
-/// colour conversion: a frame no reader wants goes no further. With `drop`
-/// false (the gate on the appsink's own pad: a custom pipeline) such a
-/// frame is let through and `on_sample` passes it by: GStreamer 1.22 unrefs
-/// a buffer dropped there twice (a GStreamer-CRITICAL per dropped frame).
-pub(super) fn add_gate_probe(pad: &gst::Pad, sh: &Arc<Shared>, drop: bool) {
-    let g = sh.clone();
-    pad.add_probe(gst::PadProbeType::BUFFER, move |_, info| {
-        g.add(|s| &s.frames_in);
-        g.last_decoded_ms.store(g.now_ms(), Ordering::Relaxed);
-        let pts = info.buffer().and_then(|b| b.pts());
+impl Shared {
+    /// A decoded frame at `pts`: counted, and each reader's fps gate asked
+    /// whether it takes it (`None`: the readers are parked, no one does).
+    fn admit(&self, pts: Option<gst::ClockTime>) -> Option<(Arc<Readers>, Vec<bool>)> {
+        self.add(|s| &s.frames_in);
+        self.last_decoded_ms.store(self.now_ms(), Ordering::Relaxed);
         // The stream's own clock where frames carry it: the decoder's
         // varying delay (its first frame is slow) must not make a frame
         // look early and lose it, least of all when only keyframes come.
         let t = pts
             .map(|p| p.nseconds())
-            .unwrap_or_else(|| g.epoch.elapsed().as_nanos() as u64);
-        let readers = g.readers();
+            .unwrap_or_else(|| self.epoch.elapsed().as_nanos() as u64);
+        let readers = self.readers();
         if readers.parked() {
-            // Between generations: no one takes it.
-            if drop {
-                return consume(info);
-            }
-            *g.admitted.lock() = Some((pts, readers.clone(), vec![false; readers.list.len()]));
-            return gst::PadProbeReturn::Ok;
+            return None;
         }
-        let admitted: Vec<bool> = readers
+        let admitted = readers
             .list
             .iter()
             .map(|r| {
@@ -426,6 +416,27 @@ pub(super) fn add_gate_probe(pad: &gst::Pad, sh: &Arc<Shared>, drop: bool) {
                 a
             })
             .collect();
+        Some((readers, admitted))
+    }
+}
+
+/// Counts decoded frames and asks each reader's fps gate about them, before
+/// colour conversion: a frame no reader wants goes no further. With `drop`
+/// false (the gate on the appsink's own pad: a custom pipeline) such a
+/// frame is let through and `on_sample` passes it by: GStreamer 1.22 unrefs
+/// a buffer dropped there twice (a GStreamer-CRITICAL per dropped frame).
+pub(super) fn add_gate_probe(pad: &gst::Pad, sh: &Arc<Shared>, drop: bool) {
+    let g = sh.clone();
+    pad.add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+        let pts = info.buffer().and_then(|b| b.pts());
+        let (readers, admitted) = match g.admit(pts) {
+            Some(a) => a,
+            // Between generations: no one takes it.
+            None => {
+                let readers = g.readers();
+                (readers.clone(), vec![false; readers.list.len()])
+            }
+        };
         if drop && !admitted.contains(&true) {
             return consume(info);
         }
@@ -434,14 +445,36 @@ pub(super) fn add_gate_probe(pad: &gst::Pad, sh: &Arc<Shared>, drop: bool) {
     });
 }
 
+/// When a frame at `pts` (in `segment`) was captured: now, less how far
+/// the element's pipeline clock has run past the frame's running time, so
+/// that decode and transfer delays count in the frame's age.
+pub(super) fn capture_time(
+    element: &gst::Element,
+    segment: Option<&gst::Segment>,
+    pts: Option<gst::ClockTime>,
+) -> SystemTime {
+    let now = SystemTime::now();
+    let lag = (|| {
+        let clock = element.clock()?;
+        let base = element.base_time()?;
+        let now_rt = clock.time().checked_sub(base)?;
+        let seg = segment?.downcast_ref::<gst::ClockTime>()?;
+        let rt = seg.to_running_time(pts?)?;
+        now_rt.checked_sub(rt)
+    })()
+    .map(|d| Duration::from_nanos(d.nseconds()))
+    .filter(|d| *d < Duration::from_secs(10))
+    .unwrap_or_default();
+    now.checked_sub(lag).unwrap_or(now)
+}
+
 /// A decoded frame (RGB, or I420 straight from the decoder): made once, and
 /// into the queue of every reader whose gate took it, with its capture time.
 pub(super) fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Sample) {
-    let now = SystemTime::now();
-    sh.last_frame_ms.store(sh.now_ms(), Ordering::Relaxed);
     let (Some(buffer), Some(caps)) = (sample.buffer_owned(), sample.caps()) else {
         return;
     };
+    let captured = capture_time(sink.upcast_ref(), sample.segment(), buffer.pts());
     let admitted = sh.admitted.lock().take();
     let (readers, admitted) = match admitted {
         Some((pts, readers, a)) if pts == buffer.pts() => (readers, Some(a)),
@@ -449,6 +482,35 @@ pub(super) fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Samp
         // thread just before): every reader gets it rather than none.
         _ => (sh.readers(), None),
     };
+    deliver(sh, &readers, admitted.as_deref(), buffer, caps, captured);
+}
+
+/// A keyframe back from a decoder shared with other cameras
+/// (`keyframes.rs`), with its own timestamp: through the readers' fps
+/// gates and into their queues, as a frame of the camera's own decoder.
+pub(super) fn on_decoded(
+    sh: &Shared,
+    buffer: gst::Buffer,
+    caps: &gst::CapsRef,
+    captured: SystemTime,
+) {
+    if let Some((readers, admitted)) = sh.admit(buffer.pts())
+        && admitted.contains(&true)
+    {
+        deliver(sh, &readers, Some(&admitted), buffer, caps, captured);
+    }
+}
+
+/// Hands a decoded frame to the readers `admitted` names (`None`: all).
+fn deliver(
+    sh: &Shared,
+    readers: &Readers,
+    admitted: Option<&[bool]>,
+    buffer: gst::Buffer,
+    caps: &gst::CapsRef,
+    captured: SystemTime,
+) {
+    sh.last_frame_ms.store(sh.now_ms(), Ordering::Relaxed);
     if readers.parked() {
         return;
     }
@@ -473,20 +535,6 @@ pub(super) fn on_sample(sh: &Shared, sink: &gst_app::AppSink, sample: &gst::Samp
         bad("caps are not raw video");
         return;
     };
-    // Capture time: the buffer's running time against the pipeline clock's
-    // now, so decode and transfer delays count in the frame's age.
-    let lag = (|| {
-        let clock = sink.clock()?;
-        let base = sink.base_time()?;
-        let now_rt = clock.time().checked_sub(base)?;
-        let seg = sample.segment()?.downcast_ref::<gst::ClockTime>()?;
-        let rt = seg.to_running_time(buffer.pts()?)?;
-        now_rt.checked_sub(rt)
-    })()
-    .map(|d| Duration::from_nanos(d.nseconds()))
-    .filter(|d| *d < Duration::from_secs(10))
-    .unwrap_or_default();
-    let captured = now.checked_sub(lag).unwrap_or(now);
     let (w, h) = (info.width(), info.height());
     let raw = match info.format() {
         gst_video::VideoFormat::Rgb => RawImage::rgb(w, h),
@@ -630,7 +678,7 @@ fn packed_payload(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn i420(w: u32, h: u32) -> RawImage {
@@ -786,7 +834,7 @@ mod tests {
     }
 
     /// One H.264 access unit: bytes, pts, dts, keyframe.
-    type Unit = (
+    pub(in crate::source::camera) type Unit = (
         Vec<u8>,
         Option<gst::ClockTime>,
         Option<gst::ClockTime>,
@@ -795,7 +843,7 @@ mod tests {
 
     /// A stream with B-frames (the decoder must reorder), a keyframe every
     /// 10 frames, as access units in decode order.
-    fn b_frame_stream() -> Vec<Unit> {
+    pub(in crate::source::camera) fn b_frame_stream() -> Vec<Unit> {
         let p = gst::parse::launch(
             "videotestsrc num-buffers=60 pattern=ball ! \
              video/x-raw,format=I420,width=320,height=240,framerate=25/1 ! \

@@ -18,7 +18,7 @@
 
 use tokio_util::sync::CancellationToken;
 
-use super::{CameraDef, CameraKey, CameraSet, Running, asked_fps, spawn_camera};
+use super::{CameraDef, CameraKey, CameraSet, Running, SharedDecoders, asked_fps, spawn_camera};
 use crate::source::SourceError;
 
 /// A camera as its host keeps it: what it was started as, and the camera.
@@ -33,6 +33,8 @@ struct Hosted {
 #[derive(Default)]
 pub struct CameraHost {
     cameras: Vec<Hosted>,
+    /// Shared by the cameras that decode keyframes only.
+    decoders: SharedDecoders,
 }
 
 impl CameraHost {
@@ -63,7 +65,8 @@ impl CameraHost {
                 Some(h) => h.run.swap(consumers),
                 None => {
                     let asked_fps = asked_fps(&consumers);
-                    let run = spawn_camera(def.clone(), consumers, stop.child_token())?;
+                    let run =
+                        spawn_camera(def.clone(), consumers, stop.child_token(), &self.decoders)?;
                     self.cameras.push(Hosted {
                         key,
                         def,

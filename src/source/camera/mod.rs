@@ -56,6 +56,8 @@ mod fanout;
 #[cfg(feature = "camera")]
 mod guard;
 mod host;
+#[cfg(feature = "camera")]
+mod keyframes;
 pub mod plan;
 #[cfg(feature = "camera")]
 mod relay;
@@ -513,12 +515,13 @@ impl CameraSet {
     /// stopped with its readers (their tokens are one generation's).
     pub fn spawn(self) -> Result<Vec<tokio::task::JoinHandle<()>>, SourceError> {
         let mut tasks = Vec::with_capacity(self.cameras.len());
+        let decoders = SharedDecoders::default();
         for (_, def, consumers) in self.resolved()? {
             let stop = consumers
                 .first()
                 .map(|c| c.ctx.shutdown.clone())
                 .unwrap_or_default();
-            tasks.push(spawn_camera(def, consumers, stop)?.task());
+            tasks.push(spawn_camera(def, consumers, stop, &decoders)?.task());
         }
         Ok(tasks)
     }
@@ -550,6 +553,10 @@ impl CameraSet {
 #[cfg(feature = "camera")]
 use run::Running;
 
+/// The decoders that cameras decoding keyframes only share (`keyframes.rs`).
+#[derive(Clone, Default)]
+struct SharedDecoders(#[cfg(feature = "camera")] std::sync::Arc<keyframes::KeyframeDecoders>);
+
 /// A running camera; a build without cameras never has one.
 #[cfg(not(feature = "camera"))]
 enum Running {}
@@ -578,8 +585,9 @@ fn spawn_camera(
     def: CameraDef,
     consumers: Vec<Consumer>,
     stop: tokio_util::sync::CancellationToken,
+    decoders: &SharedDecoders,
 ) -> Result<Running, SourceError> {
-    run::spawn(def, consumers, stop)
+    run::spawn(def, consumers, stop, decoders.0.clone())
 }
 
 #[cfg(not(feature = "camera"))]
@@ -587,6 +595,7 @@ fn spawn_camera(
     _def: CameraDef,
     consumers: Vec<Consumer>,
     _stop: tokio_util::sync::CancellationToken,
+    _decoders: &SharedDecoders,
 ) -> Result<Running, SourceError> {
     Err(SourceError::Setup {
         pipeline: consumers

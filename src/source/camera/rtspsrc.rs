@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 
 use super::elements::{decoder_elements, has};
 use super::fanout::{Shared, add_decode_probe};
+use super::keyframes::{KeyframeDecoders, share_keyframe_decoder};
 use super::{CameraUrl, Transport, pick_decoder};
 
 /// `rtspsrc` with its credentials as properties; the depayloader, parser and
@@ -20,6 +21,7 @@ pub(super) fn add_rtspsrc(
     p: &gst::Pipeline,
     url: Option<&CameraUrl>,
     sh: &Arc<Shared>,
+    decoders: &Arc<KeyframeDecoders>,
 ) -> Result<(), String> {
     let Some(CameraUrl::Rtsp {
         location,
@@ -60,6 +62,7 @@ pub(super) fn add_rtspsrc(
     let video = Arc::new(AtomicBool::new(false));
     let tracks = Arc::new(Mutex::new(Vec::<String>::new()));
     let (s, v, t) = (sh.clone(), video.clone(), tracks.clone());
+    let decoders = decoders.clone();
     src.connect_pad_added(move |src, pad| {
         let caps = pad.current_caps().or_else(|| Some(pad.query_caps(None)));
         let (media, encoding) = caps
@@ -112,6 +115,7 @@ pub(super) fn add_rtspsrc(
             elements.pop();
             if let Some(parser) = elements.get(1) {
                 add_decode_probe(parser, &s)?;
+                share_keyframe_decoder(parser, &chain, &s, &decoders)?;
             }
             // Downstream first, so no element pushes into one not yet playing.
             for e in elements.iter().rev() {

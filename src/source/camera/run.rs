@@ -21,6 +21,7 @@ use super::fanout::{
     Reader, Shared, add_decode_probe, add_gate_probe, add_key_units_probe, add_video_meta_probe,
     on_sample,
 };
+use super::keyframes::{KeyframeDecoders, share_keyframe_decoder};
 use super::plan::{chain, rgb_tail, source_plan};
 use super::rtsp;
 use super::rtspsrc::add_rtspsrc;
@@ -126,6 +127,7 @@ pub(super) fn spawn(
     def: CameraDef,
     consumers: Vec<Consumer>,
     stop: CancellationToken,
+    decoders: Arc<KeyframeDecoders>,
 ) -> Result<Running, SourceError> {
     let first = consumers
         .first()
@@ -163,7 +165,8 @@ pub(super) fn spawn(
         "camera source"
     );
     let sh = shared.clone();
-    let thread = tokio::task::spawn_blocking(move || supervise(url.as_ref(), max_fps, &sh));
+    let thread =
+        tokio::task::spawn_blocking(move || supervise(url.as_ref(), max_fps, &sh, &decoders));
     Ok(Running {
         shared,
         stop,
@@ -180,7 +183,12 @@ enum End {
 }
 
 /// Builds, watches and rebuilds the camera's pipeline until the daemon stops.
-fn supervise(url: Option<&CameraUrl>, max_fps: Option<f64>, sh: &Arc<Shared>) {
+fn supervise(
+    url: Option<&CameraUrl>,
+    max_fps: Option<f64>,
+    sh: &Arc<Shared>,
+    decoders: &Arc<KeyframeDecoders>,
+) {
     let mut backoff = reconnect_backoff();
     // None: nothing reported yet; Some(up).
     let mut reported: Option<bool> = None;
@@ -191,7 +199,7 @@ fn supervise(url: Option<&CameraUrl>, max_fps: Option<f64>, sh: &Arc<Shared>) {
         // A panic while the camera runs (in what parses the camera's
         // answers, say) is this camera's failure, and it reconnects.
         let end = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run_once(url, max_fps, sh, &mut reported)
+            run_once(url, max_fps, sh, decoders, &mut reported)
         }))
         .unwrap_or_else(|p| End::Failed {
             error: format!(
@@ -243,6 +251,7 @@ fn run_once(
     url: Option<&CameraUrl>,
     max_fps: Option<f64>,
     sh: &Arc<Shared>,
+    decoders: &Arc<KeyframeDecoders>,
     reported: &mut Option<bool>,
 ) -> End {
     let failed = |error: String, streamed: bool| End::Failed {
@@ -269,7 +278,7 @@ fn run_once(
         }
     }
     let encoding = session.as_ref().map(|c| c.encoding.clone());
-    let pipeline = match build(url, max_fps, sh, encoding.as_deref()) {
+    let pipeline = match build(url, max_fps, sh, decoders, encoding.as_deref()) {
         Ok(p) => p,
         Err(e) => return failed(e, false),
     };
@@ -382,7 +391,12 @@ fn start_feed(c: rtsp::Connected, p: &gst::Pipeline, sh: &Arc<Shared>) -> Result
 /// The appsrc of a session, its parser (named for outpost), decoder and,
 /// on a Jetson, the converter out of device memory, linked into the
 /// pipeline's colour conversion.
-fn add_retina_chain(p: &gst::Pipeline, encoding: &str, sh: &Arc<Shared>) -> Result<(), String> {
+fn add_retina_chain(
+    p: &gst::Pipeline,
+    encoding: &str,
+    sh: &Arc<Shared>,
+    decoders: &Arc<KeyframeDecoders>,
+) -> Result<(), String> {
     let chain = pick_decoder(encoding, has).map_err(|e| e.to_string())?;
     let src = rtsp::appsrc(encoding).map_err(|e| e.to_string())?;
     let mut elements: Vec<gst::Element> = vec![src.upcast()];
@@ -399,6 +413,7 @@ fn add_retina_chain(p: &gst::Pipeline, encoding: &str, sh: &Arc<Shared>) -> Resu
     if let Some(parser) = elements.get(1) {
         let g = sh.clone();
         add_key_units_probe(parser, move || g.keyframes_only()).map_err(|e| e.to_string())?;
+        share_keyframe_decoder(parser, &chain, sh, decoders)?;
     }
     let names = retina_elements(&chain);
     sh.each(|s| s.set_elements(&names));
@@ -557,6 +572,7 @@ fn build(
     url: Option<&CameraUrl>,
     max_fps: Option<f64>,
     sh: &Arc<Shared>,
+    decoders: &Arc<KeyframeDecoders>,
     session: Option<&str>,
 ) -> Result<gst::Pipeline, String> {
     let def = &sh.def;
@@ -565,12 +581,12 @@ fn build(
         // A session on the daemon's client, of this encoding.
         (Some(CameraUrl::Rtsp { .. }), _) if let Some(encoding) = session => {
             let p = from_plan(&rgb_tail(size))?;
-            add_retina_chain(&p, encoding, sh)?;
+            add_retina_chain(&p, encoding, sh, decoders)?;
             p
         }
         (Some(CameraUrl::Rtsp { .. }), _) => {
             let p = from_plan(&rgb_tail(size))?;
-            add_rtspsrc(&p, url, sh)?;
+            add_rtspsrc(&p, url, sh, decoders)?;
             p
         }
         (Some(u), _) => {

@@ -442,6 +442,14 @@ source = {{ type = "camera", camera = "yard", fps = 1 }}
             "a delta frame was decoded: {lit:?}"
         );
         d.records_until(Duration::from_secs(30), |r| count(r, "plates") >= 12);
+        // Both cameras' keyframes (`yard` once `auto` has seen the rate) go
+        // through one decoder they share.
+        assert_eq!(
+            d.log().matches("shared keyframe decoder started").count(),
+            1,
+            "{}",
+            d.log()
+        );
         let plates: Vec<serde_json::Value> = d
             .seen
             .iter()

@@ -162,6 +162,13 @@ impl DecodeGate {
         }
     }
 
+    /// Whether this connection decodes keyframes only from start to end
+    /// (`keyframes` set, and no fall-back to every frame pending): only a
+    /// stall ends that, and the next connection decides again.
+    pub fn keyframes_for_good(&self) -> bool {
+        self.decode == Decode::Keyframes && !self.fallback
+    }
+
     /// `keyframes` or `all`: what the decoder gets now.
     pub fn mode(&self) -> &'static str {
         if self.keyframes_only {

@@ -104,6 +104,9 @@ pub(super) struct Shared {
     /// The decoder chain logged once at info, then at debug on rebuilds.
     pub(super) logged: AtomicBool,
     pub(super) decode: Mutex<DecodeGate>,
+    /// No shared decoder could take the camera's keyframes: its next
+    /// connection decodes with a decoder of its own (`keyframes.rs`).
+    pub(super) shared_decoder_failed: AtomicBool,
     /// Which readers take the frame now between the fps gate and the
     /// appsink (by its timestamp): set and read on the one streaming
     /// thread that carries the frame through colour conversion.
@@ -124,6 +127,7 @@ impl Shared {
         Shared {
             scrubber: Scrubber::for_camera(&def),
             decode: Mutex::new(DecodeGate::new(def.decode, &readers.fps())),
+            shared_decoder_failed: AtomicBool::new(false),
             def,
             readers: ArcSwap::from_pointee(readers),
             stop,

@@ -55,10 +55,10 @@ impl CameraHost {
         let (kept, gone): (Vec<Hosted>, Vec<Hosted>) = std::mem::take(&mut self.cameras)
             .into_iter()
             .partition(same);
-        for h in gone {
+        for h in &gone {
             tracing::info!(name = %h.def.name, "camera stopped: no longer read as it was");
-            h.run.stop().await;
         }
+        stop_all(gone).await;
         self.cameras = kept;
         for (key, def, consumers) in wanted {
             match self.cameras.iter().find(|h| h.key == key) {
@@ -89,8 +89,16 @@ impl CameraHost {
 
     /// Stops every camera and waits until each is torn down.
     pub async fn stop(&mut self) {
-        for h in std::mem::take(&mut self.cameras) {
-            h.run.stop().await;
-        }
+        stop_all(std::mem::take(&mut self.cameras)).await;
+    }
+}
+
+/// Stops cameras together, then waits for each.
+async fn stop_all(cameras: Vec<Hosted>) {
+    for h in &cameras {
+        h.run.cancel();
+    }
+    for h in cameras {
+        h.run.join().await;
     }
 }

@@ -339,11 +339,12 @@ fn parser_for(caps: &gst::CapsRef) -> Option<&'static str> {
 /// Sends a camera's keyframes to a shared decoder while it decodes
 /// keyframes only (`decoder`: the software decoder its chain has); other
 /// frames, and keyframes while every frame is decoded, go on to its own.
-pub(super) fn add_divert_probe(
+fn add_divert_probe(
     parser: &gst::Element,
     sh: &Arc<Shared>,
     decoders: &Arc<KeyframeDecoders>,
     decoder: &str,
+    own: bool,
 ) -> Result<(), SetupError> {
     let pad = parser
         .static_pad("src")
@@ -398,9 +399,20 @@ pub(super) fn add_divert_probe(
                     r.ctx.count_drop("decoder_behind", &why);
                 }
             }
-            Err(SubmitError::Unavailable(why)) => {
+            Err(SubmitError::Unavailable(why)) if own => {
                 tracing::debug!(name = %sh.def.name, why = %why, "keyframe to the camera's own decoder");
                 return gst::PadProbeReturn::Ok;
+            }
+            // No decoder of its own this connection: the next has one.
+            Err(SubmitError::Unavailable(why)) => {
+                sh.shared_decoder_failed.store(true, Ordering::Relaxed);
+                if let Some(parser) = pad.parent_element() {
+                    gst::element_error!(
+                        parser,
+                        gst::CoreError::Failed,
+                        ["no shared keyframe decoder ({}): reconnecting with a decoder of its own", why]
+                    );
+                }
             }
         }
         consume(info)
@@ -408,18 +420,46 @@ pub(super) fn add_divert_probe(
     Ok(())
 }
 
+/// Whether a chain's decoder (its third element) is one whose keyframes a
+/// shared decoder takes: a software one (libav), whose behaviour with
+/// keyframes only is known.
+fn shareable(chain: &[&str]) -> bool {
+    chain.get(2).is_some_and(|d| d.starts_with("avdec_"))
+}
+
+/// Whether this connection of the camera needs no decoder of its own:
+/// it decodes keyframes only from start to end and a shared decoder
+/// serves its chain. Its parser then ends in a `fakesink` (its keyframes
+/// all leave at the parser), saving the idle decoder's memory.
+pub(super) fn decodes_alone(chain: &[&str], sh: &Shared) -> bool {
+    shareable(chain)
+        && !sh.shared_decoder_failed.load(Ordering::Relaxed)
+        && sh.decode.lock().keyframes_for_good()
+}
+
+/// What ends the parser of a camera that [`decodes_alone`].
+pub(super) fn parser_end() -> Result<gst::Element, String> {
+    gst::ElementFactory::make("fakesink")
+        .property("sync", false)
+        .property("async", false)
+        .build()
+        .map_err(|e| format!("fakesink: {e}"))
+}
+
 /// While the camera decodes keyframes only, they go to a decoder shared
-/// with the other cameras of the same kind of stream (`keyframes.rs`),
-/// when its chain's decoder is a software one.
+/// with the other cameras of the same kind of stream, when its chain's
+/// decoder is a software one. `own`: whether the camera has a decoder of
+/// its own to fall back on (see [`decodes_alone`]).
 pub(super) fn share_keyframe_decoder(
     parser: &gst::Element,
     chain: &[&str],
     sh: &Arc<Shared>,
     decoders: &Arc<KeyframeDecoders>,
+    own: bool,
 ) -> Result<(), String> {
     match chain.get(2) {
-        Some(d) if d.starts_with("avdec_") => {
-            add_divert_probe(parser, sh, decoders, d).map_err(|e| e.to_string())
+        Some(d) if shareable(chain) => {
+            add_divert_probe(parser, sh, decoders, d, own).map_err(|e| e.to_string())
         }
         _ => Ok(()),
     }
@@ -514,6 +554,7 @@ mod tests {
             &["rtph264depay", "h264parse", "avdec_h264"],
             &shared,
             decoders,
+            true,
         )
         .unwrap();
         let feed = gst::Pad::builder(gst::PadDirection::Src)

@@ -571,7 +571,11 @@ impl Running {
         match *self {}
     }
 
-    async fn stop(self) {
+    fn cancel(&self) {
+        match *self {}
+    }
+
+    async fn join(self) {
         match self {}
     }
 

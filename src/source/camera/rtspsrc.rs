@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use super::elements::{decoder_elements, has};
 use super::fanout::{Shared, add_decode_probe};
-use super::keyframes::{KeyframeDecoders, share_keyframe_decoder};
+use super::keyframes::{KeyframeDecoders, decodes_alone, parser_end, share_keyframe_decoder};
 use super::{CameraUrl, Transport, pick_decoder};
 
 /// `rtspsrc` with its credentials as properties; the depayloader, parser and
@@ -103,19 +103,29 @@ pub(super) fn add_rtspsrc(
         };
         v.store(true, Ordering::SeqCst);
         let linked = (|| -> Result<(), String> {
-            let mut elements = decoder_elements(&chain, 0)?;
+            // [depayloader, parser, decoder, ...], or the parser into a
+            // fakesink when its keyframes all leave there.
+            let alone = decodes_alone(&chain, &s);
+            let mut elements = decoder_elements(if alone { &chain[..2] } else { &chain }, 0)?;
+            if alone {
+                elements.push(parser_end()?);
+            }
             for e in &elements {
                 bin.add(e).map_err(|e| e.to_string())?;
             }
-            let convert = bin
-                .by_name("outpost_convert")
-                .ok_or("no outpost_convert element")?;
-            elements.push(convert);
+            if !alone {
+                let convert = bin
+                    .by_name("outpost_convert")
+                    .ok_or("no outpost_convert element")?;
+                elements.push(convert);
+            }
             gst::Element::link_many(&elements).map_err(|e| e.to_string())?;
-            elements.pop();
+            if !alone {
+                elements.pop();
+            }
             if let Some(parser) = elements.get(1) {
                 add_decode_probe(parser, &s)?;
-                share_keyframe_decoder(parser, &chain, &s, &decoders)?;
+                share_keyframe_decoder(parser, &chain, &s, &decoders, !alone)?;
             }
             // Downstream first, so no element pushes into one not yet playing.
             for e in elements.iter().rev() {

@@ -21,7 +21,7 @@ use super::fanout::{
     Reader, Shared, add_decode_probe, add_gate_probe, add_key_units_probe, add_video_meta_probe,
     on_sample,
 };
-use super::keyframes::{KeyframeDecoders, share_keyframe_decoder};
+use super::keyframes::{KeyframeDecoders, decodes_alone, parser_end, share_keyframe_decoder};
 use super::plan::{chain, rgb_tail, source_plan};
 use super::rtsp;
 use super::rtspsrc::add_rtspsrc;
@@ -103,9 +103,13 @@ impl Running {
         self.shared.park();
     }
 
-    /// Stops the camera and waits until its pipeline is torn down.
-    pub(super) async fn stop(self) {
+    /// Tells the camera to stop.
+    pub(super) fn cancel(&self) {
         self.stop.cancel();
+    }
+
+    /// Waits until the camera has stopped (its pipeline torn down).
+    pub(super) async fn join(self) {
         let _ = self.task.await;
     }
 
@@ -400,20 +404,29 @@ fn add_retina_chain(
     let chain = pick_decoder(encoding, has).map_err(|e| e.to_string())?;
     let src = rtsp::appsrc(encoding).map_err(|e| e.to_string())?;
     let mut elements: Vec<gst::Element> = vec![src.upcast()];
-    elements.extend(decoder_elements(&chain, 1)?);
+    let alone = decodes_alone(&chain, sh);
+    if alone {
+        // [appsrc, parser, fakesink]: keyframes leave at the parser.
+        elements.extend(decoder_elements(&chain[..2], 1)?);
+        elements.push(parser_end()?);
+    } else {
+        elements.extend(decoder_elements(&chain, 1)?);
+    }
     for e in &elements {
         p.add(e).map_err(|e| e.to_string())?;
     }
-    let convert = p
-        .by_name("outpost_convert")
-        .ok_or("no outpost_convert element")?;
-    elements.push(convert);
+    if !alone {
+        let convert = p
+            .by_name("outpost_convert")
+            .ok_or("no outpost_convert element")?;
+        elements.push(convert);
+    }
     gst::Element::link_many(&elements).map_err(|e| e.to_string())?;
     // [appsrc, parser, decoder, ...]
     if let Some(parser) = elements.get(1) {
         let g = sh.clone();
         add_key_units_probe(parser, move || g.keyframes_only()).map_err(|e| e.to_string())?;
-        share_keyframe_decoder(parser, &chain, sh, decoders)?;
+        share_keyframe_decoder(parser, &chain, sh, decoders, !alone)?;
     }
     let names = retina_elements(&chain);
     sh.each(|s| s.set_elements(&names));

@@ -3,7 +3,7 @@
 //! Invariants:
 //! - A camera outlives the generation that started it while its
 //!   definition (the `[[cameras]]` entry, or an inline camera's settings)
-//!   and the rate it is asked for stay the same: a reload hands it the new
+//!   stays the same, and for a V4L2 or CSI camera the rate asked of it: a reload hands it the new
 //!   generation's pipelines as readers, and its RTSP session, decoder and
 //!   keyframe watch run on. Adding a camera to a pipeline, or removing
 //!   one, leaves the others' decoders as they are (their trackers and
@@ -47,9 +47,13 @@ impl CameraHost {
         stop: &CancellationToken,
     ) -> Result<(), SourceError> {
         let wanted = set.resolved()?;
+        // The rate asked of the camera matters where the camera is asked
+        // for one (V4L2, CSI); an RTSP stream comes as the camera sends it.
         let same = |h: &Hosted| {
             wanted.iter().any(|(key, def, consumers)| {
-                h.key == *key && h.def == *def && h.asked_fps == asked_fps(consumers)
+                h.key == *key
+                    && h.def == *def
+                    && (is_rtsp(def) || h.asked_fps == asked_fps(consumers))
             })
         };
         let (kept, gone): (Vec<Hosted>, Vec<Hosted>) = std::mem::take(&mut self.cameras)
@@ -101,4 +105,10 @@ async fn stop_all(cameras: Vec<Hosted>) {
     for h in cameras {
         h.run.join().await;
     }
+}
+
+fn is_rtsp(def: &CameraDef) -> bool {
+    def.url
+        .as_deref()
+        .is_some_and(|u| u.to_ascii_lowercase().starts_with("rtsp"))
 }

@@ -267,18 +267,20 @@ impl KeyDecoder {
 
 impl DecoderRun {
     /// Whether the pipeline stopped on an error (it is then rebuilt).
+    /// Reads every message waiting on its bus (nothing else does: they
+    /// would pile up), so none is kept longer than until the next keyframe.
     fn failed(&self) -> bool {
-        let Some(msg) = self
-            .pipeline
-            .bus()
-            .and_then(|b| b.pop_filtered(&[gst::MessageType::Error]))
-        else {
+        let Some(bus) = self.pipeline.bus() else {
             return false;
         };
-        if let gst::MessageView::Error(e) = msg.view() {
-            tracing::warn!(error = %e.error(), "shared keyframe decoder failed; rebuilding it");
+        let mut failed = false;
+        while let Some(msg) = bus.pop() {
+            if let gst::MessageView::Error(e) = msg.view() {
+                tracing::warn!(error = %e.error(), "shared keyframe decoder failed; rebuilding it");
+                failed = true;
+            }
         }
-        true
+        failed
     }
 }
 

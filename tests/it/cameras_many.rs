@@ -477,5 +477,35 @@ source = {{ type = "camera", cameras = "*", fps = 1 }}
             "{}",
             d.log()
         );
+
+        // A new rate on the pipeline asks nothing new of an RTSP camera:
+        // all four run on through the same sessions.
+        let slower = site_with(&server, &kept, &[("gate", 2.0)])
+            .replace(r#"cameras = "*", fps = 2"#, r#"cameras = "*", fps = 1"#);
+        reload(&d, slower);
+        let t0 = std::time::Instant::now();
+        while d.log().matches("camera kept across the reload").count() < 15 {
+            assert!(t0.elapsed() < Duration::from_secs(60), "{}", d.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        wait_status(
+            &d,
+            "site",
+            Duration::from_secs(60),
+            "four cameras again",
+            |p| {
+                p["cameras"].as_array().is_some_and(|c| {
+                    c.len() == 4
+                        && c.iter()
+                            .all(|c| c["frames_done"].as_u64().unwrap_or(0) >= 2)
+                })
+            },
+        );
+        assert_eq!(
+            server.client_counts(),
+            [1, 2, 3, 4, 5, 4, 3, 4],
+            "{}",
+            d.log()
+        );
     }
 }

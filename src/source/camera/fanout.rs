@@ -574,6 +574,22 @@ fn deliver(
     }
 }
 
+/// The camera appsink's side of a frame: I420 straight from a software
+/// decoder (videoconvert passes it through), RGB from anything else (see
+/// `preprocess::raw`), in system memory with plane offsets from a video
+/// meta where the decoder has one, never waiting for the clock.
+pub(super) fn take_raw_frames(sink: &gst_app::AppSink) {
+    if let Some(pad) = sink.static_pad("sink") {
+        add_video_meta_probe(&pad);
+    }
+    sink.set_caps(Some(
+        &gst_video::VideoCapsBuilder::new()
+            .format_list([gst_video::VideoFormat::I420, gst_video::VideoFormat::Rgb])
+            .build(),
+    ));
+    sink.set_sync(false);
+}
+
 /// Plane `i`'s (offset, stride) in bytes: from the buffer's video meta when
 /// it has one, else from the caps.
 fn plane_layout(
@@ -600,7 +616,7 @@ fn plane_layout(
 /// frames a pipeline takes. (gst-libav 1.22 copies every decoded H.264
 /// frame all the same: out of libavcodec's buffer, or, decoding into a
 /// pool, when it stamps a frame libavcodec still holds as a reference.)
-pub(super) fn add_video_meta_probe(pad: &gst::Pad) {
+fn add_video_meta_probe(pad: &gst::Pad) {
     pad.add_probe(gst::PadProbeType::QUERY_DOWNSTREAM, |_, info| {
         if let Some(q) = info.query_mut()
             && let gst::QueryViewMut::Allocation(a) = q.view_mut()
@@ -874,6 +890,31 @@ pub(super) mod tests {
         units
     }
 
+    /// A pad of the test's linked into `parse`, `p` playing, the stream
+    /// started with H.264 access-unit caps and a time segment: each push
+    /// returns once the elements downstream are done with the buffer.
+    pub(in crate::source::camera) fn feed(
+        p: &gst::Pipeline,
+        parse: &gst::Element,
+        stream: &str,
+    ) -> gst::Pad {
+        let feed = gst::Pad::builder(gst::PadDirection::Src)
+            .name("feed")
+            .build();
+        feed.link(&parse.static_pad("sink").unwrap()).unwrap();
+        feed.set_active(true).unwrap();
+        p.set_state(gst::State::Playing).unwrap();
+        assert!(feed.push_event(gst::event::StreamStart::new(stream)));
+        let caps = gst::Caps::builder("video/x-h264")
+            .field("stream-format", "byte-stream")
+            .field("alignment", "au")
+            .build();
+        assert!(feed.push_event(gst::event::Caps::new(&caps)));
+        let seg = gst::FormattedSegment::<gst::ClockTime>::new();
+        assert!(feed.push_event(gst::event::Segment::new(&seg)));
+        feed
+    }
+
     /// Pushes `units` through parser and decoder synchronously (the test's
     /// own pad: each push returns once the decoder is done with the unit)
     /// and says how many frames had come out after each. `key_units`: the
@@ -894,20 +935,7 @@ pub(super) mod tests {
             let f = flag.clone();
             add_key_units_probe(&parse, move || f.load(Ordering::SeqCst)).unwrap();
         }
-        let feed = gst::Pad::builder(gst::PadDirection::Src)
-            .name("feed")
-            .build();
-        feed.link(&parse.static_pad("sink").unwrap()).unwrap();
-        feed.set_active(true).unwrap();
-        p.set_state(gst::State::Playing).unwrap();
-        assert!(feed.push_event(gst::event::StreamStart::new("b-frames")));
-        let caps = gst::Caps::builder("video/x-h264")
-            .field("stream-format", "byte-stream")
-            .field("alignment", "au")
-            .build();
-        assert!(feed.push_event(gst::event::Caps::new(&caps)));
-        let seg = gst::FormattedSegment::<gst::ClockTime>::new();
-        assert!(feed.push_event(gst::event::Segment::new(&seg)));
+        let feed = feed(&p, &parse, "b-frames");
         let mut out = 0;
         let mut seen = Vec::new();
         let mut push = |u: &Unit, seen: &mut Vec<usize>| {

@@ -37,12 +37,11 @@ use std::time::SystemTime;
 use gstreamer as gst;
 use gstreamer::prelude::*;
 use gstreamer_app as gst_app;
-use gstreamer_video as gst_video;
 use parking_lot::Mutex;
 
 use super::elements::{SetupError, from_plan};
 use super::fanout::{
-    Shared, add_key_units_probe, add_video_meta_probe, capture_time, consume, on_decoded,
+    Shared, add_key_units_probe, capture_time, consume, on_decoded, take_raw_frames,
 };
 use super::plan::rgb_tail;
 
@@ -168,7 +167,7 @@ impl KeyDecoder {
                 Err(e) => {
                     self.broken.store(true, Ordering::Relaxed);
                     tracing::warn!(decoder = %self.kind.decoder, error = %e, "no shared keyframe decoder: cameras keep their own");
-                    return Err(SubmitError::Unavailable(e));
+                    return Err(SubmitError::Unavailable(e.0));
                 }
             },
         };
@@ -205,9 +204,9 @@ impl KeyDecoder {
         Ok(())
     }
 
-    fn build(&self) -> Result<DecoderRun, String> {
+    fn build(&self) -> Result<DecoderRun, SetupError> {
         let k = &self.kind;
-        let p = from_plan(&rgb_tail(k.size)).map_err(|e| e.0)?;
+        let p = from_plan(&rgb_tail(k.size))?;
         let src = gst_app::AppSrc::builder()
             .caps(&k.caps)
             .is_live(true)
@@ -216,10 +215,10 @@ impl KeyDecoder {
             .build();
         let parse = gst::ElementFactory::make(k.parser)
             .build()
-            .map_err(|e| format!("{}: {e}", k.parser))?;
+            .map_err(|e| SetupError(format!("{}: {e}", k.parser)))?;
         let dec = gst::ElementFactory::make(&k.decoder)
             .build()
-            .map_err(|e| format!("{}: {e}", k.decoder))?;
+            .map_err(|e| SetupError(format!("{}: {e}", k.decoder)))?;
         // A camera's broken keyframe must not stop the others' decoding.
         if dec.find_property("max-errors").is_some() {
             dec.set_property("max-errors", -1i32);
@@ -228,25 +227,17 @@ impl KeyDecoder {
             .by_name("outpost_convert")
             .ok_or("no outpost_convert element")?;
         p.add_many([src.upcast_ref(), &parse, &dec])
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| SetupError(e.to_string()))?;
         gst::Element::link_many([src.upcast_ref(), &parse, &dec, &convert])
-            .map_err(|e| e.to_string())?;
-        add_key_units_probe(&parse, || true).map_err(|e| e.0)?;
+            .map_err(|e| SetupError(e.to_string()))?;
+        add_key_units_probe(&parse, || true)?;
         let sink = p
             .by_name("outpost")
             .and_then(|e| e.downcast::<gst_app::AppSink>().ok())
             .ok_or("the decoder has no appsink")?;
-        if let Some(pad) = sink.static_pad("sink") {
-            add_video_meta_probe(&pad);
-        }
-        sink.set_caps(Some(
-            &gst_video::VideoCapsBuilder::new()
-                .format_list([gst_video::VideoFormat::I420, gst_video::VideoFormat::Rgb])
-                .build(),
-        ));
+        take_raw_frames(&sink);
         // Every frame is some camera's: none is dropped here.
         sink.set_drop(false);
-        sink.set_sync(false);
         let pending = self.pending.clone();
         sink.set_callbacks(
             gst_app::AppSinkCallbacks::builder()
@@ -259,7 +250,7 @@ impl KeyDecoder {
                 .build(),
         );
         p.set_state(gst::State::Playing)
-            .map_err(|_| "the shared decoder did not start".to_string())?;
+            .map_err(|_| SetupError::from("the shared decoder did not start"))?;
         tracing::info!(decoder = %k.decoder, caps = %k.caps, "shared keyframe decoder started");
         Ok(DecoderRun { pipeline: p, src })
     }
@@ -440,12 +431,12 @@ pub(super) fn decodes_alone(chain: &[&str], sh: &Shared) -> bool {
 }
 
 /// What ends the parser of a camera that [`decodes_alone`].
-pub(super) fn parser_end() -> Result<gst::Element, String> {
+pub(super) fn parser_end() -> Result<gst::Element, SetupError> {
     gst::ElementFactory::make("fakesink")
         .property("sync", false)
         .property("async", false)
         .build()
-        .map_err(|e| format!("fakesink: {e}"))
+        .map_err(|e| SetupError(format!("fakesink: {e}")))
 }
 
 /// While the camera decodes keyframes only, they go to a decoder shared
@@ -458,11 +449,9 @@ pub(super) fn share_keyframe_decoder(
     sh: &Arc<Shared>,
     decoders: &Arc<KeyframeDecoders>,
     own: bool,
-) -> Result<(), String> {
+) -> Result<(), SetupError> {
     match chain.get(2) {
-        Some(d) if shareable(chain) => {
-            add_divert_probe(parser, sh, decoders, d, own).map_err(|e| e.to_string())
-        }
+        Some(d) if shareable(chain) => add_divert_probe(parser, sh, decoders, d, own),
         _ => Ok(()),
     }
 }
@@ -475,7 +464,7 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::super::fanout::Reader;
-    use super::super::fanout::tests::{Unit, b_frame_stream};
+    use super::super::fanout::tests::{Unit, b_frame_stream, feed};
     use super::super::{CameraDef, Decode, Transport};
     use super::*;
     use crate::source::{Frame, FrameSink, SourceCtx};
@@ -559,20 +548,7 @@ mod tests {
             true,
         )
         .unwrap();
-        let feed = gst::Pad::builder(gst::PadDirection::Src)
-            .name("feed")
-            .build();
-        feed.link(&parse.static_pad("sink").unwrap()).unwrap();
-        feed.set_active(true).unwrap();
-        p.set_state(gst::State::Playing).unwrap();
-        assert!(feed.push_event(gst::event::StreamStart::new(name)));
-        let caps = gst::Caps::builder("video/x-h264")
-            .field("stream-format", "byte-stream")
-            .field("alignment", "au")
-            .build();
-        assert!(feed.push_event(gst::event::Caps::new(&caps)));
-        let seg = gst::FormattedSegment::<gst::ClockTime>::new();
-        assert!(feed.push_event(gst::event::Segment::new(&seg)));
+        let feed = feed(&p, &parse, name);
         Camera {
             _pipeline: p,
             feed,

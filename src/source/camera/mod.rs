@@ -536,17 +536,25 @@ impl CameraSet {
                     let name = match key {
                         CameraKey::Named(n) | CameraKey::Inline(n) => n,
                     };
-                    Err(SourceError::Setup {
-                        pipeline: consumers
-                            .first()
-                            .map(|c| c.ctx.pipeline.clone())
-                            .unwrap_or_default(),
-                        kind: "camera",
-                        detail: format!("no camera `{name}` in [[cameras]]"),
-                    })
+                    Err(setup_error(
+                        &consumers,
+                        format!("no camera `{name}` in [[cameras]]"),
+                    ))
                 }
             })
             .collect()
+    }
+}
+
+/// A camera that cannot start, in its first reader's pipeline's name.
+fn setup_error(consumers: &[Consumer], detail: String) -> SourceError {
+    SourceError::Setup {
+        pipeline: consumers
+            .first()
+            .map(|c| c.ctx.pipeline.clone())
+            .unwrap_or_default(),
+        kind: "camera",
+        detail,
     }
 }
 
@@ -601,14 +609,10 @@ fn spawn_camera(
     _stop: tokio_util::sync::CancellationToken,
     _decoders: &SharedDecoders,
 ) -> Result<Running, SourceError> {
-    Err(SourceError::Setup {
-        pipeline: consumers
-            .first()
-            .map(|c| c.ctx.pipeline.clone())
-            .unwrap_or_default(),
-        kind: "camera",
-        detail: "this build has no camera support (build with `--features camera`)".into(),
-    })
+    Err(setup_error(
+        &consumers,
+        "this build has no camera support (build with `--features camera`)".into(),
+    ))
 }
 
 /// A `camera_up` / `camera_down` transition, stored once per camera.

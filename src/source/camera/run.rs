@@ -13,13 +13,12 @@ use std::time::{Duration, Instant};
 use gstreamer as gst;
 use gstreamer::prelude::*;
 use gstreamer_app as gst_app;
-use gstreamer_video as gst_video;
 use tokio_util::sync::CancellationToken;
 
 use super::elements::{decoder_elements, element_names, from_plan, has, launch};
 use super::fanout::{
-    Reader, Shared, add_decode_probe, add_gate_probe, add_key_units_probe, add_video_meta_probe,
-    on_sample,
+    Reader, Shared, add_decode_probe, add_gate_probe, add_key_units_probe, on_sample,
+    take_raw_frames,
 };
 use super::keyframes::{KeyframeDecoders, decodes_alone, parser_end, share_keyframe_decoder};
 use super::plan::{chain, rgb_tail, source_plan};
@@ -642,21 +641,11 @@ fn build(
         .or_else(|| sink.static_pad("sink"))
         .ok_or("the appsink has no sink pad")?;
     add_gate_probe(&gate_pad, sh, dropping);
-    if let Some(pad) = sink.static_pad("sink") {
-        add_video_meta_probe(&pad);
-    }
-    // I420 straight from a software decoder (videoconvert passes it
-    // through), RGB from anything else: see `preprocess::raw`.
-    sink.set_caps(Some(
-        &gst_video::VideoCapsBuilder::new()
-            .format_list([gst_video::VideoFormat::I420, gst_video::VideoFormat::Rgb])
-            .build(),
-    ));
+    take_raw_frames(&sink);
     // Latest frame: the appsink keeps none of its own beyond one, and never
     // waits for the clock.
     sink.set_max_buffers(1);
     sink.set_drop(true);
-    sink.set_sync(false);
     let s = sh.clone();
     sink.set_callbacks(
         gst_app::AppSinkCallbacks::builder()

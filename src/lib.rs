@@ -10,6 +10,7 @@ pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod fleet;
+pub mod floor;
 pub mod fsio;
 pub mod model;
 pub mod onnx_proto;

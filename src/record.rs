@@ -69,10 +69,17 @@ impl ResultRecord {
     }
 }
 
-/// Formats a system time as RFC 3339 UTC with microseconds (humantime;
-/// times before 1970 are written as the epoch).
+/// The last instant RFC 3339 can write (9999-12-31T23:59:59.999999Z), as
+/// microseconds after the epoch.
+pub const RFC3339_LAST_US: u64 = 253_402_300_799_999_999;
+
+/// Formats a system time as RFC 3339 UTC with microseconds (humantime).
+/// Total: times before 1970 are written as the epoch, times past year 9999
+/// (which humantime refuses, and `to_string` would panic on) as its last
+/// microsecond.
 pub fn rfc3339(t: std::time::SystemTime) -> String {
-    let t = t.max(std::time::UNIX_EPOCH);
+    let last = std::time::UNIX_EPOCH + std::time::Duration::from_micros(RFC3339_LAST_US);
+    let t = t.clamp(std::time::UNIX_EPOCH, last);
     humantime::format_rfc3339_micros(t).to_string()
 }
 
@@ -298,6 +305,25 @@ mod tests {
         // A leap day.
         let t = UNIX_EPOCH + Duration::from_secs(951_782_400);
         assert_eq!(rfc3339(t), "2000-02-29T00:00:00.000000Z");
+    }
+
+    /// Issue 50, item 9: a fleet's `Date` of 9999-12-31 put a time past
+    /// year 9999 in the clock's status, and formatting it panicked.
+    #[test]
+    fn rfc3339_of_a_time_past_year_9999_is_its_last_microsecond() {
+        let last = "9999-12-31T23:59:59.999999Z";
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_micros(RFC3339_LAST_US)),
+            last
+        );
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(253_402_300_800)),
+            last
+        );
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(u64::MAX / 4)),
+            last
+        );
     }
 
     #[test]

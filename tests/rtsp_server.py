@@ -19,6 +19,16 @@ which decode almost for free; a real camera's frames each differ from the
 one before (sensor noise, motion). With --noise every frame gets fresh noise
 in the two low bits of each byte (cycling through a few noisy copies made
 at start); with --pan N the picture scrolls N rows a frame, wrapping round.
+A hostile or broken camera (H.264 only): with --corrupt-keyframes MODE
+every keyframe from --corrupt-after seconds into the stream on is sent
+broken: `truncate` cuts its IDR slices to an eighth, `random` replaces them
+with random bytes after the first bytes of the slice header, `mixed`
+alternates the two. With --flood RATE the stream is all keyframes of fresh
+noise (each frame its own, encoded at --fps like any other stream at this
+size; x264 declares a higher level for a higher --bitrate: give every
+stream the same --level) sent RATE a second. Both send frames encoded once at start, with
+the encoder settings of the live stream (the same parameter sets), so a
+reader decodes them as it decodes the other cameras.
 Binds port 0 unless --port is given and prints `PORT <n>` once listening,
 then `CLIENTS <n>` each time an RTSP client connects or leaves.
 """
@@ -59,6 +69,108 @@ def load_frame(path, width, height):
     return data
 
 
+def x264(a, key_int):
+    """The encoder of every H.264 stream served, and its output caps."""
+    # With --key-int the keyframes are where the reader expects them:
+    # none extra at scene changes (the photographs change abruptly).
+    opts = (["scenecut=0"] if a.key_int else []) + ([f"level={a.level}"] if a.level else [])
+    opts = f' option-string="{":".join(opts)}"' if opts else ""
+    return (
+        f"x264enc name=enc tune=zerolatency speed-preset=ultrafast key-int-max={key_int} bitrate={a.bitrate}{opts} "
+        "! video/x-h264,profile=constrained-baseline"
+    )
+
+
+def encode(a, frames, key_int):
+    """The access units (bytes, keyframe) of `frames` encoded as the live
+    stream would be, once."""
+    desc = (
+        "appsrc name=src format=time "
+        f"caps=video/x-raw,format=I420,width={a.width},height={a.height},framerate={a.fps}/1 "
+        f"! {x264(a, key_int)},stream-format=byte-stream,alignment=au ! appsink name=out sync=false"
+    )
+    p = Gst.parse_launch(desc)
+    src, sink = p.get_by_name("src"), p.get_by_name("out")
+    p.set_state(Gst.State.PLAYING)
+    dur = Gst.SECOND // a.fps
+    for n, f in enumerate(frames):
+        buf = Gst.Buffer.new_wrapped(f)
+        buf.pts = n * dur
+        buf.duration = dur
+        src.emit("push-buffer", buf)
+    src.emit("end-of-stream")
+    units = []
+    while True:
+        sample = sink.emit("try-pull-sample", 120 * Gst.SECOND)
+        if sample is None:
+            break
+        buf = sample.get_buffer()
+        ok, info = buf.map(Gst.MapFlags.READ)
+        units.append((bytes(info.data), not buf.has_flags(Gst.BufferFlags.DELTA_UNIT)))
+        buf.unmap(info)
+    p.set_state(Gst.State.NULL)
+    if len(units) != len(frames):
+        sys.exit(f"encoded {len(units)} of {len(frames)} frames")
+    return units
+
+
+def idr_at(unit):
+    """Where the first IDR slice's header byte is in an access unit."""
+    i = unit.find(b"\x00\x00\x01\x65")
+    if i < 0:
+        sys.exit("a keyframe without an IDR slice")
+    return i + 3
+
+
+def broken(unit, mode):
+    """A keyframe broken as `mode` says."""
+    at = idr_at(unit)
+    if mode == "truncate":
+        return unit[:at + (len(unit) - at) // 8]
+    return unit[:at + 4] + os.urandom(len(unit) - at - 4)
+
+
+class EncodedFactory(GstRtspServer.RTSPMediaFactory):
+    """Access units encoded once, sent in a loop at `rate` a second,
+    keyframes broken from --corrupt-after seconds on if asked."""
+
+    def __init__(self, units, rate, args):
+        super().__init__()
+        self.units = units
+        self.rate = rate
+        self.args = args
+        self.set_shared(True)
+
+    def do_create_element(self, url):
+        a = self.args
+        bin_ = Gst.parse_launch(
+            "( appsrc name=src is-live=true format=time do-timestamp=false "
+            "caps=video/x-h264,stream-format=byte-stream,alignment=au "
+            "! rtph264pay name=pay0 pt=96 config-interval=1 )"
+        )
+        state = {"n": 0, "keys": 0}
+        dur = Gst.SECOND // self.rate
+        after = int((a.corrupt_after or 0) * self.rate)
+        modes = ["truncate", "random"] if a.corrupt_keyframes == "mixed" else [a.corrupt_keyframes]
+
+        def need_data(appsrc, _length):
+            n = state["n"]
+            unit, key = self.units[n % len(self.units)]
+            if key and a.corrupt_keyframes and n >= after:
+                unit = broken(unit, modes[state["keys"] % len(modes)])
+                state["keys"] += 1
+            buf = Gst.Buffer.new_wrapped(unit)
+            buf.pts = n * dur
+            buf.duration = dur
+            if not key:
+                buf.set_flags(Gst.BufferFlags.DELTA_UNIT)
+            state["n"] = n + 1
+            appsrc.emit("push-buffer", buf)
+
+        bin_.get_by_name("src").connect("need-data", need_data)
+        return bin_
+
+
 class PhotoFactory(GstRtspServer.RTSPMediaFactory):
     """Each client gets the photographs as a live H.264 stream."""
 
@@ -82,9 +194,6 @@ class PhotoFactory(GstRtspServer.RTSPMediaFactory):
     def do_create_element(self, url):
         a = self.args
         key_int = a.key_int or a.fps
-        # With --key-int the keyframes are where the reader expects them:
-        # none extra at scene changes (the photographs change abruptly).
-        exact = ' option-string="scenecut=0"' if a.key_int else ""
         if a.codec == "h265":
             # x265's own scene-cut option; key-int-max is its keyframe distance.
             exact = ' option-string="scenecut=0"' if a.key_int else ""
@@ -93,10 +202,7 @@ class PhotoFactory(GstRtspServer.RTSPMediaFactory):
                 "! rtph265pay name=pay0 pt=96 config-interval=1"
             )
         else:
-            enc = (
-                f"x264enc name=enc tune=zerolatency speed-preset=ultrafast key-int-max={key_int} bitrate={a.bitrate}{exact} "
-                "! video/x-h264,profile=constrained-baseline ! rtph264pay name=pay0 pt=96 config-interval=1"
-            )
+            enc = f"{x264(a, key_int)} ! rtph264pay name=pay0 pt=96 config-interval=1"
         desc = (
             "appsrc name=src is-live=true format=time do-timestamp=false "
             f"caps=video/x-raw,format=I420,width={a.width},height={a.height},framerate={a.fps}/1 ! {enc}"
@@ -193,6 +299,13 @@ def main():
     )
     ap.add_argument("--keyframes-for", type=float, default=None,
                     help="seconds of the stream with keyframes; delta frames only after")
+    ap.add_argument("--corrupt-keyframes", choices=["truncate", "random", "mixed"],
+                    help="send keyframes broken (after --corrupt-after seconds)")
+    ap.add_argument("--corrupt-after", type=float, default=0.0,
+                    help="seconds of good keyframes before they are broken")
+    ap.add_argument("--flood", type=int, default=0,
+                    help="keyframes of noise a second, nothing else")
+    ap.add_argument("--level", help="the H.264 level the stream declares (x264 picks one by default)")
     args = ap.parse_args()
 
     Gst.init(None)
@@ -201,7 +314,19 @@ def main():
     server.set_address("127.0.0.1")
     server.set_service(str(args.port))
     mounts = server.get_mount_points()
-    cam = PhotoFactory(frames, args)
+    if args.flood:
+        size = len(frames[0])
+        noise = [os.urandom(size) for _ in range(NOISY_COPIES)]
+        cam = EncodedFactory(encode(args, noise, 1), args.flood, args)
+    elif args.corrupt_keyframes:
+        key_int = args.key_int or args.fps
+        # Two seconds of the photographs, from a keyframe: looped.
+        n = 2 * key_int * max(1, -(-args.fps // key_int))
+        hold = max(1, int(args.hold * args.fps))
+        raw = [frames[(i // hold) % len(frames)] for i in range(n)]
+        cam = EncodedFactory(encode(args, raw, key_int), args.fps, args)
+    else:
+        cam = PhotoFactory(frames, args)
     audio = GstRtspServer.RTSPMediaFactory()
     audio.set_launch(
         "( audiotestsrc is-live=true wave=sine ! audio/x-raw,rate=16000,channels=1 "

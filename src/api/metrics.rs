@@ -71,6 +71,16 @@ const PIPELINE_COUNTERS: &[PipelineCounter] = &[
         "Result records stored in the outbox",
         |p| get(&p.stats.records),
     ),
+    (
+        "outpost_snapshot_renders",
+        "Snapshots drawn (each frame once at most; the requests for it share the drawing)",
+        |p| get(&p.snapshot().stats().renders),
+    ),
+    (
+        "outpost_snapshot_renders_refused",
+        "Snapshot requests answered 503: the daemon was drawing its most snapshots at once",
+        |p| get(&p.snapshot().stats().refused),
+    ),
 ];
 
 /// Gauges with one row per pipeline (by its index in the scheduler), labelled `pipeline`.
@@ -233,6 +243,11 @@ const CAMERA_COUNTERS: &[CameraCounter] = &[
         "outpost_camera_oversize",
         "RTSP messages and frames over the camera's max_frame_bytes (each closed the connection)",
         |_, c| get(&c.oversize),
+    ),
+    (
+        "outpost_camera_relay_refused",
+        "Connections to the camera's loopback relay port from another process than the daemon's RTSP client (refused)",
+        |_, c| get(&c.relay_refused),
     ),
 ];
 
@@ -482,6 +497,18 @@ fn pipeline_metrics(enc: &mut DescriptorEncoder, sched: &Scheduler) -> Result<()
                 }
             }
         }
+    }
+    #[cfg(feature = "modbus")]
+    {
+        let mut rows = Vec::new();
+        for p in pipes {
+            for (output, report) in p.outputs().modbus_reports() {
+                let mut l = pipeline_labels(p);
+                l.push(("output", output.to_string()));
+                rows.push((l, report));
+            }
+        }
+        crate::floor::output_metrics(enc, &rows)?;
     }
     gauge(
         enc,

@@ -57,6 +57,10 @@ pub struct ApiState {
     /// Cancelled when the daemon stops: ends the console's event streams,
     /// which would otherwise hold the graceful shutdown open.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// The Modbus server and the modbus sources' PLC connections.
+    pub floor: Arc<crate::floor::Floor>,
+    /// The OPC UA server (None: no `[opcua]`, or a build without it).
+    pub opcua: Option<Arc<dyn crate::output::ServerStatus>>,
 }
 
 impl ApiState {
@@ -260,27 +264,41 @@ struct SnapshotQuery {
     stream: Option<String>,
 }
 
-/// The latest frame of an image pipeline with its boxes drawn (JPEG), of
-/// one stream with `?stream=NAME`; 404 with a JSON error for an unknown
-/// pipeline or camera, or before such a frame.
+/// What the snapshot route reads: the API's state and the daemon's bound
+/// on drawings at once.
+#[derive(Clone)]
+struct SnapshotState {
+    api: ApiState,
+    renders: crate::pipeline::snapshot::Renders,
+}
+
+/// The latest frame of an image pipeline with its boxes drawn (JPEG, at
+/// most `MAX_SIDE` on its long side), of one stream with `?stream=NAME`;
+/// 404 with a JSON error for an unknown pipeline or camera, or before such
+/// a frame; 503 with `Retry-After` while the daemon draws its most
+/// snapshots at once (a frame is drawn once, and the requests for it share
+/// the drawing).
 async fn snapshot(
-    State(s): State<ApiState>,
+    State(s): State<SnapshotState>,
     axum::extract::Path(name): axum::extract::Path<String>,
     axum::extract::Query(q): axum::extract::Query<SnapshotQuery>,
 ) -> axum::response::Response {
-    use crate::pipeline::snapshot::SnapshotError;
+    use crate::pipeline::snapshot::{RETRY_AFTER_S, SnapshotError};
     let err = |code: StatusCode, msg: String| {
         (code, axum::Json(serde_json::json!({ "error": msg }))).into_response()
     };
-    let sched = s.scheduler();
+    let sched = s.api.scheduler();
     let Some(p) = sched.pipelines().iter().find(|p| p.name() == name).cloned() else {
         return err(StatusCode::NOT_FOUND, format!("no pipeline `{name}`"));
     };
     let per_stream = p.snapshot_per_stream();
-    let stream = q.stream.clone();
-    // Decoding and JPEG encoding take milliseconds: off the async workers.
-    match tokio::task::spawn_blocking(move || p.snapshot_jpeg(stream.as_deref())).await {
-        Ok(Ok(Some(jpeg))) => (
+    let drawn = match p.snapshot().frame(q.stream.as_deref()) {
+        Ok(Some(f)) => f.jpeg(&s.renders).await.map(Some),
+        Ok(None) => Ok(None),
+        Err(e) => Err(e),
+    };
+    match drawn {
+        Ok(Some(jpeg)) => (
             [
                 (axum::http::header::CONTENT_TYPE, "image/jpeg"),
                 (axum::http::header::CACHE_CONTROL, "no-store"),
@@ -288,15 +306,23 @@ async fn snapshot(
             jpeg,
         )
             .into_response(),
-        Ok(Err(SnapshotError::UnknownStream(cam))) => err(
+        Err(SnapshotError::UnknownStream(cam)) => err(
             StatusCode::NOT_FOUND,
             format!("pipeline `{name}` reads no camera `{cam}`"),
         ),
-        Ok(Err(e)) => err(
+        Err(SnapshotError::Busy) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(axum::http::header::RETRY_AFTER, RETRY_AFTER_S.to_string())],
+            axum::Json(serde_json::json!({
+                "error": format!("pipeline `{name}`: busy drawing other snapshots; try again")
+            })),
+        )
+            .into_response(),
+        Err(e) => err(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("pipeline `{name}`: cannot draw the latest frame: {e}"),
         ),
-        Ok(Ok(None)) => err(
+        Ok(None) => err(
             StatusCode::NOT_FOUND,
             match (&q.stream, per_stream) {
                 (None, _) => format!("pipeline `{name}` has no image frame yet"),
@@ -309,7 +335,6 @@ async fn snapshot(
                 ),
             },
         ),
-        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
 
@@ -353,6 +378,12 @@ pub fn router(state: ApiState, ingress: HttpIngress, guard: Arc<guard::Guard>) -
         .route("/v1/pipelines/{name}/infer", post(infer))
         .with_state(ingress);
     let live = live::Live::start(state.clone());
+    let snapshot_routes = Router::new()
+        .route("/v1/pipelines/{name}/snapshot.jpg", get(snapshot))
+        .with_state(SnapshotState {
+            api: state.clone(),
+            renders: crate::pipeline::snapshot::Renders::default(),
+        });
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -361,13 +392,13 @@ pub fn router(state: ApiState, ingress: HttpIngress, guard: Arc<guard::Guard>) -
         .route("/v1/reload", post(reload))
         .route("/v1/pipelines/{name}/pause", post(pause))
         .route("/v1/pipelines/{name}/resume", post(resume))
-        .route("/v1/pipelines/{name}/snapshot.jpg", get(snapshot))
         .route(
             "/v1/pipelines/{name}/tracks/{id}/snapshot.jpg",
             get(track_snapshot),
         )
         .with_state(state)
         .merge(infer_routes)
+        .merge(snapshot_routes)
         .merge(console::routes(live))
         .layer(axum::middleware::from_fn_with_state(guard, guard::guard))
 }

@@ -6,10 +6,11 @@
 //! needs.
 //!
 //! A few of the cap's slots ([`health_slots`]) are kept for `/healthz`,
-//! `/readyz` and `/metrics`: slow request bodies (each may take
-//! `body_read_timeout`) or event streams can hold every general slot, and
-//! the checks that decide whether to restart the daemon must still be
-//! answered. A connection accepted while the general slots are full takes a
+//! `/readyz`, `/metrics` and `/v1/status`: slow request bodies (each may
+//! take `body_read_timeout`), event streams or http-source requests
+//! waiting for their commit can hold every general slot, and the checks
+//! that decide whether to restart the daemon, and the status that says
+//! why it is busy, must still be answered. A connection accepted while the general slots are full takes a
 //! kept slot: it is served one request (no keep-alive), with a short
 //! header timeout; a GET or HEAD of those three paths is answered, anything
 //! else 503 at once, without reading its body. So no body can hold a kept
@@ -50,7 +51,7 @@ pub const HEALTH_SLOTS: usize = 8;
 /// a checker cannot have.
 const HEALTH_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 /// The paths kept slots serve.
-const HEALTH_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+const HEALTH_PATHS: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/v1/status"];
 
 /// Slots of a cap of `cap` kept for the health paths: [`HEALTH_SLOTS`],
 /// and never more than half of the cap (a cap of 1 keeps none).
@@ -92,7 +93,7 @@ pub struct ConnStats {
     pub accept_errors: AtomicU64,
     /// The cap in force (after lowering it to the descriptor limit).
     pub max: AtomicU64,
-    /// Slots of the cap kept for `/healthz`, `/readyz` and `/metrics`.
+    /// Slots of the cap kept for `/healthz`, `/readyz`, `/metrics` and `/v1/status`.
     pub health_slots: AtomicU64,
     /// Connections served on a kept slot.
     pub health_accepted: AtomicU64,
@@ -117,7 +118,7 @@ impl MetricSource for ConnStats {
         gauge(
             enc,
             "outpost_api_health_connections",
-            "Connections of max_connections kept for /healthz, /readyz and /metrics",
+            "Connections of max_connections kept for /healthz, /readyz, /metrics and /v1/status",
             &[(none.clone(), g(&self.health_slots) as f64)],
         )?;
         counter(
@@ -332,7 +333,8 @@ mod tests {
         assert!(health_request(&req("HEAD", "/readyz")));
         assert!(health_request(&req("GET", "/metrics?x=1")));
         assert!(!health_request(&req("POST", "/healthz")));
-        assert!(!health_request(&req("GET", "/v1/status")));
+        assert!(health_request(&req("GET", "/v1/status")));
+        assert!(!health_request(&req("GET", "/v1/status/x")));
         assert!(!health_request(&req("POST", "/v1/pipelines/a/infer")));
     }
 }

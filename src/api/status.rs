@@ -37,6 +37,12 @@ pub struct Status {
     pub system: SystemStatus,
     /// Whether the system clock is trusted, and the last known good time.
     pub clock: crate::clock::ClockStatus,
+    /// `[modbus_server]` and the modbus sources' PLC connections; None
+    /// when the config has neither.
+    pub modbus: Option<crate::floor::FloorStatus>,
+    /// The OPC UA server: its address, sessions, logins and records (None:
+    /// no `[opcua]`).
+    pub opcua: Option<serde_json::Value>,
 }
 
 /// The running daemon: version and OTA slot (`package`: not from a slot).
@@ -258,6 +264,8 @@ impl Status {
             }),
             system: SystemStatus::read(),
             clock: crate::clock::status(),
+            modbus: s.floor.status(),
+            opcua: s.opcua.as_ref().map(|o| o.status()),
         }
     }
 }

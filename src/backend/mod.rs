@@ -112,17 +112,82 @@ impl IoSpec {
     }
 
     /// A concrete shape for this spec: symbolic dims take `batch` when they
-    /// name a batch axis, 1 otherwise.
-    pub fn concrete_shape(&self, batch: usize) -> Vec<usize> {
-        self.shape
+    /// name a batch axis, 1 otherwise. Refused, before anything is
+    /// allocated, when a tensor of that shape would take more than
+    /// [`MAX_DECLARED_BYTES`] (or its size does not even fit 64 bits): the
+    /// shape comes from a model file or a manifest, not from outpost.
+    pub fn concrete_shape(&self, batch: usize) -> Result<Vec<usize>, TooLarge> {
+        let dims: Vec<u64> = self
+            .shape
             .iter()
             .map(|d| match d {
-                Dim::Fixed(n) => *n as usize,
-                Dim::Symbolic(s) if is_batch_name(s) => batch,
+                Dim::Fixed(n) => *n,
+                Dim::Symbolic(s) if is_batch_name(s) => batch as u64,
                 Dim::Symbolic(_) => 1,
             })
-            .collect()
+            .collect();
+        check_allocation(&self.name, self.dtype, &dims, batch, || self.shape_string())?;
+        // Each dimension is at most the bytes checked just above.
+        Ok(dims.iter().map(|n| *n as usize).collect())
     }
+
+    /// The bytes a tensor of this spec takes at batch 1, or why it is
+    /// refused (see [`IoSpec::concrete_shape`]).
+    pub fn check_size(&self) -> Result<u64, TooLarge> {
+        let n: u64 = self.concrete_shape(1)?.iter().map(|d| *d as u64).product();
+        Ok(n * self.dtype.bytes())
+    }
+}
+
+/// The bytes of one tensor of `dtype` and `dims`, counted without overflow,
+/// or a [`TooLarge`] (named `name`, its shape as `shown` writes it) past
+/// [`MAX_DECLARED_BYTES`]: checked before such a tensor is allocated.
+pub fn check_allocation(
+    name: &str,
+    dtype: DType,
+    dims: &[u64],
+    batch: usize,
+    shown: impl FnOnce() -> String,
+) -> Result<u64, TooLarge> {
+    let bytes = dims
+        .iter()
+        .try_fold(dtype.bytes(), |b, n| b.checked_mul(*n));
+    match bytes {
+        Some(b) if b <= MAX_DECLARED_BYTES => Ok(b),
+        bytes => Err(TooLarge {
+            name: name.to_string(),
+            shape: shown(),
+            dtype,
+            batch,
+            bytes,
+        }),
+    }
+}
+
+/// The most bytes one tensor may take that outpost allocates from a
+/// declared shape (a model's warm-up inputs, a stream's zero state, a
+/// constant input): far above any real model's inputs (a 4096x4096 RGB
+/// image in f32 is 192 MiB; silero's state 1 KiB), low enough that a model
+/// file cannot make the daemon allocate gigabytes. The same bound as the
+/// preprocessing's 2^26 elements of f32.
+pub const MAX_DECLARED_BYTES: u64 = 256 << 20;
+
+/// A declared tensor larger than [`MAX_DECLARED_BYTES`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "`{name}` {dtype} {shape}{} takes {}: over the {} bytes (256 MiB) outpost allocates for one \
+     declared tensor",
+    if *.batch == 1 { String::new() } else { format!(" at batch {}", .batch) },
+    match .bytes { Some(b) => format!("{b} bytes"), None => "more bytes than 64 bits can count".into() },
+    MAX_DECLARED_BYTES
+)]
+pub struct TooLarge {
+    pub name: String,
+    pub shape: String,
+    pub dtype: DType,
+    pub batch: usize,
+    /// None: the size overflows 64 bits.
+    pub bytes: Option<u64>,
 }
 
 /// Names conventionally used for the batch axis by exporters.
@@ -283,6 +348,9 @@ pub mod fake {
 pub enum RunError {
     #[error(transparent)]
     Input(#[from] InputError),
+    /// A tensor outpost would allocate from a declared shape is too large.
+    #[error(transparent)]
+    TooLarge(#[from] TooLarge),
     #[error("inference failed: {0}")]
     Engine(String),
 }
@@ -360,6 +428,37 @@ mod tests {
                 Dim::Symbolic("t".into()),
             ],
         };
-        assert_eq!(s.concrete_shape(4), vec![2, 4, 1]);
+        assert_eq!(s.concrete_shape(4).unwrap(), vec![2, 4, 1]);
+    }
+
+    #[test]
+    fn declared_shapes_over_the_limit_are_refused_before_any_allocation() {
+        let spec = |shape: Vec<Dim>| IoSpec {
+            name: "state".into(),
+            dtype: DType::F32,
+            shape,
+        };
+        // silero's state at 2^40 streams: 1125899906842624 bytes.
+        let big = spec(vec![Dim::Fixed(2), Dim::Fixed(1 << 40), Dim::Fixed(128)]);
+        let e = big.concrete_shape(1).unwrap_err();
+        assert_eq!(e.bytes, Some(1_125_899_906_842_624));
+        assert!(e.to_string().contains("1125899906842624 bytes"), "{e}");
+        // 2 * 2^62 * 2 elements overflow 64 bits: refused, no panic.
+        let e = spec(vec![Dim::Fixed(2), Dim::Fixed(1 << 62), Dim::Fixed(2)])
+            .check_size()
+            .unwrap_err();
+        assert_eq!(e.bytes, None);
+        assert!(e.to_string().contains("than 64 bits can count"), "{e}");
+        // 2 GiB: over; the limit itself: fine.
+        assert!(spec(vec![Dim::Fixed(1 << 29)]).check_size().is_err());
+        assert_eq!(
+            spec(vec![Dim::Fixed(MAX_DECLARED_BYTES / 4)]).check_size(),
+            Ok(MAX_DECLARED_BYTES)
+        );
+        // A batch axis counts at the batch asked for.
+        let batched = spec(vec![Dim::Symbolic("batch".into()), Dim::Fixed(1 << 20)]);
+        assert!(batched.concrete_shape(64).is_ok());
+        let e = batched.concrete_shape(65).unwrap_err();
+        assert!(e.to_string().contains("at batch 65"), "{e}");
     }
 }

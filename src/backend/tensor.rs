@@ -49,6 +49,16 @@ impl DType {
         }
     }
 
+    /// Bytes one element takes.
+    pub fn bytes(self) -> u64 {
+        match self {
+            DType::F64 | DType::I64 => 8,
+            DType::F32 | DType::I32 => 4,
+            DType::F16 => 2,
+            DType::I8 | DType::U8 | DType::Bool => 1,
+        }
+    }
+
     /// Maps ONNX Runtime's element type; `None` for types the daemon does not handle (strings, complex, fp8).
     pub fn from_ort(t: ort::value::TensorElementType) -> Option<DType> {
         use ort::value::TensorElementType as T;
@@ -215,40 +225,27 @@ impl Tensor {
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             z ^ (z >> 31)
         };
-        let unit: Vec<f64> = (0..n)
-            .map(|_| (next() >> 11) as f64 / (1u64 << 53) as f64)
-            .collect();
-        let signed = || unit.iter().map(|u| u * 2.0 - 1.0);
-        let small = || unit.iter().map(|u| (u * 16.0) as i64);
+        // Generated straight into the tensor's own type: no intermediate
+        // buffer of f64 twice the tensor's size.
+        let mut unit = move || (next() >> 11) as f64 / (1u64 << 53) as f64;
         let d = IxDyn(shape);
         // Shapes and lengths agree by construction, so from_shape_vec cannot fail.
+        macro_rules! fill {
+            ($variant:ident, $f:expr) => {
+                Tensor::$variant(
+                    ArrayD::from_shape_vec(d, (0..n).map($f).collect()).unwrap_or_default(),
+                )
+            };
+        }
         match dtype {
-            DType::F32 => Tensor::F32(
-                ArrayD::from_shape_vec(d, signed().map(|x| x as f32).collect()).unwrap_or_default(),
-            ),
-            DType::F16 => Tensor::F16(
-                ArrayD::from_shape_vec(d, signed().map(f16::from_f64).collect())
-                    .unwrap_or_default(),
-            ),
-            DType::F64 => {
-                Tensor::F64(ArrayD::from_shape_vec(d, signed().collect()).unwrap_or_default())
-            }
-            DType::I64 => {
-                Tensor::I64(ArrayD::from_shape_vec(d, small().collect()).unwrap_or_default())
-            }
-            DType::I32 => Tensor::I32(
-                ArrayD::from_shape_vec(d, small().map(|x| x as i32).collect()).unwrap_or_default(),
-            ),
-            DType::I8 => Tensor::I8(
-                ArrayD::from_shape_vec(d, small().map(|x| x as i8).collect()).unwrap_or_default(),
-            ),
-            DType::U8 => Tensor::U8(
-                ArrayD::from_shape_vec(d, small().map(|x| x as u8).collect()).unwrap_or_default(),
-            ),
-            DType::Bool => Tensor::Bool(
-                ArrayD::from_shape_vec(d, small().map(|x| x % 2 == 1).collect())
-                    .unwrap_or_default(),
-            ),
+            DType::F32 => fill!(F32, |_| (unit() * 2.0 - 1.0) as f32),
+            DType::F16 => fill!(F16, |_| f16::from_f64(unit() * 2.0 - 1.0)),
+            DType::F64 => fill!(F64, |_| unit() * 2.0 - 1.0),
+            DType::I64 => fill!(I64, |_| (unit() * 16.0) as i64),
+            DType::I32 => fill!(I32, |_| (unit() * 16.0) as i64 as i32),
+            DType::I8 => fill!(I8, |_| (unit() * 16.0) as i64 as i8),
+            DType::U8 => fill!(U8, |_| (unit() * 16.0) as i64 as u8),
+            DType::Bool => fill!(Bool, |_| (unit() * 16.0) as i64 % 2 == 1),
         }
     }
 

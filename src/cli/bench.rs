@@ -206,7 +206,10 @@ pub fn run(cli: &super::Cli, a: &BenchArgs) -> anyhow::Result<()> {
     }
     let ctx = super::Ctx::new(cli, &a.run)?;
     let model = open_model_arg(&ctx.runtime, &a.model, &ctx.model_dir, &ctx.session)?;
-    let mut inputs = model.synthetic_inputs(a.batch);
+    // --batch is the user's: a batch too large to allocate is a usage error.
+    let mut inputs = model
+        .synthetic_inputs(a.batch)
+        .map_err(|e| super::infer::BadInput(format!("--batch {}: input {e}", a.batch)))?;
     for (n, t) in given {
         match inputs.iter_mut().find(|(m, _)| *m == n) {
             Some(slot) => slot.1 = t,

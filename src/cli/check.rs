@@ -137,8 +137,17 @@ fn model_problems(cfg: &Config, name: &str) -> Vec<String> {
             m.sha256
         ));
     }
-    if let Err(e) = crate::model::onnx::inspect_bytes(bytes::Bytes::from(bytes)) {
-        p.push(format!("{}: {e}", file.display()));
+    match crate::model::onnx::inspect_bytes(bytes::Bytes::from(bytes)) {
+        Ok(info) => {
+            // What the file declares, as the daemon will hold it before
+            // allocating anything (a model file must not abort a reload).
+            use crate::model::manifest::size_problems;
+            let sizes = size_problems("input", &info.inputs)
+                .into_iter()
+                .chain(size_problems("output", &info.outputs));
+            p.extend(sizes.map(|e| format!("{}: {e}", file.display())));
+        }
+        Err(e) => p.push(format!("{}: {e}", file.display())),
     }
     p
 }

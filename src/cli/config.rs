@@ -187,8 +187,26 @@ type = "sensor"
 format = "json"
 length = 16
 
+FLOOR
 UPLINK_MQTT
 UPLINK_HTTP
+# outpost's OPC UA server (a build with the `opcua` feature; docs/floor.md):
+# each pipeline's latest result as variables under urn:outpost:<device>,
+# NodeIds "<pipeline>/<field>" and "<pipeline>/record", with subscriptions.
+# [opcua]
+# listen = "opc.tcp://0.0.0.0:4840"
+# security = ["basic256sha256_sign_encrypt"]   # "none" only when written explicitly
+# anonymous = false             # true lets clients in without a user or certificate
+# trusted_clients = "/etc/outpost/opcua-trusted"   # client certificates to trust
+# min_publishing_interval = "10ms"
+# [[opcua.users]]
+# user = "scada"
+# password_env = "OPCUA_SCADA_PASSWORD"   # or password_file = "...", or certificate = "scada.der"
+# [[opcua.variables]]
+# pipeline = "line3"
+# field = "/top/0/index"        # a JSON pointer into the record's outputs
+# kind = "int32"                # double (default), float, int16..uint64, boolean, string
+
 # Signed updates of models and of the daemon (docs/ota.md). Offers come from
 # the manifest document and/or as signed commands on the MQTT command_topic.
 # [ota]
@@ -206,6 +224,61 @@ UPLINK_HTTP
 # max_bundle_bytes = 2147483648 # larger entries are skipped before any download
 # max_command_skew = "10m"      # commands and signed documents dated further ahead are refused
 # require_signed_manifest = true   # refuse manifest documents not signed as a whole (staged rollouts)
+"#;
+
+const FLOOR: &str = r#"# The floor (docs/floor.md): results written into a PLC over Modbus TCP, the
+# PLC's registers read as a sensor source, and outpost's own Modbus server.
+# `outpost modbus map --config FILE` prints the register map.
+[[pipelines]]
+name = "line3"
+model = "sensor_mlp"
+source = { type = "http" }
+[pipelines.preprocess]
+type = "sensor"
+format = "json"
+length = 16
+# outpost is the client, the PLC the server. Registers are 0-based, as on the
+# wire (holding register 40101 in the PLC's manual is address 100). A slow or
+# absent PLC never blocks the pipeline: each register keeps only its newest
+# value until it is written; the connection comes back with backoff.
+[[pipelines.outputs]]
+type = "modbus"
+target = "10.0.0.5:502"
+unit = 1
+word_order = "big"                  # f32/u32/i32: high word first; "little" swaps the words
+write = "record"                    # or "change": only values that changed
+timeout = "1s"                      # an unanswered request closes the connection
+registers = [ { field = "/top/0/index", address = 100, kind = "u16" },
+              { field = "/top/0/score", address = 101, kind = "f32" },           # 101-102
+              { field = "/top/0/score", address = 103, kind = "u16", scale = 1000 } ] # per mille
+
+# Sixteen holding registers polled five times a second, one frame each.
+[[pipelines]]
+name = "polled"
+model = "sensor_mlp"
+source = { type = "modbus", target = "10.0.0.5:502", unit = 1, address = 200, count = 16, kind = "u16", table = "holding", interval = "200ms" }
+[pipelines.preprocess]
+type = "sensor"
+format = "json"
+length = 16
+
+# Read-only: the latest value of each mapped field, for PLCs and SCADA that poll
+# (FC 3 and 4 read the registers, FC 1 and 2 the coils).
+[modbus_server]
+listen = "127.0.0.1:1502"           # 502 needs CAP_NET_BIND_SERVICE
+allow = ["10.0.0.5", "127.0.0.1"]   # client addresses or networks; everyone else closed and counted
+max_connections = 16
+idle_timeout = "60s"
+[[modbus_server.registers]]
+pipeline = "line3"
+field = "/top/0/index"
+address = 0
+kind = "u16"
+[[modbus_server.registers]]
+pipeline = "line3"
+field = "/top/0/score"
+address = 1
+kind = "f32"
 "#;
 
 /// Cameras: active in a build with the `camera` feature, commented out in
@@ -344,8 +417,17 @@ pub fn example(uplink: &str) -> String {
             commented(CAMERAS)
         )
     };
+    let floor = if cfg!(feature = "modbus") {
+        FLOOR.to_string()
+    } else {
+        format!(
+            "# Modbus needs outpost built with the `modbus` feature:\n{}\n",
+            commented(FLOOR)
+        )
+    };
     EXAMPLE
         .replace("CAMERAS\n", &cameras)
+        .replace("FLOOR\n", &floor)
         .replace("UPLINK_MQTT", &m)
         .replace("UPLINK_HTTP", &format!("\n{h}\n"))
 }
@@ -383,7 +465,8 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{u}: {e}"));
             let kinds: std::collections::BTreeSet<&str> =
                 cfg.pipelines.iter().map(|p| p.source.kind()).collect();
-            let all = 6 + usize::from(cfg!(feature = "camera"));
+            let all =
+                6 + usize::from(cfg!(feature = "camera")) + usize::from(cfg!(feature = "modbus"));
             assert_eq!(kinds.len(), all, "every source kind: {kinds:?}");
             assert!(cfg.uplink.is_some());
             let outputs: std::collections::BTreeSet<&str> = cfg
@@ -392,7 +475,9 @@ mod tests {
                 .flat_map(|p| &p.outputs)
                 .map(|o| o.kind())
                 .collect();
-            assert_eq!(outputs.len(), 3, "every output kind: {outputs:?}");
+            let all = 3 + usize::from(cfg!(feature = "modbus"));
+            assert_eq!(outputs.len(), all, "every output kind: {outputs:?}");
+            assert_eq!(cfg.modbus_server.is_some(), cfg!(feature = "modbus"));
         }
     }
 }

@@ -6,6 +6,7 @@ pub mod check;
 pub mod config;
 pub mod fleet;
 pub mod infer;
+pub mod modbus;
 pub mod models;
 pub mod ota;
 pub mod outbox;
@@ -77,6 +78,9 @@ pub enum Command {
     /// The operator's side: devices on the fleet broker (`fleet status`).
     #[command(subcommand)]
     Fleet(fleet::FleetCommand),
+    /// The floor over Modbus TCP: `modbus map` prints the register map.
+    #[command(subcommand)]
+    Modbus(modbus::ModbusCommand),
 }
 
 /// Options shared by the commands that run models.
@@ -169,5 +173,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Keygen(a) => ota::keygen(a),
         Command::Bundle(c) => ota::run(&cli, c),
         Command::Fleet(c) => fleet::run(c),
+        Command::Modbus(c) => modbus::run(&cli, c),
     }
 }

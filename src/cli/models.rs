@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use crate::model::import::{GraphFacts, Hints, ImportRefused, guess};
-use crate::model::manifest::Manifest;
-use crate::model::registry::{LoadedModel, Registry, open_model_arg};
+use crate::model::manifest::{Manifest, size_problems};
+use crate::model::registry::{LoadedModel, ModelError, Registry, load_manifest, open_model_arg};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ModelsCommand {
@@ -39,6 +39,10 @@ pub enum ModelsCommand {
         /// Class names, one per line (a text recogniser: its dictionary).
         #[arg(long)]
         labels: Option<PathBuf>,
+        /// The output a detector's postprocess reads, where several outputs
+        /// fit a layout (the others are left out).
+        #[arg(long)]
+        output: Option<String>,
         /// The model's version (MAJOR.MINOR.PATCH).
         #[arg(long, default_value = "1.0.0")]
         version: String,
@@ -143,6 +147,7 @@ pub fn run(cli: &super::Cli, cmd: &ModelsCommand) -> anyhow::Result<()> {
             file,
             name,
             labels,
+            output,
             version,
             license,
             force,
@@ -153,10 +158,13 @@ pub fn run(cli: &super::Cli, cmd: &ModelsCommand) -> anyhow::Result<()> {
                 &ctx,
                 file,
                 name.as_deref(),
-                labels.as_deref(),
-                version,
-                license.as_deref(),
-                *force,
+                Given {
+                    labels: labels.as_deref(),
+                    output: output.as_deref(),
+                    version,
+                    license: license.as_deref(),
+                    force: *force,
+                },
             )
         }
         ModelsCommand::Inspect { model, json, run } => {
@@ -204,36 +212,68 @@ pub fn run(cli: &super::Cli, cmd: &ModelsCommand) -> anyhow::Result<()> {
     }
 }
 
-/// Recognises the model, writes its folder, and loads it back through its
-/// new manifest as `check` and the daemon will.
+/// What the user gave `models import` beside the file and its name.
+struct Given<'a> {
+    labels: Option<&'a std::path::Path>,
+    output: Option<&'a str>,
+    version: &'a str,
+    license: Option<&'a str>,
+    force: bool,
+}
+
+/// The lines of a `--labels` file; what is not text is refused (exit 2),
+/// as a usage error.
+fn read_labels(p: &std::path::Path) -> Result<Vec<String>, ImportRefused> {
+    let refuse = |reason: String| ImportRefused {
+        file: p.display().to_string(),
+        reason,
+    };
+    let bytes = std::fs::read(p).map_err(|e| refuse(format!("cannot read: {e}")))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        refuse(format!(
+            "not UTF-8 text (byte {}): --labels is a text file of class names, one a line",
+            e.utf8_error().valid_up_to()
+        ))
+    })?;
+    Ok(text
+        .lines()
+        .map(|l| l.trim_end_matches('\r').to_string())
+        .collect())
+}
+
+/// Recognises the model, writes its folder under a hidden name in the
+/// model directory, loads it back from there as `check` and the daemon
+/// will, and only then renames it into place: a model refused at any step
+/// leaves nothing in the model directory.
 fn import(
     ctx: &super::Ctx,
     file: &std::path::Path,
     name: Option<&str>,
-    labels: Option<&std::path::Path>,
-    version: &str,
-    license: Option<&str>,
-    force: bool,
+    given: Given,
 ) -> anyhow::Result<()> {
     let shown = file.display().to_string();
     let refuse = |reason: String| ImportRefused {
         file: shown.clone(),
         reason,
     };
-    let bytes = std::fs::read(file).with_context(|| format!("cannot read {shown}"))?;
-    let facts =
-        GraphFacts::read(bytes::Bytes::from(bytes.clone())).map_err(|e| refuse(e.to_string()))?;
+    // One buffer for the graph's facts, the checksum and the copy written:
+    // the facts slice it rather than copy it.
+    let bytes =
+        bytes::Bytes::from(std::fs::read(file).with_context(|| format!("cannot read {shown}"))?);
+    let facts = GraphFacts::read(bytes.clone()).map_err(|e| refuse(e.to_string()))?;
+    // What the graph declares, before anything is allocated for it.
+    let mut too_large = size_problems("input", &facts.inputs);
+    too_large.extend(size_problems("output", &facts.outputs));
+    if !too_large.is_empty() {
+        return Err(ModelError::TooLarge {
+            path: shown,
+            problems: too_large,
+        }
+        .into());
+    }
     let hints = Hints {
-        labels: match labels {
-            Some(p) => Some(
-                std::fs::read_to_string(p)
-                    .with_context(|| format!("cannot read {}", p.display()))?
-                    .lines()
-                    .map(|l| l.trim_end_matches('\r').to_string())
-                    .collect(),
-            ),
-            None => None,
-        },
+        labels: given.labels.map(read_labels).transpose()?,
+        output: given.output.map(str::to_string),
     };
     let g = guess(&facts.inputs, &facts.outputs, &facts, &hints).map_err(refuse)?;
     let name = match name {
@@ -254,7 +294,7 @@ fn import(
         .into());
     }
     let dir = ctx.model_dir.join(&name);
-    if dir.exists() && !force {
+    if dir.exists() && !given.force {
         return Err(refuse(format!("{} exists (--force replaces it)", dir.display())).into());
     }
     let file_name = format!("{name}.onnx");
@@ -264,7 +304,7 @@ fn import(
     };
     let manifest = Manifest {
         name: name.clone(),
-        version: version.to_string(),
+        version: given.version.to_string(),
         file: file_name.clone(),
         sha256: sha,
         source: format!(
@@ -273,7 +313,8 @@ fn import(
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default()
         ),
-        license: license
+        license: given
+            .license
             .map(str::to_string)
             .or(facts.license.clone())
             .unwrap_or_else(|| "unknown".into()),
@@ -294,31 +335,95 @@ fn import(
         "# Written by `outpost models import` from {shown}. What it guessed, and why:\n{}\n",
         g.notes
             .iter()
-            .map(|n| format!("# - {n}"))
+            .map(|n| format!("# - {}", one_line(n)))
             .collect::<Vec<_>>()
             .join("\n")
     );
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    crate::fsio::write_atomic(&dir.join(&file_name), &bytes)
-        .with_context(|| format!("cannot write into {}", dir.display()))?;
-    if !g.labels.is_empty() {
+    // Staged in a hidden folder of the model directory (the same file
+    // system, so the last step is a rename; the registry reads only
+    // `<dir>/<name>/manifest.toml`, so it never sees the stage).
+    let stage = Stage::new(&ctx.model_dir, &name)?;
+    let staged = stage.path.join(&name);
+    let written = (|| -> std::io::Result<()> {
+        std::fs::create_dir_all(&staged)?;
+        crate::fsio::write_atomic(&staged.join(&file_name), &bytes)?;
+        if !g.labels.is_empty() {
+            crate::fsio::write_atomic(
+                &staged.join("labels.txt"),
+                (g.labels.join("\n") + "\n").as_bytes(),
+            )?;
+        }
         crate::fsio::write_atomic(
-            &dir.join("labels.txt"),
-            (g.labels.join("\n") + "\n").as_bytes(),
+            &staged.join("manifest.toml"),
+            format!("{header}{text}").as_bytes(),
         )
-        .with_context(|| format!("cannot write into {}", dir.display()))?;
-    }
-    crate::fsio::write_atomic(
-        &dir.join("manifest.toml"),
-        format!("{header}{text}").as_bytes(),
-    )
-    .with_context(|| format!("cannot write into {}", dir.display()))?;
+    })();
+    written.with_context(|| format!("cannot write into {}", stage.path.display()))?;
     // Loaded back as the daemon will: the manifest against the model.
-    let back = open_model_arg(&ctx.runtime, &name, &ctx.model_dir, &ctx.session)?;
+    let back = load_manifest(&ctx.runtime, &staged.join("manifest.toml"), &ctx.session)?;
+    stage
+        .install(&staged, &dir, given.force)
+        .with_context(|| format!("cannot move the model into {}", dir.display()))?;
     println!("{}: {}", back.id(), g.kind);
     for n in &g.notes {
-        println!("  - {n}");
+        println!("  - {}", one_line(n));
     }
     println!("wrote {}", dir.join("manifest.toml").display());
     Ok(())
+}
+
+/// A note on one line: the graph's own names (outputs, classes) may hold
+/// control characters, which must not break the manifest's comments (nor
+/// reach a terminal).
+fn one_line(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// A hidden folder of the model directory an import writes into; removed
+/// with whatever is left in it when the import ends, however it ends.
+struct Stage {
+    path: PathBuf,
+}
+
+impl Stage {
+    fn new(model_dir: &std::path::Path, name: &str) -> anyhow::Result<Stage> {
+        let path = model_dir.join(format!(".import-{name}-{}", std::process::id()));
+        // A stage left by a process that died with this id is stale.
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        Ok(Stage { path })
+    }
+
+    /// Moves the staged folder to `dir`; with `force`, the folder there
+    /// moves into the stage first (and goes with it).
+    fn install(
+        &self,
+        staged: &std::path::Path,
+        dir: &std::path::Path,
+        force: bool,
+    ) -> std::io::Result<()> {
+        if force && dir.exists() {
+            std::fs::rename(dir, self.path.join("replaced"))?;
+        }
+        std::fs::rename(staged, dir)?;
+        if let Some(parent) = dir.parent() {
+            crate::fsio::fsync_dir(parent)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Stage {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
 }

@@ -63,7 +63,7 @@ pub mod model;
 mod state;
 pub mod system;
 
-use model::{Change, Distrust, KernelSync, Model, Reading};
+use model::{Change, Confirmation, Distrust, KernelSync, Model, Reading};
 use state::SavedClock;
 use system::Source;
 
@@ -136,6 +136,8 @@ struct ClockStats {
     unsynced_records: AtomicU64,
     corrected_records: AtomicU64,
     save_errors: AtomicU64,
+    /// Times the fleet confirmed that the system clock did not agree with.
+    confirmations_refused: AtomicU64,
 }
 
 /// The last time the clock became trusted.
@@ -272,7 +274,7 @@ impl Clock {
                 .into_iter()
                 .flatten()
             {
-                g.model.confirm(c);
+                g.model.restore_confirmed(c);
             }
             g.saved = saved.unwrap_or_default();
             g.path = Some(path.to_path_buf());
@@ -348,6 +350,7 @@ impl Clock {
             g.saved.pending = g.model.pending();
             g.saved.confirmed_us = g.model.confirmed_us();
             g.saved.bounded = true;
+            g.saved.confirmed_agreed = true;
             g.saved_at_boot_us = boot;
             (path, g.saved.clone())
         };
@@ -360,16 +363,46 @@ impl Clock {
     }
 
     /// A time the fleet confirmed (unix µs): an answer's `Date` from the
-    /// HTTP uplink, a verified signed command's issue time. A clock up to
-    /// three years past the newest one is not "ahead"; the next reading
-    /// (within a second) decides the trust.
-    pub fn confirm(&self, unix_us: i64) {
+    /// HTTP uplink over verified TLS, a verified signed command's issue
+    /// time. Taken only when the system clock agrees with it (within
+    /// [`model::AGREE_US`]); then a clock up to three years past it is not
+    /// "ahead", and the next reading (within a second) decides the trust.
+    /// A refusal is counted and logged (the first at WARN).
+    pub fn confirm(&self, unix_us: i64) -> Confirmation {
+        let r = Reading {
+            wall_us: self.source.wall_us(),
+            boot_us: self.source.boot_us(),
+            kernel: KernelSync::Unknown,
+        };
         let mut g = self.lock();
-        if g.model.confirm(unix_us) {
-            let boot = self.source.boot_us();
-            self.ceiling_us
-                .store(g.model.ceiling_at(boot), Ordering::Relaxed);
+        let c = if model::absurd(unix_us, build_us()) {
+            Confirmation::Disagrees {
+                by_us: unix_us.saturating_sub(r.wall_us),
+            }
+        } else {
+            g.model.confirm(unix_us, &r)
+        };
+        match c {
+            Confirmation::Taken => {
+                self.ceiling_us
+                    .store(g.model.ceiling_at(r.boot_us), Ordering::Relaxed);
+            }
+            Confirmation::NotNewer => {}
+            Confirmation::Disagrees { by_us } => {
+                drop(g);
+                let n = self
+                    .stats
+                    .confirmations_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                let (at, system) = (rfc3339_us(unix_us), rfc3339_us(r.wall_us));
+                if n == 0 {
+                    tracing::warn!(confirmed = %at, %system, off_s = s(by_us), "clock: the fleet's time does not agree with the system clock; not taken");
+                } else {
+                    tracing::debug!(confirmed = %at, %system, off_s = s(by_us), "clock: the fleet's time does not agree with the system clock; not taken");
+                }
+            }
         }
+        c
     }
 
     /// The time of a record made now.
@@ -468,6 +501,7 @@ impl Clock {
             steps_total: get(&self.stats.steps),
             unsynced_records_total: get(&self.stats.unsynced_records),
             corrected_records_total: get(&self.stats.corrected_records),
+            confirmations_refused_total: get(&self.stats.confirmations_refused),
         }
     }
 
@@ -534,16 +568,47 @@ impl Clock {
     }
 }
 
-/// A state file written before the "ahead" rule may hold a last known good
-/// time (and an offset) taken from a clock at 2100: what lies more than
-/// [`model::MAX_AHEAD_US`] past the build time and every confirmed time is
-/// dropped, so a device poisoned by an earlier version heals at its next
-/// start.
+/// What a state file holds is checked before it is taken, so no file can
+/// poison the clock or stop a start:
+///
+/// - a time past what any device built now can see ([`model::absurd`]: a
+///   century past the build, or past year 9999) is not taken, whatever
+///   wrote it (a hand edit, a fleet's `Date` of 9999-12-31);
+/// - a file written before confirmations had to agree with the clock
+///   (`confirmed_agreed` false) may hold a fleet's `Date` taken as it came
+///   (2100 over plain HTTP) and a last known good time that followed it: a
+///   confirmed time more than [`model::MAX_AHEAD_US`] past the build time
+///   is dropped;
+/// - a file written before the "ahead" rule or the check above may hold
+///   a last known good time (and offsets) taken from a clock at 2100:
+///   what lies more than [`model::MAX_AHEAD_US`] past the build time and
+///   the confirmed time kept is dropped.
+///
+/// So a device poisoned by an earlier version heals at its next start.
 fn heal(mut s: SavedClock) -> SavedClock {
-    if s.bounded {
+    let build = build_us();
+    if model::absurd(s.last_good_us, build) {
+        tracing::warn!(
+            last_good = %rfc3339_us(s.last_good_us),
+            "clock: the saved last known good time is absurd; not taken, starting from the build time"
+        );
+        s.last_good_us = 0;
+    }
+    let limit = build.saturating_add(model::MAX_AHEAD_US);
+    if let Some(c) = s.confirmed_us
+        && (model::absurd(c, build) || (!s.confirmed_agreed && c > limit))
+    {
+        tracing::warn!(
+            confirmed = %rfc3339_us(c),
+            "clock: the saved time the fleet confirmed is absurd or was taken unchecked; not taken"
+        );
+        s.confirmed_us = None;
+    }
+    s.boots.retain(|b| !model::absurd(b.offset_us, build));
+    if s.bounded && s.confirmed_agreed {
         return s;
     }
-    let limit = build_us()
+    let limit = build
         .max(s.confirmed_us.unwrap_or(i64::MIN))
         .saturating_add(model::MAX_AHEAD_US);
     if s.last_good_us > limit {
@@ -577,8 +642,9 @@ pub struct ClockStatus {
     /// What TLS checks and signed commands use: the later of the two (the
     /// newest trusted reference while the clock is far ahead of it).
     pub trusted_time: String,
-    /// The newest time the fleet confirmed (HTTP uplink `Date`, signed
-    /// command), if any.
+    /// The newest time the fleet confirmed (an HTTP uplink `Date` over
+    /// verified https, a signed command) that the system clock agreed
+    /// with, if any.
     pub confirmed: Option<String>,
     /// The latest system clock trusted now: three years past the later of
     /// the last known good time and `confirmed`.
@@ -590,6 +656,9 @@ pub struct ClockStatus {
     pub steps_total: u64,
     pub unsynced_records_total: u64,
     pub corrected_records_total: u64,
+    /// Times the fleet confirmed that the system clock did not agree with
+    /// (not taken).
+    pub confirmations_refused_total: u64,
 }
 
 static CLOCK: LazyLock<Clock> = LazyLock::new(|| {
@@ -629,7 +698,7 @@ pub fn for_sending(record: &[u8]) -> Cow<'_, [u8]> {
 }
 
 /// A time the fleet confirmed, unix µs (see [`Clock::confirm`]).
-pub fn confirm(unix_us: i64) {
+pub fn confirm(unix_us: i64) -> Confirmation {
     global().confirm(unix_us)
 }
 
@@ -715,6 +784,11 @@ impl MetricSource for ClockMetrics {
                 "outpost_clock_save_errors",
                 "Failed writes of the clock's state file",
                 &c.stats.save_errors,
+            ),
+            (
+                "outpost_clock_confirmations_refused",
+                "Times the fleet confirmed (verified HTTPS Date, signed command) that the system clock did not agree with",
+                &c.stats.confirmations_refused,
             ),
         ] {
             counter(enc, name, help, &[(vec![], get(v))])?;

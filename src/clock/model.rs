@@ -15,6 +15,14 @@
 //! signed command), whichever is later. Such a clock gives no last known
 //! good time and no offset, so a device that once started with its clock
 //! at 2100 is not "behind" ever after.
+//!
+//! A confirmed time is evidence only where it agrees with the system
+//! clock (within [`AGREE_US`]): it vouches for a clock far past the build
+//! time, so a fleet's absurd `Date` (2100 against a clock at the real
+//! time, 9999) is refused whatever the connection (the driver also takes a
+//! `Date` only over verified TLS). And it is never taken past the ceiling
+//! in force when it came (the reference + [`MAX_AHEAD_US`]): one answer
+//! moves the ceiling by three years at most, however far it says.
 
 /// One look at the clocks, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +98,34 @@ pub const MAX_AHEAD_US: i64 = 1096 * 86_400 * 1_000_000;
 /// A change of system clock − time since boot larger than this between
 /// two readings is a step (NTP slews smaller errors).
 pub const STEP_US: i64 = 1_000_000;
+/// How close a time the fleet confirms must be to the system clock to be
+/// taken: five minutes (a `Date` has one-second resolution and the answer
+/// takes a while; a clock off by more than this is not vouched for).
+pub const AGREE_US: i64 = 5 * 60 * 1_000_000;
+/// The latest time anything is taken as (9999-12-31T23:59:59.999999Z, the
+/// last one RFC 3339 writes): a saved or confirmed time past it is absurd.
+pub const LATEST_US: i64 = crate::record::RFC3339_LAST_US as i64;
+
+/// How long past its build a device may run: a saved or confirmed time
+/// further out than this (a century) is absurd, not a clock to bound.
+pub const HORIZON_US: i64 = 100 * 36_525 * 86_400 * 10_000;
+
+/// A time no device built at `build_us` can see: past [`HORIZON_US`] after
+/// its build, or past [`LATEST_US`].
+pub fn absurd(unix_us: i64, build_us: i64) -> bool {
+    unix_us > build_us.saturating_add(HORIZON_US).min(LATEST_US)
+}
+
+/// What [`Model::confirm`] did with a time the fleet confirmed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confirmation {
+    /// Taken: the newest confirmed time now.
+    Taken,
+    /// Agrees with the clock but is not newer than the one kept.
+    NotNewer,
+    /// Refused: this far from the system clock (µs, positive: ahead of it).
+    Disagrees { by_us: i64 },
+}
 
 #[derive(Debug, Clone)]
 pub struct Model {
@@ -137,11 +173,29 @@ impl Model {
         }
     }
 
-    /// A time the fleet confirmed (an HTTP answer's `Date`, a verified
-    /// signed command's issue time): a clock up to [`MAX_AHEAD_US`] past
-    /// it is not "ahead". Only the newest is kept; true when it is newer.
-    pub fn confirm(&mut self, unix_us: i64) -> bool {
-        if self.confirmed_us.is_some_and(|c| c >= unix_us) {
+    /// A time the fleet confirmed (an HTTP answer's `Date` over verified
+    /// TLS, a verified signed command's issue time), with the reading it
+    /// came at: a clock up to [`MAX_AHEAD_US`] past it is not "ahead".
+    /// Taken only when it agrees with the system clock (within
+    /// [`AGREE_US`]), and then at most up to the ceiling in force (the
+    /// reference + [`MAX_AHEAD_US`]); only the newest is kept.
+    pub fn confirm(&mut self, unix_us: i64, r: &Reading) -> Confirmation {
+        let by_us = unix_us.saturating_sub(r.wall_us);
+        if by_us.saturating_abs() > AGREE_US || unix_us > LATEST_US {
+            return Confirmation::Disagrees { by_us };
+        }
+        let t = unix_us.min(self.ceiling_at(r.boot_us));
+        if self.confirmed_us.is_some_and(|c| c >= t) {
+            return Confirmation::NotNewer;
+        }
+        self.confirmed_us = Some(t);
+        Confirmation::Taken
+    }
+
+    /// A confirmed time kept from an earlier start (checked when it was
+    /// taken); one past [`LATEST_US`] is not taken. True when taken.
+    pub fn restore_confirmed(&mut self, unix_us: i64) -> bool {
+        if unix_us > LATEST_US || self.confirmed_us.is_some_and(|c| c >= unix_us) {
             return false;
         }
         self.confirmed_us = Some(unix_us);
@@ -219,7 +273,9 @@ impl Model {
         };
         let trusted = !behind && !ahead && kernel_ok;
         let before = self.last.map(|(_, t)| t);
-        let step_us = self.last.map(|(l, _)| offset(&r) - offset(&l));
+        let step_us = self
+            .last
+            .map(|(l, _)| offset(&r).saturating_sub(offset(&l)));
         let mut change = None;
         if trusted {
             let sync = before == Some(false) || (before.is_none() && self.pending);
@@ -533,15 +589,25 @@ mod tests {
                 ..
             })
         ));
-        assert!(m.confirm(later - 60 * S));
-        assert!(!m.confirm(later - 120 * S));
-        assert_eq!(m.confirmed_us(), Some(later - 60 * S));
+        let now = r(later, 10);
+        assert_eq!(m.confirm(later - 60 * S, &now), Confirmation::Taken);
+        // One answer moves the ceiling three years at most: taken as the
+        // ceiling in force, which puts the clock within the new one.
+        assert_eq!(m.confirmed_us(), Some(BUILD + MAX_AHEAD_US));
         assert_eq!(m.trusted_now_us(&r(later, 10)), later);
+        // The next answer moves it on, three more years at most: here to
+        // what it says; an older one changes nothing.
+        assert_eq!(m.confirm(later - 30 * S, &now), Confirmation::Taken);
+        assert_eq!(m.confirmed_us(), Some(later - 30 * S));
+        assert_eq!(m.confirm(later - 120 * S, &now), Confirmation::NotNewer);
         assert!(matches!(
             m.observe(r(later + S, 11)),
             Some(Change::Synced { .. })
         ));
         assert_eq!(m.floor_at(11 * S as u64), later + S);
+        // Trusted now, the next answer is taken as it came.
+        assert_eq!(m.confirm(later + S, &r(later + S, 11)), Confirmation::Taken);
+        assert_eq!(m.confirmed_us(), Some(later + S));
     }
 
     #[test]
@@ -578,5 +644,87 @@ mod tests {
         let mut m = Model::new(true, NOW, Some(50 * S as u64), false, None);
         assert_eq!(m.observe(r(NOW + 100 * S, 100)), None);
         assert_eq!(m.offset_us(), Some(NOW));
+    }
+
+    /// Issue 50, item 9: a fleet's `Date` of 2100 was kept as confirmed,
+    /// so a clock at 2100 was trusted and became the last known good time.
+    /// A time the system clock does not agree with is refused, and one it
+    /// agrees with moves the ceiling three years at most.
+    #[test]
+    fn a_confirmed_time_far_from_the_clock_is_refused_and_raises_nothing() {
+        // The real clock; the fleet says 2100.
+        let mut m = Model::new(false, BUILD, None, false, None);
+        assert_eq!(m.observe(r(NOW, 10)), None);
+        let c = m.confirm(Y2100, &r(NOW, 10));
+        assert_eq!(c, Confirmation::Disagrees { by_us: Y2100 - NOW });
+        assert_eq!(m.confirmed_us(), None);
+        assert_eq!(m.ceiling_at(10 * S as u64), NOW + MAX_AHEAD_US);
+        // The clock at 2100 and the fleet a year later: refused.
+        let mut m = Model::new(false, BUILD, None, false, None);
+        m.observe(r(Y2100, 10));
+        let c = m.confirm(Y2100 + 365 * 86_400 * S, &r(Y2100, 10));
+        assert!(matches!(c, Confirmation::Disagrees { .. }), "{c:?}");
+        // Both at 2100: taken only up to the ceiling; 2100 stays ahead.
+        assert_eq!(m.confirm(Y2100, &r(Y2100, 10)), Confirmation::Taken);
+        assert_eq!(m.confirmed_us(), Some(BUILD + MAX_AHEAD_US));
+        assert!(matches!(
+            m.observe(r(Y2100 + S, 11)),
+            None | Some(Change::Lost { .. })
+        ));
+        assert_eq!(m.why(), Some(Distrust::Ahead));
+        assert_eq!(m.floor_at(11 * S as u64), BUILD + S - S / 1000);
+        // 9999-12-31T23:59:59Z, and past what RFC 3339 writes: refused.
+        let y9999 = 253_402_300_799 * S;
+        assert!(matches!(
+            m.confirm(y9999, &r(NOW, 11)),
+            Confirmation::Disagrees { .. }
+        ));
+        assert!(matches!(
+            m.confirm(i64::MAX, &r(i64::MAX, 11)),
+            Confirmation::Disagrees { .. }
+        ));
+        assert_eq!(m.confirmed_us(), Some(BUILD + MAX_AHEAD_US));
+        // Each further agreeing answer: three more years at most.
+        assert_eq!(m.confirm(Y2100, &r(Y2100, 12)), Confirmation::Taken);
+        assert_eq!(m.confirmed_us(), Some(BUILD + 2 * MAX_AHEAD_US));
+        // Within the agreement, both ways: taken (the newest only).
+        let mut m = Model::new(false, BUILD, None, false, None);
+        let now = r(NOW, 10);
+        m.observe(now);
+        assert_eq!(m.confirm(NOW + AGREE_US, &now), Confirmation::Taken);
+        assert_eq!(m.confirm(NOW - AGREE_US, &now), Confirmation::NotNewer);
+        assert!(matches!(
+            m.confirm(NOW + AGREE_US + 1, &now),
+            Confirmation::Disagrees { .. }
+        ));
+        assert_eq!(m.confirmed_us(), Some(NOW + AGREE_US));
+        // A kept one past the last writable time is not restored.
+        assert!(!m.restore_confirmed(LATEST_US + 1));
+        assert!(m.restore_confirmed(NOW + 2 * AGREE_US));
+        assert_eq!(m.confirmed_us(), Some(NOW + 2 * AGREE_US));
+    }
+
+    /// However absurd the readings and references, nothing overflows: the
+    /// bounds saturate and a clock past every bound is "ahead".
+    #[test]
+    fn absurd_readings_and_references_saturate() {
+        let mut m = Model::new(false, BUILD, None, false, None);
+        assert!(matches!(
+            m.observe(r(i64::MAX, 10)),
+            Some(Change::Lost {
+                why: Distrust::Ahead,
+                ..
+            })
+        ));
+        assert_eq!(m.trusted_now_us(&r(i64::MAX, 10)), BUILD);
+        assert_eq!(m.observe(r(i64::MIN, 11)), None);
+        assert_eq!(m.why(), Some(Distrust::Behind));
+        // A last known good time at the last writable instant.
+        let mut m = Model::new(false, LATEST_US, None, false, None);
+        assert!(m.restore_confirmed(LATEST_US));
+        assert_eq!(m.ceiling_at(5 * S as u64), LATEST_US + MAX_AHEAD_US);
+        assert_eq!(m.observe(r(LATEST_US, 5)), None);
+        assert!(m.trusted());
+        assert_eq!(m.floor_at(u64::MAX), i64::MAX);
     }
 }

@@ -34,6 +34,11 @@ pub struct SavedClock {
     /// (a first start at 2100) and is checked at load.
     #[serde(default)]
     pub bounded: bool,
+    /// Written by a daemon that takes a confirmed time only where the
+    /// system clock agrees with it (and a `Date` only over verified TLS); a
+    /// file without it may hold a fleet's `Date` taken as it came.
+    #[serde(default)]
+    pub confirmed_agreed: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,6 +130,7 @@ mod tests {
             boots: Vec::new(),
             confirmed_us: Some(1_796_083_100_000_000),
             bounded: true,
+            confirmed_agreed: true,
         };
         for i in 0..10 {
             s.set_offset(&format!("boot-{i}"), i);

@@ -352,6 +352,7 @@ fn a_state_saved_at_2100_by_an_earlier_version_is_not_taken() {
         boots: Vec::new(),
         confirmed_us: None,
         bounded: false,
+        confirmed_agreed: false,
     };
     poisoned.set_offset("b1", Y2100 - 10 * S);
     poisoned.set_offset("b0", NOW - 86_400 * S);
@@ -389,20 +390,125 @@ fn a_time_the_fleet_confirmed_is_kept_across_restarts() {
     f.clock.configure(&trust_not_behind(), &path);
     assert_eq!(f.clock.status().reason, Some(Distrust::Ahead));
     assert!(f.clock.stamp().mark.is_some());
-    f.clock.confirm(later - 60 * S);
+    // Taken up to the ceiling in force (three years past the build).
+    let ceiling = BUILD_UNIX_S * S + model::MAX_AHEAD_US;
+    assert_eq!(f.clock.confirm(later - 60 * S), Confirmation::Taken);
     // The next reading decides: synced.
     let c = f.set(later + S, 11);
     assert!(matches!(c, Some(Change::Synced { .. })), "{c:?}");
     assert!(f.clock.stamp().mark.is_none());
     let st = f.clock.status();
-    assert_eq!(st.confirmed.as_deref(), Some(&*rfc3339_us(later - 60 * S)));
+    assert_eq!(st.confirmed.as_deref(), Some(&*rfc3339_us(ceiling)));
     f.clock.save();
     assert_eq!(
         SavedClock::load(&path).unwrap().unwrap().confirmed_us,
-        Some(later - 60 * S)
+        Some(ceiling)
     );
     // Another boot, a day later: trusted at once.
     let g = Fixture::of_boot(later + 86_400 * S, 5, "b2");
     assert_eq!(g.clock.configure(&trust_not_behind(), &path), None);
     assert!(g.clock.status().synced);
+}
+
+/// Issue 50, item 9: a plain-HTTP fleet's `Date` of 2100 was taken as
+/// confirmed, a clock at 2100 was then trusted and saved as the last known
+/// good time, and back on the real clock every record was `unsynced`
+/// (`behind`). A file an earlier version wrote that way heals at start.
+#[test]
+fn a_state_poisoned_by_a_fleets_date_of_2100_heals_at_start() {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("clock.json");
+    let mut poisoned = SavedClock {
+        last_good_us: Y2100,
+        boot_id: "b1".into(),
+        since_boot_us: 10 * S as u64,
+        pending: false,
+        boots: Vec::new(),
+        confirmed_us: Some(Y2100),
+        bounded: true,
+        confirmed_agreed: false,
+    };
+    poisoned.set_offset("b1", Y2100 - 10 * S);
+    poisoned.save(&path).unwrap();
+    let g = Fixture::of_boot(NOW, 60, "b2");
+    assert_eq!(g.clock.configure(&trust_not_behind(), &path), None);
+    let st = g.clock.status();
+    assert!(st.synced, "{st:?}");
+    assert_eq!(st.confirmed, None, "{st:?}");
+    assert!(g.clock.stamp().mark.is_none());
+    assert_eq!(g.clock.offset_of("b1"), None);
+    g.clock.save();
+    let saved = SavedClock::load(&path).unwrap().unwrap();
+    assert_eq!(saved.last_good_us, NOW);
+    assert_eq!(saved.confirmed_us, None);
+    assert!(saved.confirmed_agreed);
+}
+
+/// Issue 50, item 9: a fleet's `Date` of 9999-12-31 made every later
+/// start exit 101 (formatting the clock's ceiling, past year 9999,
+/// panicked) until clock.json was removed by hand. Absurd saved times are
+/// not taken, whoever wrote them, and the status formats whatever it holds.
+#[test]
+fn a_state_holding_year_9999_is_not_taken_and_nothing_panics() {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("clock.json");
+    let y9999 = 253_402_300_799 * S;
+    for agreed in [false, true] {
+        let absurd = SavedClock {
+            last_good_us: y9999,
+            boot_id: "b1".into(),
+            since_boot_us: 10 * S as u64,
+            pending: false,
+            boots: vec![state::BootOffset {
+                boot_id: "b1".into(),
+                offset_us: i64::MAX,
+            }],
+            confirmed_us: Some(y9999),
+            bounded: true,
+            confirmed_agreed: agreed,
+        };
+        absurd.save(&path).unwrap();
+        let g = Fixture::of_boot(NOW, 60, "b2");
+        assert_eq!(g.clock.configure(&trust_not_behind(), &path), None);
+        let st = g.clock.status();
+        assert!(st.synced, "{st:?}");
+        assert_eq!(st.confirmed, None, "{st:?}");
+        assert!(
+            st.ceiling
+                .starts_with(&rfc3339_us(NOW + model::MAX_AHEAD_US)[..4])
+        );
+        assert_eq!(g.clock.offset_of("b1"), None);
+    }
+    // A clock at the end of time, a fleet that says so: nothing panics.
+    let f = Fixture::new(y9999, 10);
+    assert!(matches!(
+        f.clock.confirm(i64::MAX),
+        Confirmation::Disagrees { .. }
+    ));
+    assert!(matches!(
+        f.clock.confirm(y9999),
+        Confirmation::Disagrees { .. }
+    ));
+    let st = f.clock.status();
+    assert_eq!(st.system, "9999-12-31T23:59:59.000000Z");
+    assert_eq!(st.reason, Some(Distrust::Ahead));
+    assert_eq!(st.confirmations_refused_total, 2);
+    assert!(f.clock.stamp().ts.starts_with("9999-12-31"));
+}
+
+/// A time the fleet confirmed is taken only where the system clock agrees
+/// with it; a refusal is counted.
+#[test]
+fn a_fleets_time_the_clock_disagrees_with_is_refused_and_counted() {
+    let f = Fixture::new(NOW, 10);
+    f.clock.observe();
+    assert!(matches!(
+        f.clock.confirm(Y2100),
+        Confirmation::Disagrees { .. }
+    ));
+    assert_eq!(f.clock.confirm(NOW + 30 * S), Confirmation::Taken);
+    let st = f.clock.status();
+    assert_eq!(st.confirmed.as_deref(), Some(&*rfc3339_us(NOW + 30 * S)));
+    assert_eq!(st.confirmations_refused_total, 1);
+    assert_eq!(st.ceiling, rfc3339_us(NOW + 30 * S + model::MAX_AHEAD_US));
 }

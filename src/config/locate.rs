@@ -62,7 +62,7 @@ impl Lines {
 
 /// Top-level keys of the config: a message starting with one of them names
 /// its key; any other first word is prose.
-const TOP_KEYS: [&str; 14] = [
+const TOP_KEYS: [&str; 16] = [
     "device",
     "data_dir",
     "model_dir",
@@ -75,8 +75,10 @@ const TOP_KEYS: [&str; 14] = [
     "pipelines",
     "cameras",
     "uplink",
+    "opcua",
     "ota",
     "clock",
+    "modbus_server",
 ];
 
 fn is_key_char(c: char) -> bool {

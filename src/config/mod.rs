@@ -22,6 +22,9 @@ use crate::uplink::UplinkConfig;
 
 mod locate;
 mod read;
+mod records;
+
+pub use records::RecordLimit;
 
 /// Top level of `outpost.toml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,7 +71,23 @@ pub struct Config {
     /// When the system clock is trusted, and where its last known good time is kept.
     #[serde(default)]
     pub clock: crate::clock::ClockConfig,
+    /// outpost's own Modbus TCP server: mapped fields' latest values,
+    /// read-only, for PLCs and SCADA that poll (feature `modbus`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modbus_server: Option<crate::floor::ModbusServerConfig>,
+    /// outpost's OPC UA server (feature `opcua`): each pipeline's latest
+    /// result as variables for SCADA and PLCs.
+    #[serde(default)]
+    pub opcua: Option<OpcuaSection>,
 }
+
+/// `[opcua]`, read in full by a build with the `opcua` feature.
+#[cfg(feature = "opcua")]
+pub type OpcuaSection = outpost_opcua::OpcuaConfig;
+/// `[opcua]` in a build without the `opcua` feature: taken as written, and
+/// refused by `validate` with what the build lacks.
+#[cfg(not(feature = "opcua"))]
+pub type OpcuaSection = toml::Table;
 
 /// `device = "name"` or `[device] name = "..." groups = [...]`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -137,7 +156,8 @@ pub struct ApiConfig {
     /// Connections served at once (the API and the http source share
     /// them); one more is answered 503 and closed. Lowered at start to
     /// leave `reserved_fds` of the process's descriptor limit free. A few
-    /// (8, at most half) are kept for `/healthz`, `/readyz` and `/metrics`.
+    /// (8, at most half) are kept for `/healthz`, `/readyz`, `/metrics` and
+    /// `/v1/status`.
     pub max_connections: usize,
     /// A connection must send a request's headers within this, counted from
     /// its start or from the end of its previous response: it is also how
@@ -264,6 +284,8 @@ impl Default for Config {
             uplink: None,
             ota: None,
             clock: crate::clock::ClockConfig::default(),
+            modbus_server: None,
+            opcua: None,
         }
     }
 }
@@ -433,6 +455,13 @@ impl Config {
             p.push(format!("api.token_file: {} does not exist", t.display()));
         }
         p.extend(self.scheduler.validate());
+        if let Some(m) = &self.modbus_server {
+            let names: Vec<&str> = self.pipelines.iter().map(|p| p.name.as_str()).collect();
+            p.extend(crate::floor::server_problems(m, &names));
+        }
+        if let Some(o) = &self.opcua {
+            p.extend(validate_opcua(o, &self.pipelines));
+        }
         let named: Vec<(usize, &str, &str)> = self
             .pipelines
             .iter()
@@ -456,6 +485,12 @@ impl Config {
             // The reader writes `pipelines[i]` as the pipeline's name and line.
             let at = format!("pipelines[{i}]");
             p.extend(pc.validate(&at));
+            let cameras: Vec<&str> = named
+                .iter()
+                .filter(|(j, ..)| *j == i)
+                .map(|(.., n)| *n)
+                .collect();
+            p.extend(self.check_event_room(&at, pc, &cameras));
             p.extend(crate::track::config::validate_cameras(
                 &at,
                 &pc.stream_cameras(&self.cameras),
@@ -504,6 +539,20 @@ impl Config {
     pub fn tensorrt_cache_dir(&self) -> PathBuf {
         self.data_dir.join("tensorrt")
     }
+}
+
+#[cfg(feature = "opcua")]
+fn validate_opcua(o: &OpcuaSection, pipelines: &[PipelineConfig]) -> Vec<String> {
+    let names: Vec<&str> = pipelines.iter().map(|p| p.name.as_str()).collect();
+    o.validate(&names)
+}
+
+#[cfg(not(feature = "opcua"))]
+fn validate_opcua(_: &OpcuaSection, _: &[PipelineConfig]) -> Vec<String> {
+    vec![
+        "opcua: this outpost was built without the OPC UA server (cargo feature `opcua`); use a build or package that has it, or remove [opcua]"
+            .into(),
+    ]
 }
 
 #[cfg(test)]
@@ -717,5 +766,67 @@ outputs = [
         assert!(Config::from_toml("[runtime]\nproviders = [\"tpu\"]\n", "t", |_| None).is_err());
         let c = Config::from_toml("[runtime]\nproviders = [\"cpu\"]\n", "t", |_| None).unwrap();
         assert_eq!(c.runtime.providers, vec![Provider::Cpu]);
+    }
+
+    /// The issue's `[opcua]` with a user, a mapped field, and two mistakes.
+    const OPCUA: &str = r#"[[pipelines]]
+name = "line3"
+model = "m"
+source = { type = "http" }
+
+[opcua]
+listen = "opc.tcp://0.0.0.0:4840"
+security = ["basic256sha256_sign_encrypt"]
+anonymous = false
+[[opcua.users]]
+user = "scada"
+password_fil = "/etc/outpost/scada.pass"
+[[opcua.variables]]
+pipeline = "line4"
+field = "/top/0/index"
+"#;
+
+    #[cfg(feature = "opcua")]
+    #[test]
+    fn opcua_keys_are_checked_each_with_its_line() {
+        let Err(ConfigError::Invalid { problems, .. }) = Config::from_toml(OPCUA, "t", |_| None)
+        else {
+            panic!("the mistakes were not found");
+        };
+        assert!(
+            problems.iter().any(|p| p.starts_with(
+                "line 12: opcua.users#1.password_fil: unknown key `password_fil` (did you mean `password_file`?)"
+            )),
+            "{problems:#?}"
+        );
+        assert!(
+            problems.iter().any(|p| p
+                .starts_with("line 14: opcua.variables#1.pipeline: no pipeline is named `line4`")),
+            "{problems:#?}"
+        );
+        let ok = OPCUA
+            .replace(
+                "password_fil = \"/etc/outpost/scada.pass\"",
+                "password_env = \"HOME\"",
+            )
+            .replace("line4", "line3");
+        let c = Config::from_toml(&ok, "t", |_| None).unwrap();
+        assert_eq!(c.opcua.unwrap().variables[0].field, "/top/0/index");
+    }
+
+    #[cfg(not(feature = "opcua"))]
+    #[test]
+    fn a_build_without_opcua_refuses_the_section_by_name() {
+        let ok = OPCUA.replace("password_fil", "password_file");
+        let Err(ConfigError::Invalid { problems, .. }) = Config::from_toml(&ok, "t", |_| None)
+        else {
+            panic!("[opcua] accepted by a build without it");
+        };
+        assert_eq!(problems.len(), 1, "{problems:#?}");
+        assert!(
+            problems[0]
+                .starts_with("line 6: opcua: this outpost was built without the OPC UA server"),
+            "{problems:#?}"
+        );
     }
 }

@@ -46,12 +46,18 @@ pub enum DaemonError {
     Ota(#[from] OtaError),
     #[error(transparent)]
     Api(#[from] crate::api::ControlError),
+    /// `[modbus_server]` cannot listen (address in use, no permission for port 502).
+    #[error(transparent)]
+    Modbus(#[from] crate::floor::ServerError),
     #[error("API listen {addr}")]
     Listen {
         addr: SocketAddr,
         #[source]
         source: std::io::Error,
     },
+    /// A floor server (OPC UA) could not start.
+    #[error(transparent)]
+    Floor(#[from] super::servers::FloorError),
     /// A blocking task of the start or the stop panicked or was cancelled.
     #[error("a daemon task ended early")]
     Task(#[from] tokio::task::JoinError),

@@ -21,6 +21,7 @@ use crate::source::mqtt::{BrokerAddr, EmbeddedBrokerError, start_embedded_broker
 use crate::source::{SourceConfig, SourceCtx, SourceError};
 
 use super::lifecycle::{GenerationStop, Lifecycle};
+use super::stats::GenerationStats;
 
 /// Why a generation could not be built or started.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +106,13 @@ pub(super) struct Core {
     pub(super) track_numbers: HashMap<String, Arc<std::sync::atomic::AtomicU64>>,
     /// The running cameras: a reload keeps those whose definition stayed.
     pub(super) cameras: crate::source::camera::CameraHost,
+    /// Reloads and refused models, for `/metrics`.
+    pub(super) stats: Arc<GenerationStats>,
+    /// The Modbus server (started once) and the sources' PLC connections.
+    pub(super) floor: Arc<crate::floor::Floor>,
+    /// The servers the site's controllers read results from (OPC UA):
+    /// every generation's pipelines feed them.
+    pub(super) servers: super::servers::Servers,
 }
 
 /// One config's pipelines, workers and sources.
@@ -177,12 +185,17 @@ impl Core {
                 }
                 Ok(Err(e)) => {
                     tracing::error!(model = %model, error = %e, "model refused; its pipelines will not run");
+                    self.stats.model_refused();
                     refused.push(e.into());
                 }
-                Err(source) => refused.push(Refused::ModelTask {
-                    model: model.clone(),
-                    source,
-                }),
+                Err(source) => {
+                    tracing::error!(model = %model, error = %source, "model refused; its pipelines will not run");
+                    self.stats.model_refused();
+                    refused.push(Refused::ModelTask {
+                        model: model.clone(),
+                        source,
+                    });
+                }
             }
         }
         (out, refused)
@@ -192,6 +205,7 @@ impl Core {
     /// on a bad model or config), without starting anything.
     pub(super) async fn prepare(&mut self, cfg: &Config) -> Result<Prepared, GenerationError> {
         let (models, mut refused) = self.models_for(cfg).await;
+        let models_refused: Vec<String> = refused.iter().map(|r| r.to_string()).collect();
         let workers = cfg.scheduler.worker_count();
         let mut pipelines = Vec::new();
         for p in &cfg.pipelines {
@@ -233,7 +247,8 @@ impl Core {
                             pipeline: &p.name,
                             boot: self.ids.boot,
                             numbers,
-                            max_record_bytes: crate::uplink::max_record_bytes(cfg.uplink.as_ref()),
+                            model: &model.id(),
+                            max_record_bytes: cfg.record_limit(p).bytes(),
                             default_label: "object",
                             snapshots: track_snapshots(
                                 &cfg.data_dir,
@@ -280,6 +295,8 @@ impl Core {
             sched: cfg.scheduler.clone(),
             data_dir: cfg.data_dir.clone(),
             reserved_fds: cfg.api.reserved_fds,
+            models_refused,
+            modbus_server: cfg.modbus_server.clone(),
         })
     }
 
@@ -331,7 +348,11 @@ impl Core {
             sched,
             data_dir,
             reserved_fds,
+            models_refused: _,
+            modbus_server,
         } = p;
+        self.floor.reconfigure(modbus_server.as_ref());
+        let modbus = self.floor.new_hub();
         let worker_handles = scheduler
             .start_workers(&sched, &self.realtime)
             .map_err(GenerationError::Workers)?;
@@ -353,6 +374,8 @@ impl Core {
                 shutdown: g.stop.outputs.clone(),
                 reserved_fds,
                 reader_fds: self.reader_fds.clone(),
+                modbus_server: self.floor.server().cloned(),
+                taps: self.servers.taps(p.name()),
             };
             match p.outputs().start(&ctx) {
                 Ok(t) => g.outputs.extend(t),
@@ -378,6 +401,7 @@ impl Core {
                 events: Some(self.events.clone()),
                 camera: pipeline.stats.camera.clone(),
                 data_dir: data_dir.clone(),
+                modbus: modbus.clone(),
             };
             if matches!(src, SourceConfig::Http {}) {
                 g.ingress.insert(ctx.pipeline.clone(), ctx.clone());
@@ -425,6 +449,11 @@ pub(super) struct Prepared {
     data_dir: PathBuf,
     /// `api.reserved_fds`: descriptors unix output readers never take either.
     reserved_fds: u64,
+    /// The models that could not be loaded, each with its reason (their
+    /// pipelines are left out; a reload refuses such a generation).
+    pub(super) models_refused: Vec<String>,
+    /// `[modbus_server]`: its map and allow list are the generation's.
+    modbus_server: Option<crate::floor::ModbusServerConfig>,
 }
 
 impl Prepared {

@@ -11,8 +11,9 @@
 //! built while the old ones keep serving; only then the old sources stop,
 //! the old workers finish every frame they took in, and the new generation
 //! starts. The outbox and the uplink are not touched, so nothing stored or
-//! in flight is lost. A config that fails to load leaves the old one
-//! running; one that fails to start gives way to the previous one again.
+//! in flight is lost. A config that fails to load, or names a model that
+//! cannot be loaded, leaves the old one running; one that fails to start
+//! gives way to the previous one again.
 //!
 //! Stop (SIGTERM, SIGINT): sources stop taking frames, workers finish every
 //! queued frame, the uplink stops, the outbox is flushed and fsynced.
@@ -25,9 +26,10 @@
 //! `process.rs` starts the process-wide parts (outbox, uplink, OTA agent,
 //! API); `lifecycle.rs` is the one stop signal they all share;
 //! `generation.rs` loads models and builds, starts and stops one config's
-//! pipelines; `reload.rs` decides a reload and its fallback; `sink.rs` is
+//! pipelines; `reload.rs` decides a reload and its fallback; `servers.rs` starts the
+//! servers for the site's controllers (OPC UA); `sink.rs` is
 //! where results and events are stored; `model_host.rs` is the daemon as
-//! the OTA agent sees it.
+//! the OTA agent sees it; `stats.rs` counts reloads and refused models.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,12 +47,15 @@ mod lifecycle;
 mod model_host;
 mod process;
 mod reload;
+mod servers;
 mod sink;
+mod stats;
 
 pub use error::{DaemonError, GenerationError, Refused};
 pub use model_host::DaemonModelHost;
 use process::{Daemon, ReloadReply};
 use reload::ReloadError;
+pub use servers::FloorError;
 
 /// Options of `outpost run` beyond the config.
 #[derive(Debug, Clone, Default)]
@@ -226,6 +231,11 @@ impl Daemon {
         notify(&[NotifyState::Reloading, NotifyState::Status("reloading")]);
         let next = reload::next_config(&self.opts, &self.cfg);
         let r = reload::switch(&mut self.core, &mut self.generation, &mut self.cfg, next).await;
+        self.core.stats.reload(match &r {
+            Ok(()) => stats::ReloadOutcome::Applied,
+            Err(ReloadError::Start(_)) => stats::ReloadOutcome::RolledBack,
+            Err(_) => stats::ReloadOutcome::Refused,
+        });
         if r.is_ok() {
             tracing::info!(
                 pipelines = self.generation.scheduler.pipelines().len(),

@@ -32,6 +32,7 @@ use super::error::DaemonError;
 use super::generation::{Core, Generation, session_options};
 use super::lifecycle::Lifecycle;
 use super::model_host::DaemonModelHost;
+use super::servers::Servers;
 use super::sink::OutboxSink;
 use super::{RunOptions, notify};
 
@@ -141,6 +142,12 @@ impl Daemon {
             recent: recent.clone(),
         });
         let reader_fds = reader_budget(&cfg);
+        // The Modbus server lives as long as the process (a reload swaps
+        // its map); records of the first generation find it listening.
+        let floor = Arc::new(crate::floor::Floor::start(
+            cfg.modbus_server.as_ref(),
+            lifecycle.part(),
+        )?);
         let mut core = Core {
             device: device.clone(),
             runtime,
@@ -159,13 +166,20 @@ impl Daemon {
             reader_fds: Arc::new(tokio::sync::Semaphore::new(reader_fds as usize)),
             track_numbers: HashMap::new(),
             cameras: Default::default(),
+            stats: Default::default(),
+            floor: floor.clone(),
+            servers: Default::default(),
         };
+        // Before the first generation, whose pipelines feed it.
+        core.servers = Servers::start(&cfg, &device, core.lifecycle.part()).await?;
 
         notify(&[NotifyState::Status("loading and warming models")]);
         let prepared = core.prepare(&cfg).await?;
         let generation = core.launch(prepared).await?;
 
-        let mut extra: Vec<Arc<dyn MetricSource>> = vec![realtime];
+        let mut extra: Vec<Arc<dyn MetricSource>> =
+            vec![realtime, core.stats.clone(), floor.clone()];
+        extra.extend(core.servers.metrics());
         let (cmd_tx, cmd_rx) = match (&cfg.ota, cfg.command_topic()) {
             (Some(_), Some(_)) => {
                 let (tx, rx) = mpsc::channel::<Vec<u8>>(16);
@@ -249,6 +263,8 @@ impl Daemon {
             ota: ota.as_ref().map(|o| o.stats.clone()),
             recent,
             shutdown: core.lifecycle.part(),
+            floor,
+            opcua: core.servers.opcua_status(),
         };
         let listener = tokio::net::TcpListener::bind(cfg.api.listen)
             .await

@@ -27,6 +27,15 @@ pub(super) enum ReloadError {
     /// embedded broker); the old one never stopped.
     #[error(transparent)]
     Build(GenerationError),
+    /// A model the new config names could not be loaded (its manifest,
+    /// file, declared sizes or warm-up): the old generation, whose models
+    /// all loaded, keeps serving rather than one without that model's
+    /// pipelines.
+    #[error(
+        "the new config's models could not all be loaded; the running generation keeps serving:\n  {}",
+        .0.join("\n  ")
+    )]
+    Models(Vec<String>),
     /// Built, but it failed to start once the old one had stopped; the
     /// previous config was started again.
     #[error(transparent)]
@@ -148,13 +157,15 @@ pub(super) trait Generations {
     /// A built generation takes over what the stopped one left (per-stream
     /// state of the pipelines whose config did not change).
     fn adopt(&mut self, built: &Self::Built, stopped: &Self::Stopped);
+    /// The models a built generation could not load, each with its reason.
+    fn models_refused(&self, built: &Self::Built) -> Vec<String>;
     /// Nothing running.
     fn none(&self) -> Self::Running;
 }
 
 /// A reload once the next config is known (or why there is none):
-/// - no config, or its generation cannot be built: the old generation keeps
-///   running, untouched;
+/// - no config, or its generation cannot be built, or one of its models
+///   cannot be loaded: the old generation keeps running, untouched;
 /// - built: the old generation stops, the new one starts (the addresses
 ///   its sources bind are free only then);
 /// - the new one fails to start: the previous config is built and started
@@ -168,11 +179,13 @@ pub(super) async fn switch<G: Generations>(
     next: Result<Config, ReloadError>,
 ) -> Result<(), ReloadError> {
     let built = match next {
-        Ok(new) => g
-            .build(&new)
-            .await
-            .map(|b| (new, b))
-            .map_err(ReloadError::Build),
+        Ok(new) => match g.build(&new).await {
+            Ok(b) => match g.models_refused(&b) {
+                refused if refused.is_empty() => Ok((new, b)),
+                refused => Err(ReloadError::Models(refused)),
+            },
+            Err(e) => Err(ReloadError::Build(e)),
+        },
         Err(e) => Err(e),
     };
     let (new, built) = match built {
@@ -231,6 +244,10 @@ impl Generations for Core {
         built.adopt_streams(stopped);
     }
 
+    fn models_refused(&self, built: &Prepared) -> Vec<String> {
+        built.models_refused.clone()
+    }
+
     fn none(&self) -> Generation {
         Generation::empty()
     }
@@ -251,6 +268,8 @@ mod tests {
     struct Fake {
         fail_build: HashSet<&'static str>,
         fail_start: HashSet<&'static str>,
+        /// Built, but one of their models was refused.
+        refuse_models: HashSet<&'static str>,
         steps: Vec<String>,
     }
 
@@ -285,6 +304,14 @@ mod tests {
         }
 
         fn adopt(&mut self, _built: &String, _stopped: &()) {}
+
+        fn models_refused(&self, built: &String) -> Vec<String> {
+            if self.refuse_models.contains(built.as_str()) {
+                vec![format!("model of {built} refused")]
+            } else {
+                Vec::new()
+            }
+        }
 
         fn none(&self) -> String {
             "none".into()
@@ -334,6 +361,21 @@ mod tests {
         };
         let (running, cfg, steps, r) = reload(fake, new());
         assert!(matches!(r, Err(ReloadError::Build(_))), "{r:?}");
+        assert_eq!((running.as_str(), cfg.as_str()), ("old", "old"));
+        assert_eq!(steps, ["build new"]);
+    }
+
+    #[test]
+    fn a_model_the_new_config_cannot_load_keeps_the_old_generation() {
+        let fake = Fake {
+            refuse_models: HashSet::from(["new"]),
+            ..Fake::default()
+        };
+        let (running, cfg, steps, r) = reload(fake, new());
+        assert!(
+            matches!(&r, Err(ReloadError::Models(m)) if m == &["model of new refused"]),
+            "{r:?}"
+        );
         assert_eq!((running.as_str(), cfg.as_str()), ("old", "old"));
         assert_eq!(steps, ["build new"]);
     }

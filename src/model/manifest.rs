@@ -183,6 +183,14 @@ impl Manifest {
                 _ => {}
             }
         }
+        p.extend(size_problems(
+            "input",
+            self.inputs.iter().map(ManifestIo::spec),
+        ));
+        p.extend(size_problems(
+            "output",
+            self.outputs.iter().map(ManifestIo::spec),
+        ));
         if let Some(out) = self.postprocess.as_ref().and_then(Postprocess::output)
             && !self.outputs.iter().any(|o| o.name == out)
         {
@@ -205,6 +213,21 @@ fn is_semver(v: &str) -> bool {
         && parts
             .iter()
             .all(|x| !x.is_empty() && x.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Every declared tensor (`kind`: input or output) larger than outpost
+/// allocates from a declaration ([`crate::backend::MAX_DECLARED_BYTES`],
+/// at batch 1): a model file or manifest must not make anyone allocate
+/// gigabytes, or overflow counting them.
+pub fn size_problems<S: std::borrow::Borrow<IoSpec>>(
+    kind: &str,
+    specs: impl IntoIterator<Item = S>,
+) -> Vec<String> {
+    specs
+        .into_iter()
+        .filter_map(|s| s.borrow().check_size().err())
+        .map(|e| format!("{kind} {e}"))
+        .collect()
 }
 
 /// Compares what a manifest declares with what the model really has. Free

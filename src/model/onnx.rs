@@ -6,8 +6,8 @@
 use bytes::Bytes;
 use prost::Message;
 
-use crate::backend::DType;
-use crate::onnx_proto::{GraphProto, ModelProto, TensorProto};
+use crate::backend::{DType, Dim, IoSpec};
+use crate::onnx_proto::{GraphProto, ModelProto, TensorProto, ValueInfoProto};
 
 /// Facts about an ONNX file that the runtime's session API does not give.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -21,6 +21,11 @@ pub struct OnnxInfo {
     /// tensors (shapes, indices) are not counted.
     pub parameters: u64,
     pub nodes: usize,
+    /// The graph's inputs (initializers left out) and outputs as the file
+    /// declares them: held to the limit on declared tensors before ONNX
+    /// Runtime or a warm-up allocates anything.
+    pub inputs: Vec<IoSpec>,
+    pub outputs: Vec<IoSpec>,
 }
 
 impl OnnxInfo {
@@ -58,6 +63,7 @@ pub fn inspect_bytes(bytes: Bytes) -> Result<OnnxInfo, OnnxParseError> {
     let mut parameters = 0u64;
     let mut nodes = 0usize;
     count_graph(graph, &mut parameters, &mut nodes);
+    let (inputs, outputs) = graph_io(graph);
     let producer = format!("{} {}", m.producer_name, m.producer_version)
         .trim()
         .to_string();
@@ -78,6 +84,49 @@ pub fn inspect_bytes(bytes: Bytes) -> Result<OnnxInfo, OnnxParseError> {
             .collect(),
         parameters,
         nodes,
+        inputs,
+        outputs,
+    })
+}
+
+/// A graph's inputs (those an initializer feeds left out: older exporters
+/// list every weight as an input too) and outputs, in outpost's terms.
+pub fn graph_io(g: &GraphProto) -> (Vec<IoSpec>, Vec<IoSpec>) {
+    let weights: std::collections::HashSet<&str> =
+        g.initializer.iter().map(|t| t.name.as_str()).collect();
+    let inputs = g
+        .input
+        .iter()
+        .filter(|i| !weights.contains(i.name.as_str()))
+        .filter_map(io_spec)
+        .collect();
+    (inputs, g.output.iter().filter_map(io_spec).collect())
+}
+
+/// A graph input or output as outpost declares it (free dimensions keep
+/// their names; unnamed ones are `?`); None for element types outpost does
+/// not handle.
+pub fn io_spec(v: &ValueInfoProto) -> Option<IoSpec> {
+    let t = v.r#type.as_ref()?.tensor_type.as_ref()?;
+    let dtype = DType::from_onnx(t.elem_type)?;
+    let shape = t
+        .shape
+        .as_ref()
+        .map(|s| {
+            s.dim
+                .iter()
+                .map(|d| match (d.dim_value, &d.dim_param) {
+                    (Some(n), _) if n > 0 => Dim::Fixed(n as u64),
+                    (_, Some(p)) if !p.is_empty() => Dim::Symbolic(p.clone()),
+                    _ => Dim::Symbolic("?".into()),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(IoSpec {
+        name: v.name.clone(),
+        dtype,
+        shape,
     })
 }
 
@@ -89,13 +138,16 @@ fn is_weight(t: &TensorProto) -> bool {
 }
 
 fn elements(t: &TensorProto) -> u64 {
-    t.dims.iter().map(|d| (*d).max(0) as u64).product()
+    // Saturating: a file may declare dims whose product overflows.
+    t.dims
+        .iter()
+        .fold(1u64, |n, d| n.saturating_mul((*d).max(0) as u64))
 }
 
 fn count_graph(g: &GraphProto, params: &mut u64, nodes: &mut usize) {
     for t in &g.initializer {
         if is_weight(t) {
-            *params += elements(t);
+            *params = params.saturating_add(elements(t));
         }
     }
     for n in &g.node {
@@ -105,7 +157,7 @@ fn count_graph(g: &GraphProto, params: &mut u64, nodes: &mut usize) {
                 && let Some(t) = &a.t
                 && is_weight(t)
             {
-                *params += elements(t);
+                *params = params.saturating_add(elements(t));
             }
             if let Some(sub) = &a.g {
                 count_graph(sub, params, nodes);

@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
-use super::manifest::{Manifest, ManifestError, compare_io};
+use super::manifest::{Manifest, ManifestError, compare_io, size_problems};
 use super::onnx::{OnnxInfo, inspect_bytes};
 use crate::backend::ort::{Fallback, ModelKey, OrtSession, Runtime, SessionError, SessionOptions};
 use crate::backend::{
-    Dim, InferenceSession, ModelIo, Provider, RunError, Tensor, check_inputs, is_batch_name,
+    Dim, InferenceSession, ModelIo, Provider, RunError, Tensor, TooLarge, check_allocation,
+    check_inputs, is_batch_name,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +42,11 @@ pub enum ModelError {
     Session(#[from] SessionError),
     #[error("{path}: the manifest disagrees with the model: {}", .problems.join("; "))]
     Mismatch { path: String, problems: Vec<String> },
+    /// A declared input or output larger than outpost allocates
+    /// ([`crate::backend::MAX_DECLARED_BYTES`]): refused before anything
+    /// is allocated for it.
+    #[error("{path}: {}", .problems.join("; "))]
+    TooLarge { path: String, problems: Vec<String> },
     #[error("{path}: warm-up failed: {detail}")]
     WarmUp { path: String, detail: String },
     #[error("model `{name}` not found in {dir} (models there: {available})")]
@@ -98,7 +104,12 @@ impl LoadedModel {
         engine: Box<dyn InferenceSession>,
     ) -> Result<LoadedModel, ModelError> {
         let io = engine.io().clone();
-        let mut problems = compare_io("input", &manifest.inputs, &io.inputs);
+        let mut problems = size_problems("input", manifest.inputs.iter().map(|d| d.spec()));
+        problems.extend(size_problems(
+            "output",
+            manifest.outputs.iter().map(|d| d.spec()),
+        ));
+        problems.extend(compare_io("input", &manifest.inputs, &io.inputs));
         problems.extend(compare_io("output", &manifest.outputs, &io.outputs));
         if !problems.is_empty() {
             return Err(ModelError::Mismatch {
@@ -162,13 +173,15 @@ impl LoadedModel {
 
     /// Inputs for one call built from the manifest: `fill` values where
     /// declared, zeros for state inputs, seeded pseudo-random data otherwise.
-    pub fn synthetic_inputs(&self, batch: usize) -> Vec<(String, Tensor)> {
+    /// Each input's size is held to the limit on declared tensors before
+    /// anything is allocated.
+    pub fn synthetic_inputs(&self, batch: usize) -> Result<Vec<(String, Tensor)>, TooLarge> {
         self.manifest
             .inputs
             .iter()
             .enumerate()
             .map(|(i, d)| {
-                let mut shape = d.spec().concrete_shape(batch);
+                let mut shape = d.spec().concrete_shape(batch)?;
                 // A sliding-window net (pyramid preprocessing) needs at least its window.
                 if let Some(crate::preprocess::PreprocessConfig::Pyramid { window, .. }) =
                     &self.manifest.preprocess
@@ -180,6 +193,9 @@ impl LoadedModel {
                         }
                     }
                 }
+                // The pyramid's window set a free size: held to the same limit.
+                let dims: Vec<u64> = shape.iter().map(|n| *n as u64).collect();
+                check_allocation(&d.name, d.dtype, &dims, batch, || format!("{dims:?}"))?;
                 let t = match d.fill {
                     Some(v) => Tensor::filled(d.dtype, &shape, v),
                     None if self.manifest.is_state_input(&d.name) => {
@@ -187,7 +203,7 @@ impl LoadedModel {
                     }
                     None => Tensor::pseudo_random(d.dtype, &shape, 0x5EED + i as u64),
                 };
-                (d.name.clone(), t)
+                Ok((d.name.clone(), t))
             })
             .collect()
     }
@@ -275,6 +291,16 @@ pub fn load_file(
         path: shown.clone(),
         detail: e.to_string(),
     })?;
+    // What the file declares, before ONNX Runtime or the warm-up allocates
+    // anything for it (the manifest's own were held to it when it loaded).
+    let mut problems = size_problems("input", &info.inputs);
+    problems.extend(size_problems("output", &info.outputs));
+    if !problems.is_empty() {
+        return Err(ModelError::TooLarge {
+            path: shown,
+            problems,
+        });
+    }
     let (name, version) = match &manifest {
         Some(m) => (m.name.clone(), m.version.clone()),
         None => (
@@ -324,7 +350,12 @@ pub fn load_file(
     };
     // Warm-up: the first run allocates arenas and (on TensorRT) builds the
     // engine; do it at load so the first real frame does not pay for it.
-    let inputs = model.synthetic_inputs(1);
+    let inputs = model
+        .synthetic_inputs(1)
+        .map_err(|e| ModelError::TooLarge {
+            path: shown.clone(),
+            problems: vec![format!("input {e}")],
+        })?;
     let refs: Vec<(&str, &Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let t0 = Instant::now();
     model.run(&refs).map_err(|e| ModelError::WarmUp {

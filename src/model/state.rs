@@ -56,8 +56,9 @@ impl StreamStates {
             .collect()
     }
 
-    /// A new stream's zero state (batch 1).
-    fn zeros(model: &LoadedModel) -> Vec<Tensor> {
+    /// A new stream's zero state at `batch` (its size held to the limit
+    /// on declared tensors before it is allocated).
+    fn zeros(model: &LoadedModel, batch: usize) -> Result<Vec<Tensor>, RunError> {
         model
             .manifest
             .state
@@ -65,10 +66,11 @@ impl StreamStates {
             .map(|p| {
                 let spec = model.manifest.inputs.iter().find(|i| i.name == p.input);
                 // validate() guarantees the state input is declared.
-                let (dtype, shape) = spec
-                    .map(|s| (s.dtype, s.spec().concrete_shape(1)))
-                    .unwrap_or_default();
-                Tensor::filled(dtype, &shape, 0.0)
+                let (dtype, shape) = match spec {
+                    Some(s) => (s.dtype, s.spec().concrete_shape(batch)?),
+                    None => Default::default(),
+                };
+                Ok(Tensor::filled(dtype, &shape, 0.0))
             })
             .collect()
     }
@@ -89,7 +91,7 @@ impl StreamStates {
         let n = streams.len();
         for s in streams {
             if !self.streams.contains_key(*s) {
-                self.streams.insert(s.to_string(), Self::zeros(model));
+                self.streams.insert(s.to_string(), Self::zeros(model, 1)?);
             }
         }
         let mut batched: Vec<Tensor> = Vec::with_capacity(pairs.len());
@@ -164,17 +166,7 @@ impl StreamStates {
             .unwrap_or(1);
         // Looked up by &str first: a stream's name is copied once, at its first frame.
         if !self.streams.contains_key(stream) {
-            let zeros = pairs
-                .iter()
-                .map(|p| {
-                    let spec = model.manifest.inputs.iter().find(|i| i.name == p.input);
-                    // validate() guarantees the state input is declared.
-                    let (dtype, shape) = spec
-                        .map(|s| (s.dtype, s.spec().concrete_shape(batch)))
-                        .unwrap_or_default();
-                    Tensor::filled(dtype, &shape, 0.0)
-                })
-                .collect();
+            let zeros = Self::zeros(model, batch)?;
             self.streams.insert(stream.to_string(), zeros);
         }
         let Some(state) = self.streams.get_mut(stream) else {

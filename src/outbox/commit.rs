@@ -36,6 +36,10 @@ pub struct Commit {
     wake_flusher: Condvar,
     /// Wakes `sync()` waiters after each flush attempt.
     flushed: Condvar,
+    /// The same for async waiters ([`Commit::durable`]): bumped under the
+    /// state lock wherever `flushed` is notified, so a waiter that
+    /// subscribed before it looked at the state misses no attempt.
+    attempts: tokio::sync::watch::Sender<u64>,
     pub flushes_total: AtomicU64,
     pub flush_errors_total: AtomicU64,
     pub last_flush_ns: AtomicU64,
@@ -95,6 +99,7 @@ impl Commit {
             state: Mutex::new(State::default()),
             wake_flusher: Condvar::new(),
             flushed: Condvar::new(),
+            attempts: tokio::sync::watch::Sender::new(0),
             flushes_total: AtomicU64::new(0),
             flush_errors_total: AtomicU64::new(0),
             last_flush_ns: AtomicU64::new(0),
@@ -167,36 +172,51 @@ impl Commit {
     pub fn wait_durable(&self, early: bool) -> Result<(), OutboxError> {
         let target = self.ops.load(Ordering::SeqCst);
         let mut st = self.state.lock();
-        if st.durable >= target {
-            return Ok(());
-        }
-        if let Some(b) = &st.broken {
-            return Err(OutboxError::Unavailable(b.reason.clone()));
-        }
-        let entered = st.started;
+        let entered = match entry(&st, target) {
+            Ok(entered) => entered,
+            Err(done) => return done,
+        };
         if early {
             st.wake = true;
             self.wake_flusher.notify_one();
         }
         loop {
-            if st.durable >= target {
-                return Ok(());
-            }
-            // An attempt started after we entered read `ops` after us, so it
-            // covered our target: its failure is ours.
-            if let Some((n, e)) = &st.failed
-                && *n > entered
-            {
-                return Err(OutboxError::Flush(e.clone()));
-            }
-            if let Some(b) = &st.broken {
-                return Err(OutboxError::Unavailable(b.reason.clone()));
-            }
-            if st.stopped {
-                return Err(OutboxError::Closed);
+            if let Some(done) = settled(&st, target, entered) {
+                return done;
             }
             self.flushed.wait(&mut st);
         }
+    }
+
+    /// [`Commit::wait_durable`] without asking for an early commit, for
+    /// async callers: it awaits the flusher's attempts instead of blocking
+    /// a thread, so any number of waiters costs no thread (an HTTP request
+    /// waiting for its records' commit).
+    pub async fn durable(&self) -> Result<(), OutboxError> {
+        // Subscribed before the state is read: an attempt that ends after
+        // this marks the channel changed, so none is missed.
+        let mut attempts = self.attempts.subscribe();
+        let target = self.ops.load(Ordering::SeqCst);
+        let entered = match entry(&self.state.lock(), target) {
+            Ok(entered) => entered,
+            Err(done) => return done,
+        };
+        loop {
+            // The guard goes with this statement, before any await.
+            let done = settled(&self.state.lock(), target, entered);
+            if let Some(done) = done {
+                return done;
+            }
+            if attempts.changed().await.is_err() {
+                return Err(OutboxError::Closed);
+            }
+        }
+    }
+
+    /// Wakes every waiter after a flush attempt (or the stop).
+    fn notify_flushed(&self) {
+        self.flushed.notify_all();
+        self.attempts.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Asks the flusher for a last flush and to stop.
@@ -226,7 +246,7 @@ impl Commit {
                     // Idle: no fsync, so an idle device does not wear its flash.
                     if st.shutdown {
                         st.stopped = true;
-                        self.flushed.notify_all();
+                        self.notify_flushed();
                         return last;
                     }
                     // Sleep until the next op: an idle device wakes for nothing.
@@ -289,12 +309,46 @@ impl Commit {
             }
             if shutdown {
                 st.stopped = true;
-                self.flushed.notify_all();
+                self.notify_flushed();
                 return last;
             }
-            self.flushed.notify_all();
+            self.notify_flushed();
         }
     }
+}
+
+/// Where a wait for `target` starts: `Ok(attempts started so far)`, or
+/// `Err(the answer)` when it is already durable or the store is broken.
+fn entry(st: &State, target: u64) -> Result<u64, Result<(), OutboxError>> {
+    if st.durable >= target {
+        return Err(Ok(()));
+    }
+    if let Some(b) = &st.broken {
+        return Err(Err(OutboxError::Unavailable(b.reason.clone())));
+    }
+    Ok(st.started)
+}
+
+/// The answer to a wait for `target` that began when `entered` attempts
+/// had started, once there is one.
+fn settled(st: &State, target: u64, entered: u64) -> Option<Result<(), OutboxError>> {
+    if st.durable >= target {
+        return Some(Ok(()));
+    }
+    // An attempt started after we entered read `ops` after us, so it
+    // covered our target: its failure is ours.
+    if let Some((n, e)) = &st.failed
+        && *n > entered
+    {
+        return Some(Err(OutboxError::Flush(e.clone())));
+    }
+    if let Some(b) = &st.broken {
+        return Some(Err(OutboxError::Unavailable(b.reason.clone())));
+    }
+    if st.stopped {
+        return Some(Err(OutboxError::Closed));
+    }
+    None
 }
 
 /// Rate-limits the flusher's ERROR lines: a disk that stays full would
@@ -470,5 +524,37 @@ mod tests {
         assert!(n.load(Ordering::SeqCst) >= 1);
         c.shutdown();
         h.join().unwrap();
+    }
+
+    /// Async waiters hold no thread: a thousand of them on a
+    /// current-thread runtime all end with the one group commit that
+    /// covers their ops, and none misses it however the ops and the
+    /// commits interleave.
+    #[test]
+    fn async_waiters_end_with_the_commit_that_covers_them() {
+        let (c, n, h) = start(Duration::from_millis(20));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut waits = tokio::task::JoinSet::new();
+            for _ in 0..1000 {
+                c.op_done();
+                let c = Arc::clone(&c);
+                waits.spawn(async move { c.durable().await });
+            }
+            while let Some(r) = waits.join_next().await {
+                r.unwrap().unwrap();
+            }
+            // Nothing new: answered at once.
+            c.durable().await.unwrap();
+        });
+        assert!(n.load(Ordering::SeqCst) >= 1);
+        c.shutdown();
+        h.join().unwrap();
+        // Stopped: a new op's waiter hears it.
+        c.op_done();
+        assert!(matches!(rt.block_on(c.durable()), Err(OutboxError::Closed)));
     }
 }

@@ -457,6 +457,19 @@ impl Outbox {
         self.s().commit.wait_durable(false)
     }
 
+    /// [`Outbox::wait_committed`] for async callers: awaits the group
+    /// commit without holding a thread, so any number of waiters (HTTP
+    /// requests) costs none.
+    pub async fn committed(&self) -> Result<(), OutboxError> {
+        self.s().commit.durable().await
+    }
+
+    /// `flush_interval`: a record is durable about this long after its
+    /// append, at most (plus the commit's own time).
+    pub fn flush_interval(&self) -> std::time::Duration {
+        self.s().commit.interval
+    }
+
     /// Whether the disk failed and records are held in memory until it is
     /// back (`degraded.rs`): kept, but not durable yet.
     pub fn holding_in_memory(&self) -> bool {

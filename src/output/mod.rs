@@ -7,8 +7,16 @@
 //!   { type = "mqtt", topic = "site/{pipeline}/{stream}" },  # the site broker (or the embedded one), QoS 0
 //!   { type = "udp", to = "127.0.0.1:9500" },                # one datagram per record
 //!   { type = "unix", path = "/run/outpost/vad.sock" },      # u32 LE length + record, to every connected reader
+//!   { type = "modbus", target = "10.0.0.5:502", registers = [    # fields written into a PLC's registers
+//!       { field = "/top/0/index", address = 100, kind = "u16" } ] },
 //! ]
 //! ```
+//!
+//! A modbus output (feature `modbus`, crates/modbus) takes the record's
+//! `outputs`, not its bytes: the inference thread only updates the output's
+//! pending values (newest wins per register) and wakes its task, which
+//! writes them; a slow or absent PLC replaces values, it never blocks.
+//! `[modbus_server]` is fed the same way, through each pipeline's outputs.
 //!
 //! Invariants:
 //! - Sending never blocks the inference thread and never waits for the
@@ -31,10 +39,17 @@
 //!   reader is closed and counted (`outpost_output_readers_refused_total`).
 //!   The API's connection cap leaves room for every output's `max_readers`,
 //!   so readers and API connections together never take what storage needs.
+//! - Taps (the OPC UA server's latest-value slot, `tap.rs`) get each record
+//!   right after the outputs, under the same rule: they never block.
 
 mod mqtt;
+#[cfg(feature = "opcua")]
+pub mod opcua;
+mod tap;
 mod udp;
 mod unix;
+
+pub use tap::{RecordTap, ServerStatus};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -81,6 +96,9 @@ pub enum OutputConfig {
         #[serde(default = "default_max_readers")]
         max_readers: usize,
     },
+    /// Fields written into a PLC's registers and coils over Modbus TCP
+    /// (outpost is the client). See crates/modbus and docs/floor.md.
+    Modbus(crate::floor::ModbusOutputConfig),
 }
 
 /// Default `max_readers` of a unix output.
@@ -93,12 +111,30 @@ fn default_max_readers() -> usize {
 /// The largest record a UDP output sends (bigger ones drop as `too_large`).
 const MAX_DATAGRAM: usize = 65_507;
 
+/// The largest record every one of these outputs sends whole, where one
+/// of them has a limit (a UDP datagram): what a producer of large records
+/// (a busy frame's tracking events) splits them to fit, as it does for the
+/// uplink's packet. MQTT outputs publish up to the client's 16 MiB and unix
+/// frames have a 32-bit length: no lower limit of their own.
+pub fn largest_record(outputs: &[OutputConfig]) -> Option<usize> {
+    outputs
+        .iter()
+        .filter_map(|o| match o {
+            OutputConfig::Udp { .. } => Some(MAX_DATAGRAM),
+            // Registers and coils, never a whole record.
+            OutputConfig::Modbus(_) => None,
+            OutputConfig::Mqtt { .. } | OutputConfig::Unix { .. } => None,
+        })
+        .min()
+}
+
 impl OutputConfig {
     pub fn kind(&self) -> &'static str {
         match self {
             OutputConfig::Mqtt { .. } => "mqtt",
             OutputConfig::Udp { .. } => "udp",
             OutputConfig::Unix { .. } => "unix",
+            OutputConfig::Modbus(_) => "modbus",
         }
     }
 
@@ -115,6 +151,8 @@ impl OutputConfig {
             OutputConfig::Mqtt { payload, .. }
             | OutputConfig::Udp { payload, .. }
             | OutputConfig::Unix { payload, .. } => *payload,
+            // Registers, not bytes: the record is never encoded for it.
+            OutputConfig::Modbus(_) => PayloadFormat::Json,
         }
     }
 
@@ -124,6 +162,7 @@ impl OutputConfig {
             OutputConfig::Mqtt { topic, .. } => format!("mqtt:{topic}"),
             OutputConfig::Udp { to, .. } => format!("udp:{to}"),
             OutputConfig::Unix { path, .. } => format!("unix:{}", path.display()),
+            OutputConfig::Modbus(m) => crate::floor::output_label(m),
         }
     }
 
@@ -182,6 +221,7 @@ impl OutputConfig {
                     ));
                 }
             }
+            OutputConfig::Modbus(m) => p.extend(crate::floor::output_problems(m, at)),
         }
         p
     }
@@ -242,6 +282,10 @@ pub struct OutputStatus {
     /// Unix outputs: readers closed at once, by reason.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub readers_refused: BTreeMap<&'static str, u64>,
+    /// Modbus outputs: the PLC connection, requests, exceptions by code,
+    /// values replaced while the PLC was slower than the records.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub modbus: Option<crate::floor::ModbusOutputReport>,
 }
 
 /// The result of handing one payload to one output.
@@ -255,6 +299,8 @@ enum Sink {
     Mqtt(mqtt::MqttSink),
     Udp(udp::UdpSink),
     Unix(unix::UnixSink),
+    #[cfg(feature = "modbus")]
+    Modbus(crate::floor::ModbusOutput),
 }
 
 struct Output {
@@ -263,6 +309,17 @@ struct Output {
     /// Shared with a unix output's accept loop (its readers).
     stats: Arc<OutputStats>,
     sink: OnceLock<Sink>,
+}
+
+impl Output {
+    /// A modbus output's report (None for the other kinds).
+    fn modbus_report(&self) -> Option<crate::floor::ModbusOutputReport> {
+        match self.sink.get() {
+            #[cfg(feature = "modbus")]
+            Some(Sink::Modbus(s)) => Some(s.status()),
+            _ => None,
+        }
+    }
 }
 
 /// What starting the outputs needs from the daemon.
@@ -279,6 +336,11 @@ pub struct OutputCtx {
     /// The descriptors every unix output's readers share
     /// ([`reader_fd_budget`] permits, for the daemon's life).
     pub reader_fds: Arc<tokio::sync::Semaphore>,
+    /// `[modbus_server]`: records of the pipelines it maps update it.
+    pub modbus_server: Option<crate::floor::ServerHandle>,
+    /// What takes the pipeline's records besides its outputs (the OPC UA
+    /// server's latest-value slot).
+    pub taps: Vec<Arc<dyn RecordTap>>,
 }
 
 /// Descriptors all unix output readers may hold together: what their
@@ -303,6 +365,10 @@ fn split_fds(asked: u64, soft: u64, reserved: u64, held: u64) -> u64 {
 /// A pipeline's local outputs.
 pub struct LocalOutputs {
     outputs: Vec<Output>,
+    /// `[modbus_server]`, when it maps fields of this pipeline.
+    server: OnceLock<crate::floor::ServerHandle>,
+    /// Set when the generation starts (see [`OutputCtx::taps`]).
+    taps: OnceLock<Vec<Arc<dyn RecordTap>>>,
     log: RateLimitedLog,
     pipeline: String,
 }
@@ -320,13 +386,18 @@ impl LocalOutputs {
                     sink: OnceLock::new(),
                 })
                 .collect(),
+            server: OnceLock::new(),
+            taps: OnceLock::new(),
             log: RateLimitedLog::new(Duration::from_secs(5)),
             pipeline: pipeline.to_string(),
         }
     }
 
+    /// No output, no server and no tap: nothing to hand a record to.
     pub fn is_empty(&self) -> bool {
         self.outputs.is_empty()
+            && self.server.get().is_none()
+            && self.taps.get().is_none_or(Vec::is_empty)
     }
 
     /// (label, kind, connected, stats) of each output. Connected: the MQTT
@@ -338,6 +409,8 @@ impl LocalOutputs {
                 Some(Sink::Mqtt(s)) => s.connected(),
                 Some(Sink::Udp(_)) => true,
                 Some(Sink::Unix(s)) => s.readers() > 0,
+                #[cfg(feature = "modbus")]
+                Some(Sink::Modbus(s)) => s.connected(),
             };
             (o.label.as_str(), o.cfg.kind(), up, &*o.stats)
         })
@@ -346,7 +419,8 @@ impl LocalOutputs {
     /// Each output's part of `/v1/status`.
     pub fn status(&self) -> Vec<OutputStatus> {
         self.stats()
-            .map(|(label, kind, up, st)| OutputStatus {
+            .zip(self.outputs.iter())
+            .map(|((label, kind, up, st), o)| OutputStatus {
                 output: label.to_string(),
                 kind,
                 connected: up,
@@ -354,7 +428,16 @@ impl LocalOutputs {
                 drops: st.drops(),
                 readers: (kind == "unix").then(|| st.readers.load(Ordering::Relaxed)),
                 readers_refused: st.readers_refused(),
+                modbus: o.modbus_report(),
             })
+            .collect()
+    }
+
+    /// Each modbus output's label and report.
+    pub fn modbus_reports(&self) -> Vec<(&str, crate::floor::ModbusOutputReport)> {
+        self.outputs
+            .iter()
+            .filter_map(|o| Some((o.label.as_str(), o.modbus_report()?)))
             .collect()
     }
 
@@ -362,7 +445,14 @@ impl LocalOutputs {
     /// sockets, starts the MQTT clients); returns the tasks that run until
     /// `ctx.shutdown`. Must run inside the daemon's runtime.
     pub fn start(&self, ctx: &OutputCtx) -> Result<Vec<tokio::task::JoinHandle<()>>, OutputError> {
+        // Each generation builds its own outputs, so this is the first set.
+        let _ = self.taps.set(ctx.taps.clone());
         let mut tasks = Vec::new();
+        if let Some(s) = &ctx.modbus_server
+            && s.serves(&ctx.pipeline)
+        {
+            let _ = self.server.set(s.clone());
+        }
         for o in &self.outputs {
             let err = |detail: String| OutputError::Setup {
                 pipeline: ctx.pipeline.clone(),
@@ -403,6 +493,16 @@ impl LocalOutputs {
                     tasks.push(task);
                     Sink::Unix(sink)
                 }
+                #[cfg(feature = "modbus")]
+                OutputConfig::Modbus(m) => {
+                    let (sink, task) = crate::floor::ModbusOutput::start(m, ctx.shutdown.clone());
+                    tasks.push(task);
+                    Sink::Modbus(sink)
+                }
+                #[cfg(not(feature = "modbus"))]
+                OutputConfig::Modbus(_) => {
+                    return Err(err(crate::floor::needs_modbus_build("output")));
+                }
             };
             // Each generation builds its own outputs, so this is the first set.
             let _ = o.sink.set(sink);
@@ -415,8 +515,17 @@ impl LocalOutputs {
     /// bytes the outbox stores); CBOR is encoded once when an output asks
     /// for it.
     pub fn send(&self, rec: &ResultRecord, json: &[u8]) {
+        if let Some(s) = self.server.get() {
+            s.update(&rec.pipeline, &rec.stream, &rec.outputs);
+        }
         let mut cbor: Option<Option<Vec<u8>>> = None;
         for o in &self.outputs {
+            #[cfg(feature = "modbus")]
+            if let Some(Sink::Modbus(s)) = o.sink.get() {
+                s.send(&rec.outputs);
+                o.stats.sent.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             let payload: &[u8] = match o.cfg.payload() {
                 // sparkplug_b is refused by validate(): an uplink format only.
                 PayloadFormat::Json | PayloadFormat::SparkplugB => json,
@@ -439,6 +548,8 @@ impl LocalOutputs {
                 Some(Sink::Mqtt(s)) => s.send(&rec.stream, payload),
                 Some(Sink::Udp(s)) => s.send(payload),
                 Some(Sink::Unix(s)) => s.send(payload),
+                #[cfg(feature = "modbus")]
+                Some(Sink::Modbus(_)) => Sent::Ok,
             };
             match outcome {
                 Sent::Ok => {
@@ -446,6 +557,9 @@ impl LocalOutputs {
                 }
                 Sent::Dropped(reason) => self.drop_one(o, reason),
             }
+        }
+        for t in self.taps.get().into_iter().flatten() {
+            t.offer(rec, json);
         }
     }
 
@@ -518,6 +632,22 @@ outputs = [
         assert_eq!(split_fds(1000, 256, 64, 40), 76);
         assert_eq!(split_fds(0, 256, 64, 40), 0);
         assert_eq!(split_fds(64, 64, 64, 40), 0);
+    }
+
+    #[test]
+    fn a_udp_output_bounds_the_largest_record() {
+        let udp = OutputConfig::Udp {
+            to: "127.0.0.1:9500".parse().unwrap(),
+            payload: PayloadFormat::Json,
+        };
+        let unix = OutputConfig::Unix {
+            path: "/run/x.sock".into(),
+            payload: PayloadFormat::Json,
+            max_readers: 1,
+        };
+        assert_eq!(largest_record(&[]), None);
+        assert_eq!(largest_record(std::slice::from_ref(&unix)), None);
+        assert_eq!(largest_record(&[unix, udp]), Some(MAX_DATAGRAM));
     }
 
     #[test]

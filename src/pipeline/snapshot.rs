@@ -9,18 +9,33 @@
 //! list, never from what arrives. The newest frame is one of those, so such
 //! a pipeline holds one frame per camera at most (a reference to bytes the
 //! camera already made, no copy); other pipelines hold one frame.
+//!
+//! Drawing a large frame takes memory and time (a 7936x7936 camera: 190 MB
+//! of RGB and a second or more), so requests never multiply it:
+//! - each kept frame is drawn once, and every request for it shares that
+//!   JPEG (requests that come while it is drawn wait for it);
+//! - the daemon draws at most [`MAX_RENDERS`] frames at once ([`Renders`]);
+//!   a request that would draw one more is refused at once
+//!   ([`SnapshotError::Busy`]: 503 with `Retry-After`), and counted;
+//! - what is drawn is at most [`MAX_SIDE`] pixels on its long side: a
+//!   raw camera frame is scaled down before it is turned into RGB, so a
+//!   render holds the small picture, not a full-size copy (an encoded
+//!   image is decoded whole, as the pipeline decoded it, then scaled).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use base64::Engine;
 use bytes::Bytes;
+use fast_image_resize as fir;
 use image::ImageEncoder;
 use parking_lot::Mutex;
 use serde_json::Value;
 
 use crate::preprocess::PreprocessConfig;
 use crate::preprocess::crop::{Rgb, decode_frame};
-use crate::preprocess::raw::RawImage;
+use crate::preprocess::pixels::resize_pixels;
+use crate::preprocess::raw::{RawFormat, RawImage};
 
 /// Box outlines: green, 3 px wide (centred on the box edge), clear of JPEG blur.
 pub const BOX_COLOUR: [u8; 3] = [0, 255, 0];
@@ -32,19 +47,76 @@ pub const LABEL_COLOUR: [u8; 3] = [255, 255, 255];
 pub const LABEL_BACKGROUND: [u8; 3] = [0, 0, 0];
 /// Characters of a label at most (longer text ends in `~`).
 const LABEL_CHARS: usize = 48;
+/// The long side of a snapshot, at most: a larger frame is scaled down
+/// (1080p and smaller are drawn as they are).
+pub const MAX_SIDE: u32 = 1920;
+/// Frames the daemon draws at once, at most; one more request that needs
+/// a drawing is answered 503.
+pub const MAX_RENDERS: usize = 2;
+/// What a 503 tells the caller to wait before asking again, in seconds.
+pub const RETRY_AFTER_S: u64 = 1;
 
-/// A kept frame: its bytes, their layout when raw, the record's outputs.
-type Slot = (Bytes, Option<RawImage>, Value);
+/// A kept frame: its bytes, their layout when raw, the record's outputs,
+/// and its drawing once a request made it (shared by every request for
+/// this frame; dropped with the frame).
+#[derive(Clone)]
+struct Slot {
+    payload: Bytes,
+    raw: Option<RawImage>,
+    outputs: Value,
+    jpeg: Arc<tokio::sync::OnceCell<Bytes>>,
+}
+
+/// A pipeline's snapshot figures, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct SnapshotStats {
+    /// Frames drawn (each at most once).
+    pub renders: AtomicU64,
+    /// Requests answered 503: the daemon was drawing its most at once.
+    pub refused: AtomicU64,
+}
+
+/// The daemon's bound on snapshot drawings at once (one per API).
+#[derive(Debug, Clone)]
+pub struct Renders {
+    permits: Arc<tokio::sync::Semaphore>,
+    max_side: u32,
+}
+
+impl Renders {
+    /// At most `max` drawings at once, each at most `max_side` pixels on
+    /// its long side.
+    pub fn new(max: usize, max_side: u32) -> Renders {
+        Renders {
+            permits: Arc::new(tokio::sync::Semaphore::new(max)),
+            max_side: max_side.max(1),
+        }
+    }
+}
+
+impl Default for Renders {
+    fn default() -> Self {
+        Renders::new(MAX_RENDERS, MAX_SIDE)
+    }
+}
 
 /// The latest frame and record outputs of one pipeline.
 pub struct Latest {
     /// How frames decode; `None` for pipelines that take no images.
-    pre: Option<PreprocessConfig>,
+    pre: Option<Arc<PreprocessConfig>>,
     /// The newest frame, of whichever stream.
     slot: Mutex<Option<(Arc<str>, Slot)>>,
     /// Each camera's newest frame (pipelines over several cameras), in the
     /// pipeline's camera order; empty for other pipelines.
     streams: Vec<(Arc<str>, Mutex<Option<Slot>>)>,
+    stats: Arc<SnapshotStats>,
+}
+
+/// One kept frame, to draw (or to take the drawing of).
+pub struct KeptFrame {
+    pre: Arc<PreprocessConfig>,
+    slot: Slot,
+    stats: Arc<SnapshotStats>,
 }
 
 impl Latest {
@@ -59,7 +131,7 @@ impl Latest {
             pre,
             PreprocessConfig::Image { .. } | PreprocessConfig::Pyramid { .. }
         )
-        .then(|| pre.clone());
+        .then(|| Arc::new(pre.clone()));
         Latest {
             streams: streams
                 .iter()
@@ -67,6 +139,7 @@ impl Latest {
                 .collect(),
             pre,
             slot: Mutex::new(None),
+            stats: Arc::default(),
         }
     }
 
@@ -85,13 +158,22 @@ impl Latest {
         self.streams.iter().map(|(s, _)| &**s).collect()
     }
 
+    pub fn stats(&self) -> &SnapshotStats {
+        &self.stats
+    }
+
     /// Keeps a frame of `stream` and its outputs (a reference count, no
     /// copy of the bytes).
     pub fn keep(&self, stream: &Arc<str>, payload: &Bytes, raw: Option<RawImage>, outputs: &Value) {
         if self.pre.is_none() {
             return;
         }
-        let slot = (payload.clone(), raw, outputs.clone());
+        let slot = Slot {
+            payload: payload.clone(),
+            raw,
+            outputs: outputs.clone(),
+            jpeg: Arc::default(),
+        };
         let name = match self.streams.iter().find(|(s, _)| s == stream) {
             Some((name, own)) => {
                 *own.lock() = Some(slot.clone());
@@ -102,11 +184,11 @@ impl Latest {
         *self.slot.lock() = Some((name, slot));
     }
 
-    /// The latest frame (of `stream`, where given) with its boxes drawn, as
-    /// JPEG; `Ok(None)` before such a frame. A stream that is not one of
-    /// a pipeline's cameras is [`SnapshotError::UnknownStream`]; a pipeline
-    /// that keeps only its newest frame draws it when it is of `stream`.
-    pub fn render(&self, stream: Option<&str>) -> Result<Option<Vec<u8>>, SnapshotError> {
+    /// The latest frame (of `stream`, where given); `Ok(None)` before such
+    /// a frame. A stream that is not one of a pipeline's cameras is
+    /// [`SnapshotError::UnknownStream`]; a pipeline that keeps only its
+    /// newest frame gives it when it is of `stream`.
+    pub fn frame(&self, stream: Option<&str>) -> Result<Option<KeptFrame>, SnapshotError> {
         let Some(pre) = self.pre.as_ref() else {
             return Ok(None);
         };
@@ -125,15 +207,57 @@ impl Latest {
                 .filter(|(s, _)| &**s == name)
                 .map(|(_, s)| s),
         };
-        let Some((payload, raw, outputs)) = kept else {
-            return Ok(None);
-        };
-        let mut img = match raw {
-            Some(raw) => raw.to_rgb(&payload),
-            None => decode_frame(&payload, pre),
-        }?;
-        draw(&mut img, &outputs);
-        Ok(Some(jpeg(&img, 90)?))
+        Ok(kept.map(|slot| KeptFrame {
+            pre: pre.clone(),
+            slot,
+            stats: self.stats.clone(),
+        }))
+    }
+
+    /// The latest frame (of `stream`) drawn now, as JPEG, outside the
+    /// daemon's bound (tests).
+    #[cfg(test)]
+    fn render(&self, stream: Option<&str>) -> Result<Option<Bytes>, SnapshotError> {
+        match self.frame(stream)? {
+            Some(f) => draw_frame(&f.pre, &f.slot, MAX_SIDE).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+impl KeptFrame {
+    /// Its drawing as JPEG: the one already made for this frame, else
+    /// drawn now within `renders` (every request for the frame that comes
+    /// meanwhile waits for this drawing and shares it). Past the bound:
+    /// [`SnapshotError::Busy`], counted.
+    pub async fn jpeg(&self, renders: &Renders) -> Result<Bytes, SnapshotError> {
+        let jpeg = self
+            .slot
+            .jpeg
+            .get_or_try_init(|| async move {
+                let Ok(permit) = renders.permits.clone().try_acquire_owned() else {
+                    self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                    return Err(SnapshotError::Busy);
+                };
+                let (pre, slot, stats) = (self.pre.clone(), self.slot.clone(), self.stats.clone());
+                let max_side = renders.max_side;
+                // Decoding and JPEG encoding take milliseconds (seconds for
+                // a huge frame): off the async workers. The permit goes
+                // with the drawing, so a request given up on does not free
+                // it before the memory is.
+                let drawn = tokio::task::spawn_blocking(move || {
+                    let _permit = permit;
+                    let r = draw_frame(&pre, &slot, max_side);
+                    if r.is_ok() {
+                        stats.renders.fetch_add(1, Ordering::Relaxed);
+                    }
+                    r
+                })
+                .await;
+                drawn.unwrap_or_else(|e| Err(SnapshotError::Interrupted(e.to_string())))
+            })
+            .await?;
+        Ok(jpeg.clone())
     }
 }
 
@@ -146,6 +270,74 @@ pub enum SnapshotError {
     Encode(#[from] image::ImageError),
     #[error("no camera `{0}` in this pipeline")]
     UnknownStream(String),
+    /// The daemon is drawing its most snapshots at once: ask again later.
+    #[error("busy drawing other snapshots; try again")]
+    Busy,
+    #[error("the drawing stopped: {0}")]
+    Interrupted(String),
+}
+
+/// `w` x `h` within `max_side` on the long side (aspect kept, at least 1
+/// pixel a side), and the scale from the frame to it.
+pub fn fit(w: u32, h: u32, max_side: u32) -> (u32, u32, f64) {
+    let long = w.max(h);
+    if long <= max_side || long == 0 {
+        return (w, h, 1.0);
+    }
+    let s = max_side as f64 / long as f64;
+    let side = |v: u32| ((v as f64 * s).round() as u32).clamp(1, max_side);
+    (side(w), side(h), s)
+}
+
+/// A raw frame as RGB within `max_side`: scaled down in its own layout
+/// first (I420 planes, packed RGB), so only the small picture is
+/// converted; the scale from the frame to it.
+fn raw_within(raw: &RawImage, payload: &[u8], max_side: u32) -> Result<(Rgb, f64), SnapshotError> {
+    let (w, h, s) = fit(raw.width, raw.height, max_side);
+    if (w, h) == (raw.width, raw.height) {
+        return Ok((raw.to_rgb(payload)?, s));
+    }
+    raw.check(payload)?;
+    let mut resizer = fir::Resizer::new();
+    let pixels = match raw.format {
+        RawFormat::Rgb => resize_pixels(
+            &mut resizer,
+            payload,
+            (raw.width, raw.height),
+            (w, h),
+            fir::PixelType::U8x3,
+        )?,
+        RawFormat::I420 { .. } => raw.i420_resized_rgb(payload, w, h, &mut resizer)?,
+    };
+    Ok((
+        Rgb {
+            width: w,
+            height: h,
+            pixels,
+        },
+        s,
+    ))
+}
+
+/// A kept frame with its boxes drawn, at most `max_side` on its long side,
+/// as JPEG.
+fn draw_frame(pre: &PreprocessConfig, slot: &Slot, max_side: u32) -> Result<Bytes, SnapshotError> {
+    let (mut img, scale) = match &slot.raw {
+        Some(raw) => raw_within(raw, &slot.payload, max_side)?,
+        None => {
+            let full = decode_frame(&slot.payload, pre)?;
+            let (w, h, s) = fit(full.width, full.height, max_side);
+            if (w, h) == (full.width, full.height) {
+                (full, s)
+            } else {
+                let small = full.resize(w, h)?;
+                drop(full);
+                (small, s)
+            }
+        }
+    };
+    draw_scaled(&mut img, &slot.outputs, scale);
+    Ok(Bytes::from(jpeg(&img, 90)?))
 }
 
 fn four(v: &Value) -> Option<[f64; 4]> {
@@ -157,6 +349,12 @@ fn four(v: &Value) -> Option<[f64; 4]> {
 /// Draws each box of `outputs.detections` (a detector's) or
 /// `outputs.boxes` (MTCNN's, OCR's), and its landmarks.
 pub fn draw(img: &mut Rgb, outputs: &Value) {
+    draw_scaled(img, outputs, 1.0)
+}
+
+/// [`draw`] on a picture `scale` times the frame's size (the boxes are in
+/// the frame's pixels).
+fn draw_scaled(img: &mut Rgb, outputs: &Value, scale: f64) {
     let Some(boxes) = crate::track::value::BOX_KEYS
         .iter()
         .find_map(|k| outputs.get(*k).and_then(Value::as_array))
@@ -164,7 +362,7 @@ pub fn draw(img: &mut Rgb, outputs: &Value) {
         return;
     };
     for b in boxes {
-        if let Some(r) = b.get("box").and_then(four) {
+        if let Some(r) = b.get("box").and_then(four).map(|r| r.map(|v| v * scale)) {
             rect(img, r);
             if let Some(text) = label(b) {
                 draw_label(img, r, &text);
@@ -181,7 +379,7 @@ pub fn draw(img: &mut Rgb, outputs: &Value) {
                 .filter(|a| a.len() == 2)
                 .and_then(|a| Some([a[0].as_f64()?, a[1].as_f64()?]))
             {
-                let (x, y) = (x.round() as i64, y.round() as i64);
+                let (x, y) = ((x * scale).round() as i64, (y * scale).round() as i64);
                 fill(img, x - 2, y - 2, x + 3, y + 3, MARK_COLOUR);
             }
         }
@@ -457,7 +655,7 @@ mod tests {
         let out = serde_json::json!({});
         l.keep(&gate, &frame(16, 8), Some(RawImage::rgb(16, 8)), &out);
         l.keep(&yard, &frame(8, 24), Some(RawImage::rgb(8, 24)), &out);
-        let size = |j: Vec<u8>| {
+        let size = |j: Bytes| {
             let img = image::load_from_memory(&j).unwrap();
             (img.width(), img.height())
         };
@@ -476,6 +674,100 @@ mod tests {
         one.keep(&gate, &frame(16, 8), Some(RawImage::rgb(16, 8)), &out);
         assert!(one.render(Some("gate")).unwrap().is_some());
         assert!(one.render(Some("yard")).unwrap().is_none());
+    }
+
+    /// Issue 50, item 3: a 7936x7936 camera's snapshot was drawn at full
+    /// size for every request. A large frame is drawn within MAX_SIDE,
+    /// its boxes where they belong on the smaller picture, from raw RGB
+    /// and raw I420 alike.
+    #[test]
+    fn a_large_frame_is_drawn_within_max_side_with_its_boxes_scaled() {
+        let pre: PreprocessConfig =
+            toml::from_str("type = \"image\"\nwidth = 8\nheight = 8").unwrap();
+        let (w, h) = (4000u32, 2000u32);
+        let out = serde_json::json!({"boxes": [{"box": [1000.0, 500.0, 3000.0, 1500.0]}]});
+        let cam: Arc<str> = "cam".into();
+        let rgb = vec![128u8; (w * h * 3) as usize];
+        let i420 = crate::preprocess::raw::tests::rgb_to_i420(&rgb, w as usize, h as usize, false);
+        for (payload, raw) in [
+            (rgb.clone(), RawImage::rgb(w, h)),
+            (
+                i420,
+                RawImage {
+                    width: w,
+                    height: h,
+                    format: RawFormat::I420 { bt709: false },
+                },
+            ),
+        ] {
+            let l = Latest::new(&pre);
+            l.keep(&cam, &Bytes::from(payload), Some(raw), &out);
+            let j = l.render(None).unwrap().unwrap();
+            let img = image::load_from_memory(&j).unwrap().into_rgb8();
+            assert_eq!((img.width(), img.height()), (1920, 960), "{raw:?}");
+            // The box [1000, 500, 3000, 1500] at 0.48: [480, 240, 1440, 720].
+            let green = |x: u32, y: u32| {
+                let p = img.get_pixel(x, y).0;
+                p[1] > 180 && p[0] < 110 && p[2] < 110
+            };
+            assert!(green(960, 240) && green(960, 720) && green(480, 480) && green(1440, 480));
+            assert!(!green(960, 480) && !green(960, 260));
+        }
+        assert_eq!(fit(7936, 7936, MAX_SIDE), (1920, 1920, 1920.0 / 7936.0));
+        assert_eq!(fit(1920, 1080, MAX_SIDE), (1920, 1080, 1.0));
+        assert_eq!(fit(100_000, 1, MAX_SIDE), (1920, 1, 1920.0 / 100_000.0));
+    }
+
+    /// Issue 50, item 3: 8 clients x 3 requests drew the frame 24 times at
+    /// once. A frame is drawn once and shared; a request that needs a
+    /// drawing while the daemon draws its most is refused and counted.
+    #[test]
+    fn a_frame_is_drawn_once_and_a_drawing_past_the_bound_is_refused() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let pre: PreprocessConfig =
+            toml::from_str("type = \"image\"\nwidth = 8\nheight = 8").unwrap();
+        let cam: Arc<str> = "cam".into();
+        let l = Latest::new(&pre);
+        let frame = || Bytes::from(vec![90u8; 64 * 48 * 3]);
+        l.keep(
+            &cam,
+            &frame(),
+            Some(RawImage::rgb(64, 48)),
+            &serde_json::json!({}),
+        );
+        let renders = Renders::new(1, MAX_SIDE);
+        rt.block_on(async {
+            // Another drawing holds the only permit: refused, counted.
+            let held = renders.permits.clone().try_acquire_owned().unwrap();
+            let f = l.frame(None).unwrap().unwrap();
+            assert!(matches!(f.jpeg(&renders).await, Err(SnapshotError::Busy)));
+            assert_eq!(l.stats().refused.load(Ordering::Relaxed), 1);
+            drop(held);
+            // Free: drawn once, and every request for the frame shares it.
+            let mut all = tokio::task::JoinSet::new();
+            for _ in 0..8 {
+                let (f, r) = (l.frame(None).unwrap().unwrap(), renders.clone());
+                all.spawn(async move { f.jpeg(&r).await.unwrap() });
+            }
+            let got = all.join_all().await;
+            assert_eq!(got.len(), 8);
+            assert!(got.windows(2).all(|w| w[0] == w[1]));
+            assert_eq!(l.stats().renders.load(Ordering::Relaxed), 1);
+            // A new frame is drawn anew.
+            l.keep(
+                &cam,
+                &frame(),
+                Some(RawImage::rgb(64, 48)),
+                &serde_json::json!({}),
+            );
+            let f = l.frame(None).unwrap().unwrap();
+            f.jpeg(&renders).await.unwrap();
+            assert_eq!(l.stats().renders.load(Ordering::Relaxed), 2);
+            assert_eq!(renders.permits.available_permits(), 1);
+        });
     }
 
     #[test]

@@ -232,12 +232,16 @@ impl Pipeline {
             .iter()
             .filter(|i| i.name != main_input && !m.is_state_input(&i.name))
             .map(|i| {
-                (
+                let shape = i
+                    .spec()
+                    .concrete_shape(1)
+                    .map_err(|e| setup(format!("model `{}`: {e}", m.name)))?;
+                Ok((
                     i.name.clone(),
-                    Tensor::filled(i.dtype, &i.spec().concrete_shape(1), i.fill.unwrap_or(0.0)),
-                )
+                    Tensor::filled(i.dtype, &shape, i.fill.unwrap_or(0.0)),
+                ))
             })
-            .collect();
+            .collect::<Result<_, PipelineError>>()?;
         // Decided here, once: how this pipeline runs its frames.
         let mode = Mode::decide(&cfg, m, &pre_cfg, &post_cfg, &main_input, hook.is_some());
         let cascade = if mode.cascade {
@@ -331,14 +335,9 @@ impl Pipeline {
         self.cascade.as_ref().map(|c| c.stats()).unwrap_or_default()
     }
 
-    /// The latest frame (of `stream`, where given) with its boxes drawn,
-    /// as JPEG; `Ok(None)` before such a frame or for pipelines that take
-    /// no images (see [`Latest::render`]).
-    pub fn snapshot_jpeg(
-        &self,
-        stream: Option<&str>,
-    ) -> Result<Option<Vec<u8>>, super::snapshot::SnapshotError> {
-        self.snapshot.render(stream)
+    /// The latest frames, to draw as snapshots (see [`Latest`]).
+    pub fn snapshot(&self) -> &Latest {
+        &self.snapshot
     }
 
     /// Whether each stream (camera) keeps its own snapshot.

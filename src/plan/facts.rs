@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::graph::{self, GraphFacts};
 use crate::backend::{DType, Dim, IoSpec};
-use crate::model::manifest::{Layout, Manifest, Preprocess};
+use crate::model::manifest::{Layout, Manifest, Preprocess, size_problems};
 use crate::model::registry::{ModelError, manifests_in};
 use crate::onnx_proto::{ModelProto, ValueInfoProto};
 
@@ -186,6 +186,16 @@ pub fn model_facts(arg: &str, dir: &Path) -> Result<ModelFacts, ModelError> {
     };
     let info =
         crate::model::onnx::inspect_bytes(bytes.clone()).map_err(|e| not_onnx(e.to_string()))?;
+    // A model the daemon would refuse for its declared sizes is refused
+    // here too, with the same reason (its figures would not fit 64 bits).
+    let mut too_large = size_problems("input", &info.inputs);
+    too_large.extend(size_problems("output", &info.outputs));
+    if !too_large.is_empty() {
+        return Err(ModelError::TooLarge {
+            path: shown,
+            problems: too_large,
+        });
+    }
     let dim_sizes = manifest.as_ref().map(dim_sizes_from).unwrap_or_default();
     let (name, inputs, outputs, io_from) = match manifest {
         Some(m) => (

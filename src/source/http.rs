@@ -7,6 +7,10 @@
 //! its `flush_interval`, sharing the fsync with every other record of that
 //! window), as a QoS 1 MQTT source waits before acknowledging, so a record
 //! answered `"durable": true` survives a crash or power loss that follows.
+//! The wait follows `flush_interval` (plus [`COMMIT_MARGIN`] for the
+//! commit itself), so a record stored in time is never answered 503 (which
+//! tells the client to send it again), and it awaits the commit: a
+//! waiting request holds no thread.
 //! While the disk has failed and the outbox holds records in memory until
 //! it is back, the answer is still `200` with `"durable": false` (kept, not
 //! yet on disk); a commit that fails otherwise is answered `503` and the
@@ -46,6 +50,11 @@ pub struct HttpIngress {
 
 /// How long a request waits for its result before answering 504.
 const RESULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long past `outbox.flush_interval` a request waits for the commit
+/// that holds its records (the fsync itself, a slow disk) before it answers
+/// 503.
+pub const COMMIT_MARGIN: Duration = Duration::from_secs(30);
 
 /// What a 503 tells the caller to wait before trying again, in seconds.
 pub const RETRY_AFTER_S: u64 = 1;
@@ -183,21 +192,26 @@ async fn infer_inner(
     Ok((records, kept))
 }
 
+/// How long a request waits for the commit of its records: the outbox's
+/// `flush_interval` and [`COMMIT_MARGIN`].
+pub fn commit_wait(flush_interval: Duration) -> Duration {
+    flush_interval.saturating_add(COMMIT_MARGIN)
+}
+
 /// Waits until what the outbox holds now (this frame's records) is
-/// durable: the regular group commit, no fsync of its own.
-/// `false`: the disk has failed and the records are held in memory.
+/// durable: the regular group commit, no fsync of its own, awaited (no
+/// thread held). `false`: the disk has failed and the records are held
+/// in memory.
 async fn durable(outbox: crate::outbox::Outbox) -> Result<bool, InferError> {
-    let o = outbox.clone();
-    let wait = tokio::task::spawn_blocking(move || o.wait_committed());
-    match tokio::time::timeout(RESULT_TIMEOUT, wait).await {
+    let wait = commit_wait(outbox.flush_interval());
+    match tokio::time::timeout(wait, outbox.committed()).await {
         // Held in memory, a commit has nothing of them to make durable.
-        Ok(Ok(Ok(()))) => Ok(!outbox.holding_in_memory()),
-        Ok(Ok(Err(_))) if outbox.holding_in_memory() => Ok(false),
-        Ok(Ok(Err(e))) => Err(InferError::NotDurable(e.to_string())),
+        Ok(Ok(())) => Ok(!outbox.holding_in_memory()),
+        Ok(Err(_)) if outbox.holding_in_memory() => Ok(false),
         Ok(Err(e)) => Err(InferError::NotDurable(e.to_string())),
-        Err(_) => Err(InferError::NotDurable(
-            "the commit did not end in time".into(),
-        )),
+        Err(_) => Err(InferError::NotDurable(format!(
+            "the commit did not end within {wait:?} (outbox.flush_interval + {COMMIT_MARGIN:?})"
+        ))),
     }
 }
 
@@ -229,5 +243,16 @@ mod tests {
         let r = InferError::QueueFull.into_response();
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(r.headers().contains_key(axum::http::header::RETRY_AFTER));
+    }
+
+    /// Issue 50, item 8: `check` takes a `flush_interval` of up to 60 s,
+    /// and the wait for the commit was a fixed 30 s, so with 45 s every
+    /// record was stored and answered 503. The wait follows the interval.
+    #[test]
+    fn the_commit_wait_outlasts_every_interval_check_accepts() {
+        for s in [0, 10, 30, 45, 60] {
+            let i = Duration::from_secs(s);
+            assert!(commit_wait(i) >= i + Duration::from_secs(30), "{s}");
+        }
     }
 }

@@ -1,11 +1,12 @@
 //! Frame sources: where a pipeline's frames come from. One file per kind,
 //! each behind the [`Source`] trait, chosen by the closed [`SourceConfig`]
-//! enum (`type = "mqtt" | "udp" | "unix" | "http" | "watch" | "replay" | "camera"`).
+//! enum (`type = "mqtt" | "udp" | "unix" | "http" | "watch" | "replay" | "camera" | "modbus"`).
 
 pub mod acks;
 pub mod camera;
 pub mod framing;
 pub mod http;
+pub mod modbus;
 pub mod mqtt;
 mod qos1;
 pub mod replay;
@@ -185,6 +186,9 @@ pub enum SourceConfig {
     /// A camera through GStreamer (feature `camera`): `url` (rtsp, v4l2,
     /// csi) or `pipeline`; see `camera.rs`.
     Camera(camera::CameraConfig),
+    /// Registers (or coils) of a PLC polled over Modbus TCP (feature
+    /// `modbus`): each poll is one sensor frame, a JSON array of the values.
+    Modbus(crate::floor::ModbusSourceConfig),
 }
 
 fn default_poll() -> Duration {
@@ -257,6 +261,7 @@ impl SourceConfig {
             SourceConfig::Watch { .. } => "watch",
             SourceConfig::Replay { .. } => "replay",
             SourceConfig::Camera(_) => "camera",
+            SourceConfig::Modbus(_) => "modbus",
         }
     }
 
@@ -333,6 +338,7 @@ impl SourceConfig {
                 p.push(format!("{at}.recv_buffer_bytes: {n} (1 to {})", i32::MAX));
             }
             SourceConfig::Camera(c) => p.extend(c.validate(at)),
+            SourceConfig::Modbus(m) => p.extend(crate::floor::source_problems(m, at)),
             _ => {}
         }
         p
@@ -395,6 +401,7 @@ impl SourceConfig {
                 repeat,
             }),
             SourceConfig::Camera(cfg) => Box::new(camera::CameraSource { cfg }),
+            SourceConfig::Modbus(cfg) => Box::new(modbus::ModbusSource { cfg }),
         }
     }
 }
@@ -441,6 +448,9 @@ pub struct SourceCtx {
     /// For a camera source: the state its pipeline shows (`/v1/status`).
     pub camera: Option<Arc<camera::CameraState>>,
     pub data_dir: PathBuf,
+    /// The generation's connections to PLCs, shared by its modbus sources
+    /// (one per target).
+    pub modbus: Arc<crate::floor::Hub>,
 }
 
 impl SourceCtx {

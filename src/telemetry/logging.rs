@@ -122,9 +122,150 @@ impl RateLimitedLog {
     }
 }
 
+/// Logs a failure that repeats (a camera that stays down and reconnects
+/// every few seconds) at intervals that grow: the first failure at once,
+/// then at most one line per interval, the interval doubling from `first`
+/// up to `cap`; a success ends the run and is worth a line of its own.
+/// The state (counters, status) keeps every failure; the log only says
+/// that it goes on. Free of I/O: the time is an argument, which the caller
+/// reads from its `Clocks`.
+#[derive(Debug, Clone)]
+pub struct BackoffLog {
+    first: Duration,
+    cap: Duration,
+    /// The failures since the last success; `None` while none.
+    run: Option<FailureRun>,
+}
+
+#[derive(Debug, Clone)]
+struct FailureRun {
+    since: Instant,
+    failures: u64,
+    /// Failures not logged since the last line.
+    unlogged: u64,
+    /// The interval after the last line, and the time the next line may
+    /// come.
+    gap: Duration,
+    next: Instant,
+}
+
+/// A failure to log now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failure {
+    /// Failures in this run, this one included.
+    pub failures: u64,
+    /// Failures since the last line that were not logged.
+    pub unlogged: u64,
+    /// How long the run has lasted.
+    pub since: Duration,
+    /// When the next line may come at the earliest.
+    pub next_in: Duration,
+}
+
+/// A run of failures that a success ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recovery {
+    pub failures: u64,
+    /// From the first failure to the success.
+    pub after: Duration,
+}
+
+impl BackoffLog {
+    pub fn new(first: Duration, cap: Duration) -> BackoffLog {
+        BackoffLog {
+            first,
+            cap: cap.max(first),
+            run: None,
+        }
+    }
+
+    /// A failure at `now`: `Some` when it is to be logged.
+    pub fn failed(&mut self, now: Instant) -> Option<Failure> {
+        let Some(run) = &mut self.run else {
+            self.run = Some(FailureRun {
+                since: now,
+                failures: 1,
+                unlogged: 0,
+                gap: self.first,
+                next: now + self.first,
+            });
+            return Some(Failure {
+                failures: 1,
+                unlogged: 0,
+                since: Duration::ZERO,
+                next_in: self.first,
+            });
+        };
+        run.failures += 1;
+        if now < run.next {
+            run.unlogged += 1;
+            return None;
+        }
+        let unlogged = std::mem::take(&mut run.unlogged);
+        run.gap = run.gap.saturating_mul(2).min(self.cap);
+        run.next = now + run.gap;
+        Some(Failure {
+            failures: run.failures,
+            unlogged,
+            since: now.saturating_duration_since(run.since),
+            next_in: run.gap,
+        })
+    }
+
+    /// A success at `now`: `Some` when it ended a run of failures.
+    pub fn succeeded(&mut self, now: Instant) -> Option<Recovery> {
+        self.run.take().map(|run| Recovery {
+            failures: run.failures,
+            after: now.saturating_duration_since(run.since),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::clocks::{Clocks, SimulatedClocks};
+
+    /// A camera down for an hour, retried every 8 s: its first failure is
+    /// logged, then one line after 1, 2, 4 and 8 minutes, then one every 10.
+    #[test]
+    fn a_failure_that_goes_on_is_logged_at_doubling_intervals_up_to_the_cap() {
+        let clocks = SimulatedClocks::new(1_796_083_200_000_000);
+        let t0 = clocks.monotonic();
+        let min = Duration::from_secs(60);
+        let mut log = BackoffLog::new(min, 10 * min);
+        let mut lines = Vec::new();
+        let mut attempts = 0u64;
+        while clocks.monotonic() - t0 < 60 * min {
+            attempts += 1;
+            if let Some(f) = log.failed(clocks.monotonic()) {
+                lines.push((clocks.monotonic() - t0, f));
+            }
+            clocks.advance(Duration::from_secs(8));
+        }
+        let at: Vec<u64> = lines.iter().map(|(t, _)| t.as_secs()).collect();
+        // 8-second steps: the first attempt at or after each due time.
+        assert_eq!(at, [0, 64, 184, 424, 904, 1504, 2104, 2704, 3304]);
+        let gaps: Vec<u64> = lines.iter().map(|(_, f)| f.next_in.as_secs()).collect();
+        assert_eq!(gaps, [60, 120, 240, 480, 600, 600, 600, 600, 600]);
+        // Each line counts the failures it stands for.
+        assert_eq!(lines[0].1.failures, 1);
+        assert_eq!(lines[1].1.unlogged, 7);
+        assert_eq!(lines[1].1.failures, 9);
+        assert_eq!(lines[8].1.since, Duration::from_secs(3304));
+        let logged: u64 = lines.iter().map(|(_, f)| 1 + f.unlogged).sum();
+        assert_eq!(logged, lines.last().unwrap().1.failures);
+        assert_eq!(attempts, 450);
+        // The success that ends it says how long and how many; the next
+        // failure is news again, logged at once.
+        let r = log.succeeded(clocks.monotonic()).unwrap();
+        assert_eq!(r.failures, 450);
+        assert_eq!(r.after, Duration::from_secs(3600));
+        assert_eq!(log.succeeded(clocks.monotonic()), None);
+        let f = log.failed(clocks.monotonic()).unwrap();
+        assert_eq!((f.failures, f.unlogged, f.next_in), (1, 0, min));
+        assert_eq!(log.failed(clocks.monotonic()), None);
+    }
 
     #[test]
     fn priorities_follow_syslog() {

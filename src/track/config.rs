@@ -771,6 +771,10 @@ speed_unit = "mph"
 name = "g"
 polygon = [[0, 0], [10, 0], [10, 10], [0, 10]]
 distances = [1, 1, 1, 1]
+[[zones]]
+name = "h"
+polygon = [[0, 0], [10, 0], [10, 10], [0, 10]]
+distances = [1e-7, 1e-7, 1e-7, 1e-7]
 "#,
         );
         let e = problems(&p);
@@ -786,6 +790,7 @@ distances = [1, 1, 1, 1]
             "p.zones[3].speed_limit: -3 must be a number above 0",
             "p.zones[4].after: `d` leads back to `e` (zones in a circle)",
             "p.zones[5].speed_unit: `mph` differs from zone `a`'s `km/h`; a pipeline's speeds share one unit",
+            "p.zones[7].distances: distance 0 is 0.0000001: too small to calibrate a zone; each side must be at least 0.001 (metres, or feet for mph)",
         ];
         assert_eq!(e, want, "{e:#?}");
     }

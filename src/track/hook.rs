@@ -9,12 +9,13 @@
 //! `emit = "events"` the frame's own record is not sent upstream.
 //!
 //! A frame's events fit the uplink: when they would make a record larger
-//! than `max_record_bytes` (the uplink's `max_packet_bytes` less room for
-//! the rest of the record), they are split over several records, each
+//! than `max_record_bytes` (the smaller of the uplink's `max_packet_bytes`
+//! and a UDP output's datagram), they are split over several records, each
 //! with the frame's reference (`frame`, `{boot}-{n}`: the stream's `n`th
-//! frame this boot), its `part` (1, 2, ...) and the number of `parts`. A
-//! busy frame (hundreds of objects entering dozens of zones) is never
-//! dropped whole for its size.
+//! frame this boot), its `part` (1, 2, ...) and the number of `parts`; an
+//! event too large for a record alone is shortened (see `fit.rs`). A busy
+//! frame (hundreds of objects entering dozens of zones) is never dropped
+//! whole for its size, nor is an object that went through many zones.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -25,6 +26,7 @@ use serde_json::{Value, json};
 
 use super::config::{Emit, LineConfig, TrackConfig, ZoneConfig};
 use super::events::{EndReason, Event, EventKind, OccupancyEvent};
+use super::fit::{self, Envelope, escape_segment};
 use super::snapshots::{SnapshotStore, snapshot_name};
 use super::stats::TrackStats;
 use super::tracker::{Detection, FrameOutput, StreamTracker, TrackingSpec};
@@ -46,10 +48,16 @@ pub struct PipelineTracking {
     emit: Emit,
     /// `{device}/{pipeline}/`.
     prefix: String,
+    device: String,
+    pipeline: String,
+    /// The model's `name@version`, in every record.
+    model: String,
     /// This boot's number, in every track id.
     boot: u64,
-    /// A frame's events go in records of at most about this many bytes.
+    /// A frame's events go in records of at most this many bytes.
     max_record_bytes: usize,
+    /// An event that cannot be shortened to fit is said once in a while.
+    log: crate::telemetry::logging::RateLimitedLog,
     numbers: Arc<AtomicU64>,
     default_label: String,
     snapshots: Option<Arc<SnapshotStore>>,
@@ -64,6 +72,8 @@ pub struct PipelineTracking {
 pub struct StreamState {
     tracker: StreamTracker,
     stream: String,
+    /// Bytes of the stream's events records besides the events, at most.
+    envelope: usize,
 }
 
 impl StreamState {
@@ -99,8 +109,11 @@ pub struct TrackingSetup<'a> {
     /// Gives each track its `{n}` within the boot: shared by the
     /// pipeline's streams and kept across reloads.
     pub numbers: Arc<AtomicU64>,
-    /// The largest record the uplink sends (`max_packet_bytes`): a frame's
-    /// events are split over records that fit it ([`events_budget`]).
+    /// The model's `name@version`, in every record.
+    pub model: &'a str,
+    /// The largest record the uplink sends (`max_packet_bytes`) and the
+    /// local outputs take: a frame's events are split over records that
+    /// fit it, and shortened where one alone would not (`fit.rs`).
     pub max_record_bytes: usize,
     /// The label of boxes without `label` or `class` (MTCNN faces, text boxes).
     pub default_label: &'a str,
@@ -147,8 +160,12 @@ impl PipelineTracking {
             stats: Arc::new(TrackStats::default()),
             emit: s.emit.unwrap_or_default(),
             prefix: format!("{}/{}/", s.device, s.pipeline),
+            device: s.device.to_string(),
+            pipeline: s.pipeline.to_string(),
+            model: s.model.to_string(),
             boot: s.boot,
             max_record_bytes: s.max_record_bytes,
+            log: crate::telemetry::logging::RateLimitedLog::new(std::time::Duration::from_secs(5)),
             numbers: s.numbers,
             default_label: s.default_label.to_string(),
             snapshots: s.snapshots,
@@ -279,6 +296,13 @@ impl PipelineTracking {
             )
             .with_stream(stream),
             stream: stream.to_string(),
+            envelope: fit::envelope_bytes(&Envelope {
+                device: &self.device,
+                pipeline: &self.pipeline,
+                stream,
+                model: &self.model,
+                boot: Some(self.boot),
+            }),
         }
     }
 
@@ -308,7 +332,7 @@ impl PipelineTracking {
             .collect();
         let frame = st.tracker.frames();
         Step {
-            events: self.events(out.events, out.occupancy, frame),
+            events: self.events(st, out.events, out.occupancy, frame),
             send_frame: self.emit == Emit::Frames,
             best_crops,
         }
@@ -322,14 +346,21 @@ impl PipelineTracking {
         self.open.lock().remove(&st.stream);
         let occ = st.tracker.empty_zones(at);
         self.live_slot().end(&st.stream);
-        self.events(ev, occ, frame)
+        self.events(st, ev, occ, frame)
     }
 
     /// The events as records' outputs (none with `emit = "frames"`), each
     /// `track_end` naming its snapshot when one was kept, the zones' counts
     /// after the tracks' events; split over several records when one would
-    /// be larger than `max_record_bytes`.
-    fn events(&self, mut ev: Vec<Event>, occ: Vec<OccupancyEvent>, frame: u64) -> Vec<Value> {
+    /// be larger than `max_record_bytes`, an event shortened where it would
+    /// be on its own.
+    fn events(
+        &self,
+        st: &StreamState,
+        mut ev: Vec<Event>,
+        occ: Vec<OccupancyEvent>,
+        frame: u64,
+    ) -> Vec<Value> {
         if (ev.is_empty() && occ.is_empty()) || self.emit == Emit::Frames {
             return Vec::new();
         }
@@ -349,7 +380,21 @@ impl PipelineTracking {
         }
         let mut all: Vec<Value> = ev.iter().map(|e| json!(e)).collect();
         all.extend(occ.iter().filter_map(|o| serde_json::to_value(o).ok()));
-        let parts = split(all, events_budget(self.max_record_bytes));
+        let budget = self.max_record_bytes.saturating_sub(st.envelope);
+        let fitted = fit::fit(all, budget);
+        if fitted.too_large > 0
+            && let Some(suppressed) = self.log.allow("too_large")
+        {
+            tracing::warn!(
+                pipeline = %self.pipeline,
+                stream = %st.stream,
+                events = fitted.too_large,
+                max_record_bytes = self.max_record_bytes,
+                suppressed,
+                "tracking events larger than a record even shortened (their names alone); they will be dead-lettered"
+            );
+        }
+        let parts = fitted.parts;
         let n = parts.len();
         if n <= 1 {
             return parts.into_iter().map(|p| json!({ "events": p })).collect();
@@ -361,52 +406,6 @@ impl PipelineTracking {
             .map(|(i, p)| json!({ "events": p, "frame": frame, "part": i + 1, "parts": n }))
             .collect()
     }
-}
-
-/// What a record holds besides its events, at most: id, device, pipeline,
-/// stream, times, model, the part's reference.
-const ENVELOPE_BYTES: usize = 8 << 10;
-
-/// Bytes of events one record may carry when records are at most
-/// `max_record_bytes` (the envelope takes at most half of a small one).
-pub fn events_budget(max_record_bytes: usize) -> usize {
-    max_record_bytes.saturating_sub(ENVELOPE_BYTES.min(max_record_bytes / 2))
-}
-
-/// Events in order, in parts whose JSON (`[a,b,...]`) is at most `budget`
-/// bytes; an event larger than that on its own is a part by itself.
-fn split(events: Vec<Value>, budget: usize) -> Vec<Vec<Value>> {
-    let mut parts = Vec::new();
-    let mut part = Vec::new();
-    let mut bytes = 2;
-    for e in events {
-        // Its text and the comma before it.
-        let n = e.to_string().len() + 1;
-        if !part.is_empty() && bytes + n > budget {
-            parts.push(std::mem::take(&mut part));
-            bytes = 2;
-        }
-        bytes += n;
-        part.push(e);
-    }
-    if !part.is_empty() {
-        parts.push(part);
-    }
-    parts
-}
-
-/// A track id as one URL path segment (its `/` and anything unusual
-/// percent-encoded).
-pub fn escape_segment(id: &str) -> String {
-    let mut s = String::with_capacity(id.len() + 8);
-    for b in id.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            s.push(b as char);
-        } else {
-            s.push_str(&format!("%{b:02X}"));
-        }
-    }
-    s
 }
 
 #[cfg(test)]
@@ -429,6 +428,7 @@ mod tests {
             pipeline: "gate",
             boot: 7,
             numbers: Arc::new(1.into()),
+            model: "mtcnn@1",
             max_record_bytes: 1 << 20,
             default_label: "face",
             snapshots,
@@ -528,6 +528,7 @@ mod tests {
             pipeline: "gate",
             boot: 4,
             numbers: Arc::new(1.into()),
+            model: "boxes@1.0.0",
             max_record_bytes: 64 << 10,
             default_label: "face",
             snapshots: None,
@@ -546,7 +547,7 @@ mod tests {
         assert!(n > 1, "one record of {} events", n);
         let mut enters = 0;
         for (i, r) in step.events.iter().enumerate() {
-            assert!(r.to_string().len() <= events_budget(64 << 10) + 100);
+            assert!(r["events"].to_string().len() + st.envelope <= 64 << 10);
             assert_eq!(r["frame"], "4-1");
             assert_eq!(r["part"], i + 1);
             assert_eq!(r["parts"], n);
@@ -561,15 +562,65 @@ mod tests {
     }
 
     #[test]
-    fn split_keeps_order_and_an_oversize_event_alone() {
-        let ev: Vec<Value> = (0..10).map(|i| json!({ "n": i })).collect();
-        let parts = split(ev.clone(), 30);
-        assert!(parts.len() > 1);
-        assert_eq!(parts.concat(), ev);
-        for p in &parts {
-            assert!(Value::from(p.clone()).to_string().len() <= 30, "{p:?}");
+    fn a_track_end_naming_30_zones_is_shortened_to_fit_a_small_packet() {
+        // What was dead-lettered at max_packet_bytes = 1024: each object's
+        // track_end named its 30 zones (2.5 kB with long zone names).
+        let track = TrackConfig {
+            min_hits: 1,
+            max_age: Duration::from_millis(100),
+            ..TrackConfig::default()
+        };
+        let zones: Vec<ZoneConfig> = (0..30)
+            .map(|i| ZoneConfig {
+                name: format!("loading-bay-{i:02}-{}", "x".repeat(40)),
+                polygon: vec![[0.0, 0.0], [1000.0, 0.0], [1000.0, 1000.0], [0.0, 1000.0]],
+                inertia: 1,
+                ..ZoneConfig::default()
+            })
+            .collect();
+        let p = PipelineTracking::new(TrackingSetup {
+            track: &track,
+            zones: &zones,
+            lines: &[],
+            emit: None,
+            device: "gw",
+            pipeline: "gate",
+            boot: 4,
+            numbers: Arc::new(1.into()),
+            model: "boxes@1.0.0",
+            max_record_bytes: 1024,
+            default_label: "object",
+            snapshots: None,
+            cameras: &[],
+        });
+        let mut st = p.stream("cam");
+        let mut records = Vec::new();
+        for f in 1..=3 {
+            let mut v = face(10.0 + f as f64, 0.9);
+            records.extend(p.frame(&mut st, t(f), None, &mut v).events);
         }
-        let big = vec![json!({ "text": "x".repeat(100) })];
-        assert_eq!(split(big.clone(), 30), vec![big]);
+        records.extend(p.end(&mut st, EndReason::Restart, t(4)));
+        let events: Vec<&Value> = records
+            .iter()
+            .flat_map(|r| r["events"].as_array().unwrap())
+            .collect();
+        for r in &records {
+            assert!(r["events"].to_string().len() + st.envelope <= 1024, "{r}");
+        }
+        let enters = events.iter().filter(|e| e["event"] == "zone_enter").count();
+        let leaves = events.iter().filter(|e| e["event"] == "zone_leave").count();
+        assert_eq!((enters, leaves), (30, 30));
+        let end: Vec<&&Value> = events
+            .iter()
+            .filter(|e| e["event"] == "track_end")
+            .collect();
+        assert_eq!(end.len(), 1);
+        let end = end[0];
+        assert_eq!(end["truncated"], true, "{end}");
+        assert_eq!(end["zones_count"], 30, "{end}");
+        let named = end["zones"].as_array().unwrap();
+        assert!(!named.is_empty() && named.len() < 30, "{end}");
+        assert_eq!(named[0], zones[0].name.as_str());
+        assert!(end.get("lines_count").is_none(), "{end}");
     }
 }

@@ -16,6 +16,7 @@
 
 pub mod config;
 pub mod events;
+pub mod fit;
 pub mod geometry;
 pub mod hook;
 pub mod occupancy;

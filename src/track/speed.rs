@@ -165,6 +165,13 @@ fn mul(a: &[f64; 9], b: &[f64; 9]) -> [f64; 9] {
     c
 }
 
+/// The shortest side a calibration takes, in the zone's unit (metres, or
+/// feet for `mph`): a millimetre. Shorter sides are no marking on the
+/// ground, and a rectangle of them is too small for the map's arithmetic
+/// (its area vanishes next to the picture's), which would otherwise read as
+/// corners that make no quadrilateral.
+pub const MIN_DISTANCE: f32 = 0.001;
+
 /// Why four corners and distances calibrate no zone.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CalibrationError {
@@ -172,6 +179,10 @@ pub enum CalibrationError {
     NotFour(usize),
     #[error("distance {0} is {1}; each must be a finite number above 0")]
     BadDistance(usize, f32),
+    #[error(
+        "distance {0} is {1}: too small to calibrate a zone; each side must be at least {MIN_DISTANCE} (metres, or feet for mph)"
+    )]
+    TooSmall(usize, f32),
     #[error("the 4 corners must make a convex quadrilateral (a rectangle on the ground)")]
     NotConvex,
 }
@@ -201,6 +212,13 @@ impl GroundPlane {
             .find(|(_, v)| !(v.is_finite() && **v > 0.0))
         {
             return Err(CalibrationError::BadDistance(i, *v));
+        }
+        if let Some((i, v)) = distances
+            .iter()
+            .enumerate()
+            .find(|(_, v)| **v < MIN_DISTANCE)
+        {
+            return Err(CalibrationError::TooSmall(i, *v));
         }
         let q = [*a, *b, *c, *d];
         if !convex(&q) {
@@ -394,6 +412,29 @@ mod tests {
         let mut rev = square.clone();
         rev.reverse();
         assert!(GroundPlane::new(&rev, [1.0; 4], 1.0).is_ok());
+    }
+
+    #[test]
+    fn distances_too_small_are_named_not_taken_for_a_bad_quadrilateral() {
+        // A good rectangle whose sides are said to be 0.1 µm: the map's
+        // arithmetic cannot hold it, and that is not the corners' fault.
+        let square = pts(&[[0.0, 0.0], [10.0, 0.0], [10.0, 10.0], [0.0, 10.0]]);
+        let e = GroundPlane::new(&square, [1e-7; 4], 1.0).unwrap_err();
+        assert_eq!(e, CalibrationError::TooSmall(0, 1e-7));
+        let text = e.to_string();
+        assert!(text.contains("distance 0 is 0.0000001"), "{text}");
+        assert!(text.contains("too small"), "{text}");
+        assert!(!text.contains("convex"), "{text}");
+        assert_eq!(
+            GroundPlane::new(&square, [4.0, 12.0, 4.0, 0.0005], 1.0),
+            Err(CalibrationError::TooSmall(3, 0.0005))
+        );
+        // The smallest side taken still calibrates, in feet too.
+        for unit in [1.0, SpeedUnit::Mph.metres_per_distance()] {
+            let g = GroundPlane::new(&square, [MIN_DISTANCE; 4], unit).unwrap();
+            let (x, _) = g.ground(Point::new(10.0, 0.0)).unwrap();
+            assert!(close(x, f64::from(MIN_DISTANCE) * unit, 1e-9), "{x}");
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Many cameras, one pipeline: each camera a stream with its own zones,
-//! served in turn, the ready ones batched into one inference. A real RTSP
-//! server on loopback (`tests/rtsp_server.py`) and a real `outpost run`.
+//! served in turn, the ready ones batched into one inference; and many of
+//! them dead. A real RTSP server on loopback (`tests/rtsp_server.py`) and a
+//! real `outpost run`.
 
 #[cfg(feature = "camera")]
 mod with_gstreamer {
@@ -507,5 +508,112 @@ source = {{ type = "camera", cameras = "*", fps = 1 }}
             "{}",
             d.log()
         );
+    }
+
+    /// Lines of the log that say `what` of the camera `name`.
+    fn lines_of(log: &str, what: &str, name: &str) -> usize {
+        let field = format!("name={name} ");
+        log.lines()
+            .filter(|l| l.contains(what) && l.contains(&field))
+            .count()
+    }
+
+    /// 47 dead cameras beside one good one wrote 510-700 WARN lines a
+    /// minute at the default log level (160-220 MiB a day): a line for every reconnect
+    /// of every camera. A camera that stays down now logs its first failure
+    /// and then lines at growing intervals (the first a minute later); its
+    /// status counts every reconnect, and its recovery is logged.
+    #[test]
+    fn dead_cameras_log_their_first_failure_not_every_reconnect() {
+        let _one_at_a_time = serial();
+        let dead: Vec<RefusedPort> = (0..3).map(|_| RefusedPort::new()).collect();
+        let late = RefusedPort::new();
+        let mut entries: String = dead
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                format!(
+                    "[[cameras]]\nname = \"dead{i}\"\nurl = \"rtsp://127.0.0.1:{}/cam\"\n\n",
+                    p.port
+                )
+            })
+            .collect();
+        entries.push_str(&format!(
+            "[[cameras]]\nname = \"late\"\nurl = \"rtsp://127.0.0.1:{}/cam\"\nstall_timeout = \"3s\"\n",
+            late.port
+        ));
+        let d = Daemon::start(&config(&format!(
+            r#"
+{entries}
+[[pipelines]]
+name = "site"
+model = "classifier"
+source = {{ type = "camera", cameras = "*" }}
+"#
+        )));
+        // Every camera has failed and reconnected several times...
+        let reconnects = |st: &serde_json::Value, name: &str| {
+            st["cameras"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["name"] == name))
+                .and_then(|c| c["reconnects"].as_u64())
+                .unwrap_or(0)
+        };
+        let names = ["dead0", "dead1", "dead2", "late"];
+        let t0 = std::time::Instant::now();
+        loop {
+            let st = d.status();
+            if names.iter().all(|n| reconnects(&st, n) >= 4) {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "cameras did not reconnect: {st:#}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // ...and each said so once.
+        let log = d.log();
+        for n in names {
+            assert_eq!(
+                lines_of(&log, "camera down; reconnecting", n),
+                1,
+                "{n}:\n{log}"
+            );
+        }
+        assert!(log.contains("Connection refused"), "{log}");
+        // The late camera comes up: its recovery is logged with the
+        // failures it ended.
+        let late_port = late.port.to_string();
+        drop(late);
+        let _server = RtspServer::start(
+            &["astronaut.png"],
+            &[
+                "--width", "320", "--height", "240", "--fps", "10", "--port", &late_port,
+            ],
+        );
+        let t0 = std::time::Instant::now();
+        while lines_of(&d.log(), "camera streaming again", "late") == 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "no recovery logged:\n{}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let log = d.log();
+        let line = log
+            .lines()
+            .find(|l| l.contains("camera streaming again"))
+            .unwrap();
+        let failed: u64 = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("failed_attempts="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        assert!(failed >= 4, "{line}");
+        for n in ["dead0", "dead1", "dead2"] {
+            assert_eq!(lines_of(&log, "camera down", n), 1, "{n}:\n{log}");
+        }
     }
 }

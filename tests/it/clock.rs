@@ -171,6 +171,18 @@ fn metric(d: &Daemon, series: &str) -> Option<f64> {
 struct IngestState {
     open: AtomicBool,
     got: Mutex<Vec<Value>>,
+    /// The `Date` its answers carry (None: the server's own).
+    date: Mutex<Option<FleetDate>>,
+}
+
+/// What a fleet says the time is.
+#[derive(Clone)]
+enum FleetDate {
+    /// This `Date` header, as it is.
+    Fixed(&'static str),
+    /// The real time moved by this many seconds (a fleet whose clock
+    /// agrees with a daemon's faked one).
+    Offset(i64),
 }
 
 /// Takes gzip NDJSON batches while open; answers 503 while closed.
@@ -183,12 +195,31 @@ struct Ingest {
 async fn ingest(
     axum::extract::State(s): axum::extract::State<Arc<IngestState>>,
     body: axum::body::Bytes,
-) -> axum::http::StatusCode {
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let code = stored(&s, &body);
+    let date = s.date.lock().unwrap().clone();
+    match date {
+        None => code.into_response(),
+        Some(d) => {
+            let value = match d {
+                FleetDate::Fixed(v) => v.to_string(),
+                FleetDate::Offset(off) => {
+                    let t = (real_now_us() / 1_000_000 + off) as u64;
+                    httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(t))
+                }
+            };
+            (code, [(axum::http::header::DATE, value)]).into_response()
+        }
+    }
+}
+
+fn stored(s: &IngestState, body: &[u8]) -> axum::http::StatusCode {
     if !s.open.load(Ordering::SeqCst) {
         return axum::http::StatusCode::SERVICE_UNAVAILABLE;
     }
     let mut text = String::new();
-    if flate2::read::GzDecoder::new(&body[..])
+    if flate2::read::GzDecoder::new(body)
         .read_to_string(&mut text)
         .is_err()
     {
@@ -237,6 +268,11 @@ impl Ingest {
 
     fn set_open(&self, open: bool) {
         self.state.open.store(open, Ordering::SeqCst);
+    }
+
+    /// Its answers carry this `Date` from now on.
+    fn set_date(&self, date: FleetDate) {
+        *self.state.date.lock().unwrap() = Some(date);
     }
 
     /// Waits until `cond` holds for what arrived; returns it.
@@ -918,4 +954,140 @@ fn a_first_start_in_2100_does_not_poison_the_later_starts() {
         saved["last_good_us"].as_i64().unwrap() < Y2099_US,
         "{saved}"
     );
+}
+
+// ---- a fleet's Date over plain HTTP ------------------------------------------------
+
+/// `/v1/status` until `cond` holds of it; every answer must be a 200 (a
+/// panic in the handler closes the connection instead).
+fn status_until(d: &Daemon, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    let t0 = Instant::now();
+    loop {
+        let got = http("GET", &d.api, "/v1/status", b"");
+        let st = match got {
+            Ok((200, body)) => serde_json::from_slice::<Value>(&body).unwrap(),
+            other => panic!(
+                "{what}: /v1/status stopped answering: {:?}\n{}",
+                other.map(|(c, b)| (c, String::from_utf8_lossy(&b).into_owned())),
+                d.log()
+            ),
+        };
+        if cond(&st) {
+            return st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{what}: not within 30 s\n{st:#}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn acked(st: &Value) -> u64 {
+    st["uplink"]["acked_total"].as_u64().unwrap_or(0)
+}
+
+/// Issue 50, item 9: one answer of a plain-HTTP fleet dated
+/// `Fri, 31 Dec 9999 23:59:59 GMT` was taken as a confirmed time; the
+/// clock's ceiling (three years past it) could not be formatted, so
+/// `/v1/status` and `/metrics` panicked from then on, and every later
+/// start exited 101 until clock.json was removed by hand. Now a `Date`
+/// over plain HTTP is not evidence of the time: nothing is confirmed, the
+/// daemon keeps answering, and it starts again on the same data.
+#[test]
+fn a_plain_http_fleet_dated_9999_stops_nothing_and_confirms_nothing() {
+    let fleet = Ingest::start(true);
+    fleet.set_date(FleetDate::Fixed("Fri, 31 Dec 9999 23:59:59 GMT"));
+    let port = free_udp_port();
+    let cfg = config(port, &format!("{TRUST_NOT_BEHIND}{}", fleet.uplink()));
+    let mut d = Daemon::start(&cfg);
+    let r = record(&mut d, port);
+    // The confirmation (if any) happens before the batch's ack.
+    let st = status_until(&d, "the batch acknowledged", |st| acked(st) >= 1);
+    fleet.wait("the record", |g| !by_id(g, &r["id"]).is_empty());
+    let c = &st["clock"];
+    assert!(c["confirmed"].is_null(), "{c:#}");
+    assert_eq!(c["synced"], true, "{c:#}");
+    assert!(c["ceiling"].as_str().unwrap() < "2100", "{c:#}");
+    let (code, body) = http("GET", &d.api, "/metrics", b"").expect("/metrics answers");
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(metric(&d, "outpost_clock_synced"), Some(1.0));
+    // More records, more answers dated 9999: still answering.
+    let r2 = record(&mut d, port);
+    status_until(&d, "the second batch acknowledged", |st| acked(st) >= 2);
+    fleet.wait("the second record", |g| !by_id(g, &r2["id"]).is_empty());
+    assert!(r2.get("clock").is_none(), "{r2}");
+
+    // A restart on the same data starts and trusts the clock.
+    let dir = d.stop_keep_dir();
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("data/clock.json")).unwrap())
+            .unwrap();
+    assert!(saved.get("confirmed_us").is_none(), "{saved}");
+    let mut d = Daemon::start_in(&cfg, dir);
+    let c = wait_clock(&d, "trusted after the restart", |c| c["synced"] == true);
+    assert!(c["confirmed"].is_null(), "{c:#}");
+    let r3 = record(&mut d, port);
+    assert!(r3.get("clock").is_none(), "{r3}");
+}
+
+/// Issue 50, item 9: a device whose clock says 2100 and a plain-HTTP fleet
+/// whose `Date` says the same. Before, the `Date` was kept as a confirmed
+/// time, the clock at 2100 became trusted and its last known good time,
+/// and back on the real clock every record was `unsynced` (`behind`). Now
+/// the `Date` is no evidence over plain HTTP: the clock stays "ahead", and
+/// a restart on the real clock is trusted at once.
+#[test]
+fn a_plain_http_fleet_dated_2100_does_not_make_2100_trusted() {
+    let fleet = Ingest::start(true);
+    let dir = tempfile::tempdir().unwrap();
+    let to = to_2100();
+    let fake = FakeClock::new(dir.path(), to);
+    fleet.set_date(FleetDate::Offset(to));
+    let port = free_udp_port();
+    let cfg = config(port, &format!("{TRUST_NOT_BEHIND}{}", fleet.uplink()));
+    let mut d = Daemon::start_full(&cfg, dir, &fake.env(), true);
+    wait_clock(&d, "the clock read in 2100", |c| {
+        c["system"].as_str().is_some_and(|s| s.starts_with("2100-"))
+    });
+    let early = record(&mut d, port);
+    assert_eq!(early["clock"], "unsynced", "{early}");
+    let st = status_until(&d, "the batch acknowledged", |st| acked(st) >= 1);
+    let got = fleet.wait("the record", |g| !by_id(g, &early["id"]).is_empty());
+    assert!(
+        by_id(&got, &early["id"])[0]["ts"]
+            .as_str()
+            .unwrap()
+            .starts_with("2100-")
+    );
+    let c = &st["clock"];
+    assert!(
+        c["confirmed"].is_null(),
+        "the plain-HTTP Date was taken: {c:#}"
+    );
+    assert_eq!(c["synced"], false, "{c:#}");
+    assert_eq!(c["reason"], "ahead", "{c:#}");
+    // A record made after the answer is still marked.
+    let later = record(&mut d, port);
+    assert_eq!(later["clock"], "unsynced", "{later}");
+    let c = d.status()["clock"].clone();
+    assert_eq!(c["synced"], false, "{c:#}");
+    assert!(c["confirmed"].is_null(), "{c:#}");
+
+    // Back on the real clock, the same data: trusted, records unmarked.
+    let dir = d.stop_keep_dir();
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("data/clock.json")).unwrap())
+            .unwrap();
+    assert!(
+        saved["last_good_us"].as_i64().unwrap() < Y2099_US,
+        "{saved}"
+    );
+    assert!(saved.get("confirmed_us").is_none(), "{saved}");
+    let mut d = Daemon::start_full(&cfg, dir, &[], true);
+    let c = wait_clock(&d, "trusted at the real time", |c| c["synced"] == true);
+    assert!(c["reason"].is_null(), "{c:#}");
+    let r = record(&mut d, port);
+    assert!(r.get("clock").is_none(), "{r}");
 }

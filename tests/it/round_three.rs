@@ -13,7 +13,7 @@ use crate::common::*;
 use crate::uplink::{Fleet, Mosquitto};
 
 /// Writes the `boxes` model (`n` rows a frame) into `dir/models`.
-fn box_model(dir: &Path, n: usize) {
+pub(crate) fn box_model(dir: &Path, n: usize) {
     let o = run(Command::new("python3")
         .arg(root().join("tests/helpers/box_model.py"))
         .arg(dir.join("models"))
@@ -22,7 +22,7 @@ fn box_model(dir: &Path, n: usize) {
 }
 
 /// A frame of `n` rows: `boxes` first (score 0.9, class 0), then empty rows.
-fn frame(n: usize, boxes: &[[f64; 4]]) -> Vec<u8> {
+pub(crate) fn frame(n: usize, boxes: &[[f64; 4]]) -> Vec<u8> {
     let rows: Vec<Value> = (0..n)
         .map(|i| match boxes.get(i) {
             Some(b) => json!([b[0], b[1], b[2], b[3], 0.9, 0.0]),
@@ -33,20 +33,20 @@ fn frame(n: usize, boxes: &[[f64; 4]]) -> Vec<u8> {
 }
 
 /// A daemon in `dir` whose models are the ones `box_model` wrote there.
-fn start_boxes(cfg: &str, dir: tempfile::TempDir) -> Daemon {
+pub(crate) fn start_boxes(cfg: &str, dir: tempfile::TempDir) -> Daemon {
     let models = dir.path().join("models").display().to_string();
     Daemon::start_full(cfg, dir, &[("OUTPOST_MODEL_DIR", models)], true)
 }
 
 /// POSTs a frame to the pipeline's http source; the answer's JSON.
-fn post(d: &Daemon, pipeline: &str, stream: &str, body: &[u8]) -> Value {
+pub(crate) fn post(d: &Daemon, pipeline: &str, stream: &str, body: &[u8]) -> Value {
     let path = format!("/v1/pipelines/{pipeline}/infer?stream={stream}");
     let (code, answer) = http("POST", &d.api, &path, body).expect("infer");
     assert_eq!(code, 200, "{}", String::from_utf8_lossy(&answer));
     serde_json::from_slice(&answer).unwrap()
 }
 
-fn tracking(extra: &str) -> String {
+pub(crate) fn tracking(extra: &str) -> String {
     format!(
         r#"data_dir = "{{DATA}}"
 [device]

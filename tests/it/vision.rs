@@ -424,3 +424,176 @@ fn stages_handle_no_boxes_capped_boxes_and_a_failing_model() {
         );
     }
 }
+
+/// `astronaut.png` scaled to `w` x `h`, as JPEG: a large frame with a
+/// person in it.
+fn big_photo(w: u32, h: u32) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("big.jpg");
+    let script = format!(
+        "from PIL import Image\n\
+         Image.open('{src}').convert('RGB').resize(({w}, {h})).save('{out}', quality=80)\n",
+        src = model_dir().join("images/astronaut.png").display(),
+        out = out.display()
+    );
+    let o = run(Command::new("python3").args(["-c", &script]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::read(out).unwrap()
+}
+
+/// A GET; returns (status, header lines, body).
+fn get(addr: &str, path: &str) -> (u16, String, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(120)))
+        .unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).unwrap();
+    let split = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&buf[..split]).to_ascii_lowercase();
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap();
+    (code, head, buf[split + 4..].to_vec())
+}
+
+/// kB of a `/proc/PID/status` line (`VmRSS:`, `VmHWM:`).
+fn proc_kb(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Issue 50, item 3: `snapshot.jpg` decoded and drew the whole frame for
+/// every request, with no bound on how many at once: 8 clients x 3
+/// requests on a 7936x7936 camera took the daemon from 529 MB to 2.43 GB,
+/// answers up to 21 s. Now each frame is drawn once (the requests for it
+/// share the JPEG), at most 1920 pixels on its long side, at most two at
+/// once in the daemon; a request that would draw a third is answered 503
+/// with `Retry-After` at once, and counted. Three pipelines each keep a
+/// 4000x1000 frame (wide, so that a debug build draws it in seconds);
+/// six clients ask for them at once, three times each.
+#[test]
+fn snapshots_of_large_frames_are_drawn_once_small_and_refused_past_the_bound() {
+    const W: u32 = 4000;
+    const H: u32 = 1000;
+    const PIPES: usize = 3;
+    const CLIENTS: usize = 6;
+    let pipelines: String = (0..PIPES)
+        .map(|i| {
+            format!("[[pipelines]]\nname = \"big{i}\"\nmodel = \"coco_det\"\nsource = {{ type = \"http\" }}\n")
+        })
+        .collect();
+    let d = Daemon::start(&config(&pipelines));
+    let photo = big_photo(W, H);
+    for i in 0..PIPES {
+        infer(&d, &format!("big{i}"), &photo);
+    }
+    let pid = d.child.id();
+    let rss = proc_kb(pid, "VmRSS:");
+    // Peak RSS from here on.
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    let start = std::sync::Barrier::new(CLIENTS);
+    let t0 = std::time::Instant::now();
+    let answers: Vec<(usize, u16, String, Vec<u8>, std::time::Duration)> =
+        std::thread::scope(|s| {
+            let clients: Vec<_> = (0..CLIENTS)
+                .map(|c| {
+                    let (api, start) = (&d.api, &start);
+                    s.spawn(move || {
+                        start.wait();
+                        (0..3)
+                            .map(|_| {
+                                let t = std::time::Instant::now();
+                                let p = c % PIPES;
+                                let (code, head, body) =
+                                    get(api, &format!("/v1/pipelines/big{p}/snapshot.jpg"));
+                                (p, code, head, body, t.elapsed())
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            clients
+                .into_iter()
+                .flat_map(|c| c.join().unwrap())
+                .collect()
+        });
+    let took = t0.elapsed();
+    let peak = proc_kb(pid, "VmHWM:");
+    let slowest = answers.iter().map(|a| a.4).max().unwrap();
+    let ok: Vec<_> = answers.iter().filter(|a| a.1 == 200).collect();
+    let refused: Vec<_> = answers.iter().filter(|a| a.1 == 503).collect();
+    let sizes: Vec<(u32, u32)> = ok
+        .iter()
+        .map(|a| {
+            let img = image::load_from_memory(&a.3).unwrap();
+            (img.width(), img.height())
+        })
+        .collect();
+    eprintln!(
+        "{CLIENTS} clients x 3 snapshots of {PIPES} {W}x{H} frames: RSS {} MB before, \
+         peak {} MB; {} answered 200 (sizes {:?}), {} answered 503, the slowest in {slowest:?}, \
+         all in {took:?}",
+        rss / 1024,
+        peak / 1024,
+        ok.len(),
+        sizes.iter().collect::<std::collections::BTreeSet<_>>(),
+        refused.len()
+    );
+    assert!(
+        sizes.iter().all(|&(w, h)| w.max(h) <= 1920),
+        "snapshots larger than 1920 px: {sizes:?}"
+    );
+    assert!(
+        !refused.is_empty(),
+        "no request refused while two frames were being drawn"
+    );
+    assert_eq!(ok.len() + refused.len(), answers.len());
+    for a in &refused {
+        assert!(a.2.contains("\r\nretry-after: 1"), "{}", a.2);
+        let e: Value = serde_json::from_slice(&a.3).unwrap();
+        assert!(e["error"].as_str().unwrap().contains("busy"), "{e}");
+    }
+    // Two drawings at once at most, each of the small picture (the frame
+    // itself is decoded whole, as the pipeline decoded it).
+    assert!(
+        peak.saturating_sub(rss) < 256 * 1024,
+        "peak RSS {} MB over {} MB before",
+        peak / 1024,
+        rss / 1024
+    );
+    // One client at a time: every frame is drawn (once), and a frame
+    // already drawn is answered from its drawing.
+    for p in 0..PIPES {
+        for _ in 0..2 {
+            let (code, _, body) = get(&d.api, &format!("/v1/pipelines/big{p}/snapshot.jpg"));
+            assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+            let img = image::load_from_memory(&body).unwrap();
+            assert_eq!((img.width(), img.height()), (1920, 480));
+        }
+    }
+    let (_, body) = http("GET", &d.api, "/metrics", b"").unwrap();
+    let text = String::from_utf8_lossy(&body);
+    let sum = |family: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{family}{{")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(sum("outpost_snapshot_renders_total"), PIPES as f64);
+    assert_eq!(
+        sum("outpost_snapshot_renders_refused_total"),
+        refused.len() as f64
+    );
+}

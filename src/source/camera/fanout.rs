@@ -7,7 +7,7 @@
 //! wanted it, each into its own latest-frame queue.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwap;
@@ -107,6 +107,9 @@ pub(super) struct Shared {
     /// No shared decoder could take the camera's keyframes: its next
     /// connection decodes with a decoder of its own (`keyframes.rs`).
     pub(super) shared_decoder_failed: AtomicBool,
+    /// Keyframes in a row that did not decode completely in the shared
+    /// decoder (`keyframes.rs`).
+    pub(super) corrupt_keyframes: AtomicU32,
     /// Which readers take the frame now between the fps gate and the
     /// appsink (by its timestamp): set and read on the one streaming
     /// thread that carries the frame through colour conversion.
@@ -128,6 +131,7 @@ impl Shared {
             scrubber: Scrubber::for_camera(&def),
             decode: Mutex::new(DecodeGate::new(def.decode, &readers.fps())),
             shared_decoder_failed: AtomicBool::new(false),
+            corrupt_keyframes: AtomicU32::new(0),
             def,
             readers: ArcSwap::from_pointee(readers),
             stop,
@@ -219,6 +223,7 @@ impl Shared {
         self.last_frame_ms.store(0, Ordering::Relaxed);
         self.last_input_ms.store(0, Ordering::Relaxed);
         self.last_decoded_ms.store(0, Ordering::Relaxed);
+        self.corrupt_keyframes.store(0, Ordering::Relaxed);
         let mut d = self.decode.lock();
         d.reset();
         let (mode, iv) = (d.mode(), d.interval_ns());

@@ -28,6 +28,10 @@
 //!   the excess is counted (`oversize`) and the connection closed with
 //!   that as the camera's error. A panic on a camera's threads is that
 //!   camera's error and a reconnect, never the daemon's.
+//! - The loopback port a camera's bytes are relayed through serves the
+//!   daemon's own RTSP client only (`peer.rs`): a connection from any other
+//!   process is refused, counted (`relay_refused`) and logged, and the
+//!   daemon's session goes on.
 //! - A camera that sends but decodes nothing is down: while only keyframes
 //!   are decoded, no keyframe for twice the keyframe interval (at least
 //!   `stall_timeout`) is a stall, however many delta frames come, and the
@@ -57,7 +61,13 @@ mod fanout;
 mod guard;
 mod host;
 #[cfg(feature = "camera")]
+mod keyframe_check;
+#[cfg(feature = "camera")]
+mod keyframe_line;
+#[cfg(feature = "camera")]
 mod keyframes;
+#[cfg(feature = "camera")]
+mod peer;
 pub mod plan;
 #[cfg(feature = "camera")]
 mod relay;
@@ -67,6 +77,8 @@ mod rtsp;
 mod rtspsrc;
 #[cfg(feature = "camera")]
 mod run;
+#[cfg(feature = "camera")]
+mod said;
 mod scrub;
 mod url;
 
@@ -217,6 +229,9 @@ pub struct CameraState {
     /// RTSP messages and frames over the bound (`max_frame_bytes`): each
     /// closed the connection.
     pub oversize: AtomicU64,
+    /// Connections to the camera's loopback relay port from another
+    /// process than the daemon's own RTSP client: refused.
+    pub relay_refused: AtomicU64,
     status: Mutex<CameraStatus>,
 }
 
@@ -256,6 +271,7 @@ pub struct CameraReport {
     decoder_frames_in: u64,
     delta_frames_skipped: u64,
     oversize: u64,
+    relay_refused: u64,
     #[serde(flatten)]
     status: CameraStatus,
 }
@@ -292,6 +308,7 @@ impl CameraState {
             decoder_frames_in: AtomicU64::new(0),
             delta_frames_skipped: AtomicU64::new(0),
             oversize: AtomicU64::new(0),
+            relay_refused: AtomicU64::new(0),
             status: Mutex::new(CameraStatus {
                 name: None,
                 pipelines: Vec::new(),
@@ -387,6 +404,7 @@ impl CameraState {
             decoder_frames_in: get(&self.decoder_frames_in),
             delta_frames_skipped: get(&self.delta_frames_skipped),
             oversize: get(&self.oversize),
+            relay_refused: get(&self.relay_refused),
             status: self.lock().clone(),
         }
     }

@@ -10,6 +10,16 @@
 //! for the camera: the request line of the DESCRIBE names the loopback
 //! address (later requests use the camera's `Content-Base`); cameras serve
 //! by path, and the credentials are unchanged.
+//!
+//! Only the daemon's own client is served. Any local process may connect
+//! to a loopback port, and one that holds the other ephemeral ports knows
+//! which port the relay will get: before, the relay served whichever
+//! connection came first, and such a process took the camera's session
+//! (its requests reached the camera) while the daemon's failed. Each
+//! connection is checked (`peer.rs`: is the socket at its other end one
+//! of this process's?); another process's is closed unanswered, reported
+//! to the camera ([`Refused`]: counted and logged), and the relay goes on
+//! waiting for its client.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +29,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::guard::{Inspector, Oversize};
+use super::peer::{self, Owner, PeerError};
 
 /// How long the client may take to connect to the loopback port.
 const ACCEPT_WAIT: Duration = Duration::from_secs(10);
@@ -54,6 +65,27 @@ pub(super) enum RelayError {
     Url,
 }
 
+/// A connection to the relay's port that was not the daemon's own
+/// client: closed unanswered.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Refused {
+    #[error(
+        "a connection from {from} to the camera's loopback relay port came from another process than the daemon's RTSP client: refused"
+    )]
+    Foreign { from: std::net::SocketAddr },
+    #[error(
+        "a connection from {from} to the camera's loopback relay port was refused: cannot tell whether it is the daemon's own ({source})"
+    )]
+    Unknown {
+        from: std::net::SocketAddr,
+        source: PeerError,
+    },
+}
+
+/// What the relay does with a refused connection (the camera counts and
+/// logs it).
+pub(super) type OnRefused = Box<dyn Fn(&Refused) + Send + Sync>;
+
 /// A camera connected, and where the client is to find it.
 pub(super) struct Relayed {
     /// `url` with the loopback address and port in place of the camera's.
@@ -63,9 +95,14 @@ pub(super) struct Relayed {
 
 /// Connects to the camera at `url` and starts the relay on the current
 /// runtime (the camera's own), bounding what the camera sends by `max`
-/// bytes a message or frame. The error: why the camera cannot be reached,
-/// in the operating system's words.
-pub(super) async fn open(url: &::url::Url, max: u64) -> Result<Relayed, RelayError> {
+/// bytes a message or frame; connections from others than this process
+/// go to `refused`. The error: why the camera cannot be reached, in the
+/// operating system's words.
+pub(super) async fn open(
+    url: &::url::Url,
+    max: u64,
+    refused: OnRefused,
+) -> Result<Relayed, RelayError> {
     let host = url.host_str().ok_or(RelayError::NoHost)?;
     let port = url.port().unwrap_or(554);
     let target = format!("{host}:{port}");
@@ -87,7 +124,7 @@ pub(super) async fn open(url: &::url::Url, max: u64) -> Result<Relayed, RelayErr
         .set_port(Some(local.port()))
         .map_err(|()| RelayError::Url)?;
     let cut = Arc::new(Cut::default());
-    tokio::spawn(relay(listener, camera, max, cut.clone()));
+    tokio::spawn(relay(listener, camera, max, cut.clone(), refused));
     Ok(Relayed {
         url: client_url,
         cut,
@@ -96,8 +133,14 @@ pub(super) async fn open(url: &::url::Url, max: u64) -> Result<Relayed, RelayErr
 
 /// Serves the one client connection until either side ends it or the
 /// camera sends what the inspector refuses.
-async fn relay(listener: TcpListener, camera: TcpStream, max: u64, cut: Arc<Cut>) {
-    let Ok(Ok((client, _))) = tokio::time::timeout(ACCEPT_WAIT, listener.accept()).await else {
+async fn relay(
+    listener: TcpListener,
+    camera: TcpStream,
+    max: u64,
+    cut: Arc<Cut>,
+    refused: OnRefused,
+) {
+    let Some(client) = own_client(&listener, &refused).await else {
         return;
     };
     drop(listener);
@@ -128,6 +171,26 @@ async fn relay(listener: TcpListener, camera: TcpStream, max: u64, cut: Arc<Cut>
     tokio::select! {
         () = requests => {}
         () = answers => {}
+    }
+}
+
+/// The first connection of this process's own within [`ACCEPT_WAIT`];
+/// every other one before it is closed and reported.
+async fn own_client(listener: &TcpListener, refused: &OnRefused) -> Option<TcpStream> {
+    let local = listener.local_addr().ok()?;
+    let deadline = tokio::time::Instant::now() + ACCEPT_WAIT;
+    loop {
+        let (conn, from) = tokio::time::timeout_at(deadline, listener.accept())
+            .await
+            .ok()?
+            .ok()?;
+        let why = match peer::owner(local, from) {
+            Ok(Owner::Ours) => return Some(conn),
+            Ok(Owner::Foreign) => Refused::Foreign { from },
+            Err(source) => Refused::Unknown { from, source },
+        };
+        drop(conn);
+        refused(&why);
     }
 }
 
@@ -165,7 +228,7 @@ mod tests {
         });
         let rt = runtime();
         rt.block_on(async {
-            let r = open(&url, 1 << 20).await.unwrap();
+            let r = open(&url, 1 << 20, Box::new(|_| {})).await.unwrap();
             assert_eq!(r.url.host_str(), Some("127.0.0.1"));
             assert_eq!(r.url.path(), "/cam");
             assert_eq!(r.url.query(), Some("x=1"));
@@ -181,6 +244,77 @@ mod tests {
             assert!(rest.is_empty(), "the oversize answer reached the client");
             assert!(matches!(r.cut.reason(), Some(Oversize::Message { .. })));
         });
+        server.join().unwrap();
+    }
+
+    /// Another local process that connected to the relay's port before the
+    /// daemon's client got the camera's answers, and the daemon's session
+    /// failed.
+    #[test]
+    fn a_connection_from_another_process_is_refused_and_the_own_client_still_served() {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+
+        let camera = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = ::url::Url::parse(&format!(
+            "rtsp://127.0.0.1:{}/cam",
+            camera.local_addr().unwrap().port()
+        ))
+        .unwrap();
+        // The camera answers each request with the request it got.
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = camera.accept().unwrap();
+            let mut req = [0u8; 64];
+            let n = s.read(&mut req).unwrap();
+            let req = String::from_utf8_lossy(&req[..n]).trim().to_string();
+            s.write_all(format!("RTSP/1.0 200 OK\r\nX-Got: {req}\r\n\r\n").as_bytes())
+                .unwrap();
+        });
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let s2 = seen.clone();
+        let rt = runtime();
+        let foreign = rt.block_on(async {
+            let r = open(
+                &url,
+                1 << 20,
+                Box::new(move |why| s2.lock().push(why.to_string())),
+            )
+            .await
+            .unwrap();
+            let port = r.url.port().unwrap();
+            // Another process connects first, sends a request and prints
+            // whatever comes back until the connection closes.
+            let mut foreign = Command::new("bash")
+                .arg("-c")
+                .arg(format!(
+                    "exec 3<>/dev/tcp/127.0.0.1/{port}; echo connected; \
+                     printf 'OPTIONS foreign\\r\\n\\r\\n' >&3; cat <&3 2>/dev/null; echo closed"
+                ))
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut out = std::io::BufReader::new(foreign.stdout.take().unwrap());
+            let mut line = String::new();
+            out.read_line(&mut line).unwrap();
+            assert_eq!(line.trim(), "connected");
+            // Then the daemon's client.
+            let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            c.write_all(b"OPTIONS own\r\n\r\n").await.unwrap();
+            let mut got = vec![0u8; 256];
+            let n = c.read(&mut got).await.unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&got[..n]),
+                "RTSP/1.0 200 OK\r\nX-Got: OPTIONS own\r\n\r\n"
+            );
+            let mut rest = String::new();
+            out.read_to_string(&mut rest).unwrap();
+            foreign.wait().unwrap();
+            rest
+        });
+        assert_eq!(foreign, "closed\n", "the other process got an answer");
+        let seen = seen.lock();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert!(seen[0].contains("another process"), "{seen:?}");
         server.join().unwrap();
     }
 }

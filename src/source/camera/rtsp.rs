@@ -14,6 +14,7 @@
 //! on `rtspsrc` (`run.rs`).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures_util::{FutureExt, StreamExt};
@@ -29,7 +30,7 @@ use retina::codec::{CodecItem, FrameFormat};
 use super::decode::Verdict;
 use super::fanout::Shared;
 use super::guard::Oversize;
-use super::relay::{self, Cut, RelayError};
+use super::relay::{self, Cut, Refused, RelayError};
 
 /// Compressed frames waiting in the appsrc beyond which the decoder is
 /// behind: frames are dropped from there to the next keyframe (a delta
@@ -110,7 +111,7 @@ pub(super) struct Target<'a> {
 
 /// DESCRIBE, SETUP of the first video track (RTP interleaved on the RTSP
 /// connection), PLAY. `Ok(None)`: the daemon stops.
-pub(super) fn connect(t: &Target<'_>, sh: &Shared) -> Result<Option<Connected>, RtspError> {
+pub(super) fn connect(t: &Target<'_>, sh: &Arc<Shared>) -> Result<Option<Connected>, RtspError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -120,7 +121,7 @@ pub(super) fn connect(t: &Target<'_>, sh: &Shared) -> Result<Option<Connected>, 
     let wait = sh.def.stall_timeout;
     let answer = rt.block_on(async {
         tokio::select! {
-            r = tokio::time::timeout(wait, open(t, group.clone())) => Some(r),
+            r = tokio::time::timeout(wait, open(t, group.clone(), refused(sh))) => Some(r),
             () = stopped(sh) => None,
         }
     });
@@ -144,9 +145,22 @@ async fn stopped(sh: &Shared) {
     }
 }
 
+/// Counts and logs a connection to the camera's relay port that was not
+/// the daemon's client.
+fn refused(sh: &Arc<Shared>) -> relay::OnRefused {
+    let sh = sh.clone();
+    Box::new(move |why: &Refused| {
+        sh.each(|s| {
+            s.relay_refused.fetch_add(1, Ordering::Relaxed);
+        });
+        tracing::warn!(camera = %sh.shown, name = %sh.def.name, "{why}");
+    })
+}
+
 async fn open(
     t: &Target<'_>,
     group: Arc<SessionGroup>,
+    refused: relay::OnRefused,
 ) -> Result<(Demuxed, String, Arc<Cut>), RtspError> {
     // rtspt:// is RTSP with the media interleaved on its TCP connection,
     // which is how this client always receives it.
@@ -157,7 +171,7 @@ async fn open(
     let url =
         ::url::Url::parse(&location).map_err(|e| RtspError::Camera(format!("camera url: {e}")))?;
     // The camera's bytes reach the client only through the bound.
-    let relayed = relay::open(&url, t.max_frame_bytes).await?;
+    let relayed = relay::open(&url, t.max_frame_bytes, refused).await?;
     let cut = relayed.cut;
     let err = |e: retina::Error| RtspError::from_client(e, &cut);
     let creds = t.user.map(|u| Credentials {

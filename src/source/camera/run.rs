@@ -24,10 +24,12 @@ use super::keyframes::{KeyframeDecoders, decodes_alone, parser_end, share_keyfra
 use super::plan::{chain, rgb_tail, source_plan};
 use super::rtsp;
 use super::rtspsrc::add_rtspsrc;
+use super::said::Said;
 use super::{
     CameraDef, CameraUrl, Consumer, PARSER_NAME, Transport, asked_fps, pick_decoder,
     reconnect_backoff,
 };
+use crate::clock::clocks::{Clocks, RealClocks};
 use crate::source::SourceError;
 
 /// How often free heap memory goes back to the system while cameras run.
@@ -168,8 +170,9 @@ pub(super) fn spawn(
         "camera source"
     );
     let sh = shared.clone();
-    let thread =
-        tokio::task::spawn_blocking(move || supervise(url.as_ref(), max_fps, &sh, &decoders));
+    let thread = tokio::task::spawn_blocking(move || {
+        supervise(url.as_ref(), max_fps, &sh, &decoders, &RealClocks)
+    });
     Ok(Running {
         shared,
         stop,
@@ -191,10 +194,10 @@ fn supervise(
     max_fps: Option<f64>,
     sh: &Arc<Shared>,
     decoders: &Arc<KeyframeDecoders>,
+    clocks: &dyn Clocks,
 ) {
     let mut backoff = reconnect_backoff();
-    // None: nothing reported yet; Some(up).
-    let mut reported: Option<bool> = None;
+    let mut said = Said::new(clocks);
     loop {
         if sh.stopping() {
             return;
@@ -202,7 +205,7 @@ fn supervise(
         // A panic while the camera runs (in what parses the camera's
         // answers, say) is this camera's failure, and it reconnects.
         let end = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run_once(url, max_fps, sh, decoders, &mut reported)
+            run_once(url, max_fps, sh, decoders, &mut said)
         }))
         .unwrap_or_else(|p| End::Failed {
             error: format!(
@@ -226,18 +229,7 @@ fn supervise(
             s.set_error(&error);
         });
         sh.set_state("reconnecting");
-        tracing::warn!(
-            camera = %sh.shown,
-            name = %sh.def.name,
-            pipelines = %sh.pipelines(),
-            error = %error,
-            retry_in_ms = delay.as_millis() as u64,
-            "camera down; reconnecting"
-        );
-        if reported != Some(false) {
-            sh.event(Some(&error));
-            reported = Some(false);
-        }
+        said.down(sh, &error, delay);
         let until = Instant::now() + delay;
         while Instant::now() < until {
             if sh.stopping() {
@@ -255,7 +247,7 @@ fn run_once(
     max_fps: Option<f64>,
     sh: &Arc<Shared>,
     decoders: &Arc<KeyframeDecoders>,
-    reported: &mut Option<bool>,
+    said: &mut Said<'_>,
 ) -> End {
     let failed = |error: String, streamed: bool| End::Failed {
         error: sh.scrubber.scrub(&error),
@@ -304,7 +296,7 @@ fn run_once(
             Some(Err(e)) => failed(e, false),
             started_feed => {
                 feed = started_feed.and_then(Result::ok);
-                watch(sh, bus.as_ref(), started, reported)
+                watch(sh, bus.as_ref(), started, said)
             }
         },
     };
@@ -434,12 +426,7 @@ fn add_retina_chain(
 }
 
 /// Watches a playing pipeline: bus messages, first frame, stalls, shutdown.
-fn watch(
-    sh: &Arc<Shared>,
-    bus: Option<&gst::Bus>,
-    started: Instant,
-    reported: &mut Option<bool>,
-) -> End {
+fn watch(sh: &Arc<Shared>, bus: Option<&gst::Bus>, started: Instant, said: &mut Said<'_>) -> End {
     let mut streaming = false;
     let failed = |error: String, streaming: bool| End::Failed {
         error: sh.scrubber.scrub(&error),
@@ -465,11 +452,7 @@ fn watch(
         if last != 0 && !streaming {
             streaming = true;
             sh.set_state("streaming");
-            tracing::info!(camera = %sh.shown, name = %sh.def.name, "camera streaming");
-            if *reported != Some(true) {
-                sh.event(None);
-                *reported = Some(true);
-            }
+            said.up(sh);
         }
         if let Some(error) = stalled(sh, started, streaming) {
             return failed(error, streaming);

@@ -86,10 +86,17 @@ pub fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
 
 /// The fleet's time from a delivery's `Date` header (unix µs): a
 /// reference for the clock (a clock far ahead of every reference is not
-/// trusted).
+/// trusted), taken only over verified TLS and where the clock agrees.
 pub fn fleet_time(date: Option<&str>) -> Option<i64> {
     let t = httpdate::parse_http_date(date?.trim()).ok()?;
     Some(crate::clock::system::unix_us(t))
+}
+
+/// Whether requests to `url` authenticate the server: https, whose
+/// certificate is always verified (there is no switch to turn that off).
+/// Only then is an answer's `Date` the fleet's word.
+pub fn verifies_server(url: &str) -> bool {
+    reqwest::Url::parse(url).is_ok_and(|u| u.scheme() == "https")
 }
 
 /// Stable for the same batch (also after a restart: outbox keys do not
@@ -142,7 +149,8 @@ pub(super) fn spawn(
     // reqwest built without a default crypto provider panics unless it is
     // handed a TLS config, also for plain http: give it one that trusts
     // nothing when TLS is not used.
-    let tc = if cfg.url.starts_with("https:") {
+    let https = verifies_server(&cfg.url);
+    let tc = if https {
         tls::client_config(cfg.ca.as_deref(), cfg.cert.as_deref(), cfg.key.as_deref())?
     } else {
         tls::trust_nothing()?
@@ -166,6 +174,9 @@ pub(super) fn spawn(
         backoff_min: cfg.backoff_min,
         backoff_max: cfg.backoff_max,
         max_bytes_per_s: cfg.max_bytes_per_s,
+        // https always verifies the server (there is no switch to turn
+        // that off): only then is its `Date` the fleet's word.
+        date_is_evidence: https,
     };
     let session = Session::new(set, stats.clone(), jitter, clocks.monotonic());
     let ctx = Ctx {
@@ -304,6 +315,15 @@ async fn run(ctx: Ctx, mut session: Session, shutdown: CancellationToken) {
 mod tests {
     use super::*;
     use std::io::Read;
+
+    #[test]
+    fn only_https_authenticates_the_fleet() {
+        assert!(verifies_server("https://fleet.example/ingest"));
+        assert!(verifies_server("HTTPS://fleet.example/ingest"));
+        assert!(!verifies_server("http://fleet.example/ingest"));
+        assert!(!verifies_server("http://127.0.0.1:8080/https:"));
+        assert!(!verifies_server("not a url"));
+    }
 
     #[test]
     fn retry_classification() {

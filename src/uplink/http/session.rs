@@ -21,8 +21,11 @@
 //! - After a failed outbox ack or dead letter the outbox is read again from
 //!   its oldest record: nothing is skipped (the fleet drops duplicates by
 //!   the stable idempotency key and record ids).
-//! - A delivery's `Date` is the fleet's time: handed back to the driver
-//!   for the clock (a reference against a clock far ahead).
+//! - A delivery's `Date` is the fleet's time, handed back to the driver
+//!   for the clock (a reference against a clock far ahead), only when the
+//!   connection authenticates the fleet (`Settings::date_is_evidence`:
+//!   https, the server's certificate verified): over plain HTTP anyone on
+//!   the path can write it.
 //!
 //! [`Clocks`]: crate::clock::clocks::Clocks
 
@@ -47,6 +50,10 @@ pub struct Settings {
     pub backoff_max: Duration,
     /// Body bytes per second at most; 0 = no cap.
     pub max_bytes_per_s: u64,
+    /// The fleet is authenticated (https with its certificate verified):
+    /// a delivery's `Date` is evidence of the time. Over plain HTTP it is
+    /// not.
+    pub date_is_evidence: bool,
 }
 
 /// A response, reduced to what the session needs.
@@ -220,7 +227,7 @@ impl Session {
     /// The answer to [`Command::Post`]: the endpoint's response, or why
     /// none came; `wall` is the system clock (for a `Retry-After` date).
     /// Returns the fleet's time (unix µs) from a delivery's `Date`, for
-    /// the clock.
+    /// the clock, when the connection authenticates the fleet.
     pub fn answered(
         &mut self,
         now: Instant,
@@ -257,6 +264,9 @@ impl Session {
         match verdict {
             Verdict::Ack => {
                 self.ack = self.work.front().map(|b| b.iter().map(|e| e.key).collect());
+                if !self.set.date_is_evidence {
+                    return None;
+                }
                 return fleet_time(date.as_deref());
             }
             Verdict::Retry { after, reason } => {

@@ -63,6 +63,7 @@ impl World {
             backoff_min: MIN,
             backoff_max: MAX,
             max_bytes_per_s: 0,
+            date_is_evidence: true,
         };
         World {
             s: Session::new(
@@ -332,4 +333,27 @@ fn a_clock_at_2100_is_not_trusted_and_the_fleets_date_confirms_only_a_near_clock
         Some(crate::clock::model::Change::Synced { .. })
     ));
     assert!(clock.stamp().mark.is_none());
+}
+
+/// Issue 50, item 9: a plain-HTTP fleet's `Date` (2100, 9999-12-31) was
+/// taken as a confirmed time. Over a connection that does not
+/// authenticate the fleet, a delivery's `Date` is no evidence: nothing
+/// goes to the clock, whatever it says.
+#[test]
+fn a_date_over_plain_http_is_not_the_fleets_time() {
+    let y9999 = 253_402_300_799 * S;
+    for date in [NOW, Y2100, y9999] {
+        let mut w = World::new(SimulatedClocks::new(NOW), 8, 1);
+        w.s.set.date_is_evidence = false;
+        w.append(3, |_| b"{}".to_vec());
+        assert_eq!(w.run(&mut |_| ok(Some(date))), None);
+        assert!(w.confirmed.is_empty(), "{:?}", w.confirmed);
+        assert_eq!(UplinkStats::get(&w.stats.acked_total), 3);
+    }
+    // Over verified TLS the same answer is handed to the clock (which
+    // decides whether it agrees).
+    let mut w = World::new(SimulatedClocks::new(NOW), 8, 1);
+    w.append(1, |_| b"{}".to_vec());
+    w.run(&mut |_| ok(Some(y9999)));
+    assert_eq!(w.confirmed, [y9999]);
 }

@@ -8,6 +8,8 @@
 //! The recognition is free of I/O: [`guess`] takes the model's I/O as ONNX
 //! Runtime reports it and the [`GraphFacts`] read from the file.
 
+mod detector;
+
 use bytes::Bytes;
 use prost::Message;
 use serde_json::{Value, json};
@@ -60,42 +62,6 @@ pub struct GraphFacts {
     pub outputs: Vec<IoSpec>,
 }
 
-/// A graph input or output as outpost declares it (free dimensions keep
-/// their names; unnamed ones are `?`).
-fn io_spec(v: &crate::onnx_proto::ValueInfoProto) -> Option<IoSpec> {
-    let t = v.r#type.as_ref()?.tensor_type.as_ref()?;
-    let dtype = match t.elem_type {
-        1 => DType::F32,
-        10 => DType::F16,
-        11 => DType::F64,
-        7 => DType::I64,
-        6 => DType::I32,
-        3 => DType::I8,
-        2 => DType::U8,
-        9 => DType::Bool,
-        _ => return None,
-    };
-    let shape = t
-        .shape
-        .as_ref()
-        .map(|s| {
-            s.dim
-                .iter()
-                .map(|d| match (d.dim_value, &d.dim_param) {
-                    (Some(n), _) if n > 0 => Dim::Fixed(n as u64),
-                    (_, Some(p)) if !p.is_empty() => Dim::Symbolic(p.clone()),
-                    _ => Dim::Symbolic("?".into()),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    Some(IoSpec {
-        name: v.name.clone(),
-        dtype,
-        shape,
-    })
-}
-
 impl GraphFacts {
     pub fn read(bytes: Bytes) -> Result<GraphFacts, crate::model::onnx::OnnxParseError> {
         let m = ModelProto::decode(bytes)?;
@@ -116,13 +82,7 @@ impl GraphFacts {
         let Some(g) = m.graph.as_ref() else {
             return Err(crate::model::onnx::OnnxParseError::NotAModel);
         };
-        f.inputs = g
-            .input
-            .iter()
-            .filter(|i| !g.initializer.iter().any(|t| t.name == i.name))
-            .filter_map(io_spec)
-            .collect();
-        f.outputs = g.output.iter().filter_map(io_spec).collect();
+        (f.inputs, f.outputs) = crate::model::onnx::graph_io(g);
         f.paddle |= f
             .inputs
             .iter()
@@ -146,12 +106,7 @@ impl GraphFacts {
             )
             .collect();
         let value = |name: &str| consts.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
-        let image_inputs: Vec<&str> = g
-            .input
-            .iter()
-            .filter(|i| !g.initializer.iter().any(|t| t.name == i.name))
-            .map(|i| i.name.as_str())
-            .collect();
+        let image_inputs: Vec<&str> = f.inputs.iter().map(|i| i.name.as_str()).collect();
         f.scales_itself = g
             .node
             .iter()
@@ -203,21 +158,21 @@ fn scalar(t: &TensorProto) -> Option<f64> {
     }
 }
 
-/// Ultralytics' `names`: a Python dict literal, `{0: 'person', 1: 'car'}`.
+/// Ultralytics' `names`: a Python dict literal, `{0: 'person', 1: 'car'}`
+/// (Python's `str` of a dict: quotes and escapes as its `repr` writes them,
+/// so `'cat\ndog'`, backslash and n, is a name holding a newline).
 pub fn parse_names(text: &str) -> Vec<String> {
     let body = text.trim().trim_start_matches('{').trim_end_matches('}');
     let mut out: Vec<(u64, String)> = Vec::new();
     let mut rest = body;
     while let Some(colon) = rest.find(':') {
         let key = rest[..colon].trim().trim_start_matches(',').trim();
-        let after = rest[colon + 1..].trim_start();
-        let Some(q) = after.chars().next().filter(|c| *c == '\'' || *c == '"') else {
+        let Ok(k) = key.parse::<u64>() else { break };
+        let Some((name, after)) = python_string(rest[colon + 1..].trim_start()) else {
             break;
         };
-        let Some(end) = after[1..].find(q) else { break };
-        let Ok(k) = key.parse::<u64>() else { break };
-        out.push((k, after[1..1 + end].to_string()));
-        rest = &after[1 + end + 1..];
+        out.push((k, name));
+        rest = after;
     }
     out.sort_by_key(|(k, _)| *k);
     // Only a dense 0..n list names classes by index.
@@ -226,6 +181,44 @@ pub fn parse_names(text: &str) -> Vec<String> {
     } else {
         Vec::new()
     }
+}
+
+/// A quoted Python string literal at the start of `s`, its escapes
+/// decoded, and what follows it.
+fn python_string(s: &str) -> Option<(String, &str)> {
+    let mut chars = s.char_indices();
+    let (_, q) = chars.next().filter(|(_, c)| *c == '\'' || *c == '"')?;
+    let mut out = String::new();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            c if c == q => return Some((out, &s[i + c.len_utf8()..])),
+            '\\' => {
+                let (_, e) = chars.next()?;
+                let hex = |chars: &mut std::str::CharIndices, n: usize| {
+                    let digits: String = chars.by_ref().take(n).map(|(_, c)| c).collect();
+                    u32::from_str_radix(&digits, 16)
+                        .ok()
+                        .and_then(char::from_u32)
+                };
+                match e {
+                    'n' => out.push('\n'),
+                    't' => out.push('\t'),
+                    'r' => out.push('\r'),
+                    '0' => out.push('\0'),
+                    'x' => out.push(hex(&mut chars, 2)?),
+                    'u' => out.push(hex(&mut chars, 4)?),
+                    'U' => out.push(hex(&mut chars, 8)?),
+                    '\\' | '\'' | '"' => out.push(e),
+                    other => {
+                        out.push('\\');
+                        out.push(other);
+                    }
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    None
 }
 
 /// What import makes of a model.
@@ -249,6 +242,9 @@ pub struct Guess {
 pub struct Hints {
     /// `--labels`: the file's lines (class names, or a CTC dictionary).
     pub labels: Option<Vec<String>>,
+    /// `--output`: the output a detector's postprocess reads, where
+    /// several fit a layout.
+    pub output: Option<String>,
 }
 
 fn fixed(d: &Dim) -> Option<u64> {
@@ -544,7 +540,7 @@ fn image_model(
                     " (scores: softmax applied)"
                 }
             ));
-            let labels = class_names(k, facts, hints, notes);
+            let labels = class_names(&[k], facts, hints, notes)?;
             g.kind = format!("an image classifier of {k} classes");
             g.preprocess = Some(image_pre(w, h, image, facts, "stretch", false, notes)?);
             let mut p = json!({"type": "softmax_topk", "output": o.name, "k": k.min(5)});
@@ -577,16 +573,28 @@ fn image_model(
                 o.shape_string()
             ));
         };
+        let from = if hints.labels.is_some() {
+            "--labels"
+        } else {
+            "the model's metadata (`character`)"
+        };
+        check_lines(dict, from, "character")?;
+        // PaddleOCR's classes: the blank, the dictionary, a space.
+        if let Some(k) = o.shape.get(2).and_then(fixed)
+            && dict.len() as u64 + 2 != k
+        {
+            return Err(format!(
+                "{from} has {} characters, the model has {k} classes: a CTC dictionary has \
+                 {} (the blank and the space are outpost's)",
+                dict.len(),
+                k.saturating_sub(2)
+            ));
+        }
         notes.push(format!(
             "output `{}` {} on 48-pixel text lines of free width: a CTC text recogniser \
-             (PP-OCR's), its dictionary from {} ({} characters)",
+             (PP-OCR's), its dictionary from {from} ({} characters)",
             o.name,
             o.shape_string(),
-            if hints.labels.is_some() {
-                "--labels"
-            } else {
-                "the model's metadata (`character`)"
-            },
             dict.len()
         ));
         g.kind = "a text recogniser (CTC, PP-OCR)".into();
@@ -601,7 +609,7 @@ fn image_model(
         g.labels = dict.clone();
         return Ok(g);
     }
-    detector(image, outputs, facts, hints, notes, g)
+    detector::detector(image, outputs, facts, hints, notes, g)
 }
 
 /// MTCNN: (kind, preprocessing, postprocess) when the nets' shapes match.
@@ -681,27 +689,55 @@ fn mtcnn(
     }
 }
 
-/// Class names: the metadata's, or `--labels`, or none (indexes).
-fn class_names(k: u64, facts: &GraphFacts, hints: &Hints, notes: &mut Vec<String>) -> Vec<String> {
-    if let Some(l) = &hints.labels {
-        notes.push(format!("class names from --labels ({})", l.len()));
-        if l.len() as u64 != k {
-            notes.push(format!(
-                "--labels has {} names for {k} classes: check the file",
-                l.len()
-            ));
+/// Class names: `--labels`, or the metadata's, or none (indexes). Each is
+/// one line of labels.txt, so a name holding a line break (or another
+/// control character) is refused: it would shift every later class by one.
+/// `classes`: the counts the model's output allows (empty: any); a list of
+/// another length names other classes than the model has, and is refused
+/// with both numbers.
+fn class_names(
+    classes: &[u64],
+    facts: &GraphFacts,
+    hints: &Hints,
+    notes: &mut Vec<String>,
+) -> Result<Vec<String>, String> {
+    let (names, from) = match (&hints.labels, facts.names.is_empty()) {
+        (Some(l), _) => (l, "--labels"),
+        (None, false) => (&facts.names, "the model's metadata (`names`)"),
+        (None, true) => {
+            notes.push(
+                "no class names in the model: records carry class numbers (give --labels)".into(),
+            );
+            return Ok(Vec::new());
         }
-        return l.clone();
-    }
-    if !facts.names.is_empty() {
-        notes.push(format!(
-            "class names from the model's metadata (`names`: {})",
-            facts.names.len()
+    };
+    check_lines(names, from, "class")?;
+    if let Some(k) = classes.first()
+        && !classes.contains(&(names.len() as u64))
+    {
+        return Err(format!(
+            "{from} has {} class names, the model has {k} classes: give a list of {k}",
+            names.len()
         ));
-        return facts.names.clone();
     }
-    notes.push("no class names in the model: records carry class numbers (give --labels)".into());
-    Vec::new()
+    notes.push(format!("class names from {from} ({})", names.len()));
+    Ok(names.clone())
+}
+
+/// Refuses a name holding a control character (a line break would split it
+/// over two lines of labels.txt).
+fn check_lines(names: &[String], from: &str, what: &str) -> Result<(), String> {
+    match names
+        .iter()
+        .enumerate()
+        .find(|(_, n)| n.chars().any(char::is_control))
+    {
+        Some((i, n)) => Err(format!(
+            "{from}: {what} {i}'s name {n:?} holds a control character (each name is one line \
+             of labels.txt: a line break would shift every later {what} by one)"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Image preprocessing at `w` x `h`: 0..255 when the graph scales its
@@ -745,178 +781,6 @@ fn image_pre(
     pre(v)
 }
 
-fn detector(
-    image: &Image,
-    outputs: &[IoSpec],
-    facts: &GraphFacts,
-    hints: &Hints,
-    notes: &mut Vec<String>,
-    mut g: Guess,
-) -> Result<Guess, String> {
-    let (w, h) = size(image, (640, 640), notes);
-    let grid: u64 = STRIDES.iter().map(|s| (w / s) * (h / s)).sum();
-    let dims = |o: &IoSpec| o.shape.iter().map(fixed).collect::<Vec<_>>();
-    let (layout, nc, extra): (&str, u64, Value) = match outputs {
-        [o] if o.shape.len() == 3 => {
-            let d = dims(o);
-            let (Some(a), Some(b)) = (d[1], d[2]) else {
-                return Err(format!(
-                    "output `{}` {}: a detector's rows need fixed sizes",
-                    o.name,
-                    o.shape_string()
-                ));
-            };
-            if a < b && a > 4 {
-                notes.push(format!(
-                    "output `{}` [1, {a}, {b}]: channels first, 4 box numbers and {} class \
-                     scores per anchor: an Ultralytics YOLOv8 / YOLO11 export",
-                    o.name,
-                    a - 4
-                ));
-                ("yolov8", a - 4, json!({}))
-            } else if b > 5 && facts.ultralytics {
-                notes.push(format!(
-                    "output `{}` [1, {a}, {b}]: a row per anchor, objectness and {} class scores, \
-                     in an Ultralytics export (its metadata): a YOLOv5 export",
-                    o.name,
-                    b - 5
-                ));
-                ("yolov5", b - 5, json!({}))
-            } else if b > 5 && a == grid {
-                notes.push(format!(
-                    "output `{}` [1, {a}, {b}]: one row per cell of the stride 8/16/32 grids of \
-                     {w}x{h} ({grid}), raw: a YOLOX export",
-                    o.name
-                ));
-                ("yolox", b - 5, json!({"input_size": [w, h]}))
-            } else if b > 5 && a == 3 * grid {
-                notes.push(format!(
-                    "output `{}` [1, {a}, {b}]: three anchors per grid cell of {w}x{h} ({}), \
-                     objectness and {} class scores: an Ultralytics YOLOv5 export",
-                    o.name,
-                    3 * grid,
-                    b - 5
-                ));
-                ("yolov5", b - 5, json!({}))
-            } else if (6..=7).contains(&b) && a <= 1000 {
-                notes.push(format!(
-                    "output `{}` [1, {a}, {b}]: at most {a} finished detections, each x1, y1, \
-                     x2, y2, score, class",
-                    o.name
-                ));
-                let k = hints
-                    .labels
-                    .as_ref()
-                    .map(|l| l.len() as u64)
-                    .unwrap_or(facts.names.len() as u64);
-                ("rows", k, json!({}))
-            } else {
-                return Err(format!(
-                    "output `{}` {}: not a detector layout outpost knows (YOLOv5/v8/11, YOLOX, \
-                     rows of x1, y1, x2, y2, score, class); {w}x{h} has {grid} grid cells",
-                    o.name,
-                    o.shape_string()
-                ));
-            }
-        }
-        [a, b] if a.shape.len() == 3 && b.shape.len() == 3 => {
-            // The boxes by name where one says so (a detector of three
-            // classes and a background has scores [1, N, 4] too).
-            let is_box = |o: &IoSpec| o.name.to_lowercase().contains("box");
-            let (boxes, scores) = match (is_box(a), is_box(b)) {
-                (true, false) => (a, b),
-                (false, true) => (b, a),
-                _ if dims(a).get(2) == Some(&Some(4)) => (a, b),
-                _ => (b, a),
-            };
-            let ds = dims(scores);
-            let (Some(n), Some(k)) = (ds[1], ds[2]) else {
-                return Err("a detector's scores need fixed sizes".into());
-            };
-            if dims(boxes).get(2) != Some(&Some(4)) || dims(boxes).get(1) != Some(&Some(n)) {
-                return Err(format!(
-                    "two outputs, `{}` {} and `{}` {}: not boxes [1, N, 4] beside scores [1, N, C]",
-                    a.name,
-                    a.shape_string(),
-                    b.name,
-                    b.shape_string()
-                ));
-            }
-            let q = json!({"boxes_output": boxes.name, "input_size": [w, h]});
-            if scores.name.starts_with("pred_") {
-                notes.push(format!(
-                    "`{}` [1, {n}, {k}] and `{}` [1, {n}, 4]: DETR's queries (its last class is \
-                     \"no object\", boxes centre and size as fractions)",
-                    scores.name, boxes.name
-                ));
-                ("detr", k - 1, q)
-            } else if scores.name.contains("logit") {
-                notes.push(format!(
-                    "`{}` [1, {n}, {k}] logits and `{}` [1, {n}, 4]: RT-DETR's queries (sigmoid \
-                     scores, boxes centre and size as fractions)",
-                    scores.name, boxes.name
-                ));
-                ("rtdetr", k, q)
-            } else {
-                notes.push(format!(
-                    "`{}` [1, {n}, {k}] and `{}` [1, {n}, 4]: an SSD's priors (class 0 the \
-                     background; boxes y1, x1, y2, x2 as fractions, TensorFlow's order)",
-                    scores.name, boxes.name
-                ));
-                let mut q = q;
-                q["normalized"] = json!(true);
-                q["format"] = json!("yxyx");
-                q["background_class"] = json!(0);
-                ("ssd", k, q)
-            }
-        }
-        _ => {
-            return Err(format!(
-                "outputs {}: no classifier, detector, text or face layout outpost knows; write \
-                 the manifest by hand",
-                list(outputs)
-            ));
-        }
-    };
-    // TensorFlow exports (channels last) stretch their input; the
-    // PyTorch ones keep the aspect ratio (Ultralytics, YOLOX: letterbox).
-    let resize = if image.layout == "nhwc" {
-        "stretch"
-    } else {
-        "letterbox"
-    };
-    notes.push(format!(
-        "{resize}ed to {w}x{h} ({})",
-        if resize == "stretch" {
-            "a channels-last export: TensorFlow's detectors stretch"
-        } else {
-            "a channels-first export keeps the aspect ratio"
-        }
-    ));
-    let mut names = class_names(nc, facts, hints, notes);
-    if layout == "ssd" && !names.is_empty() && names.len() as u64 + 1 == nc {
-        names.insert(0, "background".into());
-    }
-    let mut p = json!({"type": "detections", "layout": layout, "output":
-        match outputs { [o] => o.name.clone(), [a, b] =>
-            if extra["boxes_output"] == json!(a.name) { b.name.clone() } else { a.name.clone() },
-          _ => String::new() },
-        "score_threshold": SCORE, "iou_threshold": IOU, "max_detections": MAX_DETECTIONS});
-    if let (Some(a), Some(b)) = (p.as_object_mut(), extra.as_object()) {
-        a.extend(b.clone());
-    }
-    if !names.is_empty() {
-        p["class_names"] = json!(names);
-    }
-    notes.push(format!(
-        "score threshold {SCORE}, class-wise NMS at IoU {IOU}, at most {MAX_DETECTIONS} boxes"
-    ));
-    g.kind = format!("an object detector ({layout} layout)");
-    g.preprocess = Some(image_pre(w, h, image, facts, resize, true, notes)?);
-    g.postprocess = Some(post(p)?);
-    Ok(g)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -950,6 +814,138 @@ mod tests {
         );
         assert!(parse_names("{1: 'a'}").is_empty());
         assert!(parse_names("nonsense").is_empty());
+        // Python's repr: escapes decoded, the other quote inside.
+        assert_eq!(
+            parse_names(r#"{0: 'cat\ndog', 1: "it's", 2: 'caf\xe9', 3: 'a\\b', 4: '\u00fc'}"#),
+            ["cat\ndog", "it's", "café", "a\\b", "ü"]
+        );
+    }
+
+    fn classifier(k: &str) -> (Vec<IoSpec>, Vec<IoSpec>) {
+        (
+            vec![spec("x", DType::F32, &["1", "3", "32", "32"])],
+            vec![spec("y", DType::F32, &["1", k])],
+        )
+    }
+
+    #[test]
+    fn names_that_would_shift_labels_txt_are_refused() {
+        let (i, o) = classifier("3");
+        let names = |n: &[&str]| GraphFacts {
+            names: n.iter().map(|s| s.to_string()).collect(),
+            ..GraphFacts::default()
+        };
+        let e = guess(
+            &i,
+            &o,
+            &names(&["cat\ndog", "bird", "fish"]),
+            &Hints::default(),
+        )
+        .unwrap_err();
+        assert!(e.contains("class 0's name \"cat\\ndog\""), "{e}");
+        let hints = Hints {
+            labels: Some(vec!["a".into(), "b\u{7}".into(), "c".into()]),
+            ..Hints::default()
+        };
+        let e = guess(&i, &o, &GraphFacts::default(), &hints).unwrap_err();
+        assert!(e.contains("--labels: class 1's name"), "{e}");
+        let g = guess(&i, &o, &names(&["a b", "é", ""]), &Hints::default()).unwrap();
+        assert_eq!(g.labels, ["a b", "é", ""]);
+    }
+
+    #[test]
+    fn a_class_count_unlike_the_model_s_is_refused_with_both_numbers() {
+        let (i, o) = classifier("10");
+        let hints = Hints {
+            labels: Some((0..1_000_000).map(|n| n.to_string()).collect()),
+            ..Hints::default()
+        };
+        let e = guess(&i, &o, &GraphFacts::default(), &hints).unwrap_err();
+        assert!(
+            e.contains("--labels has 1000000 class names, the model has 10 classes"),
+            "{e}"
+        );
+        // A detector: YOLOv8's 3 classes; an SSD's background may go unnamed.
+        let img = [spec("images", DType::F32, &["1", "3", "160", "160"])];
+        let three = Hints {
+            labels: Some(vec!["a".into(), "b".into(), "c".into()]),
+            ..Hints::default()
+        };
+        let yolo = [spec("o", DType::F32, &["1", "8", "525"])];
+        let e = guess(&img, &yolo, &GraphFacts::default(), &three).unwrap_err();
+        assert!(
+            e.contains("has 3 class names, the model has 4 classes"),
+            "{e}"
+        );
+        let ssd = [
+            spec("scores", DType::F32, &["1", "525", "4"]),
+            spec("boxes", DType::F32, &["1", "525", "4"]),
+        ];
+        assert!(guess(&img, &ssd, &GraphFacts::default(), &three).is_ok());
+        // A CTC dictionary: the model's classes less the blank and the space.
+        let line = [spec("x", DType::F32, &["batch", "3", "48", "width"])];
+        let ctc = [spec("y", DType::F32, &["batch", "steps", "6"])];
+        let four = Hints {
+            labels: Some(vec!["a".into(), "b".into(), "c".into(), "d".into()]),
+            ..Hints::default()
+        };
+        assert!(guess(&line, &ctc, &GraphFacts::default(), &four).is_ok());
+        let e = guess(&line, &ctc, &GraphFacts::default(), &three).unwrap_err();
+        assert!(
+            e.contains("has 3 characters, the model has 6 classes"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_detector_s_auxiliary_outputs_are_left_out_with_their_reason() {
+        let img = [spec("images", DType::F32, &["1", "512", "512", "3"])];
+        let centernet = [
+            spec("wh", DType::F32, &["1", "128", "128", "4"]),
+            spec("heatmap", DType::F32, &["1", "128", "128", "80"]),
+            spec("detections", DType::F32, &["1", "100", "6"]),
+        ];
+        let g = guess(&img, &centernet, &GraphFacts::default(), &Hints::default()).unwrap();
+        assert_eq!(layout_of(&g), "rows");
+        assert_eq!(
+            g.postprocess.as_ref().and_then(|p| p.output()),
+            Some("detections")
+        );
+        let left: Vec<&String> = g.notes.iter().filter(|n| n.contains("left out")).collect();
+        assert_eq!(left.len(), 2, "{:?}", g.notes);
+        assert!(
+            left[0].starts_with("output `wh` [1, 128, 128, 4]: 4-D"),
+            "{left:?}"
+        );
+        // Every output is still declared (the manifest must name them all).
+        assert_eq!(g.outputs.len(), 3);
+        // Two outputs that both fit: --output picks, and without it the
+        // refusal names both.
+        let img = [spec("images", DType::F32, &["1", "3", "160", "160"])];
+        let two = [
+            spec("raw", DType::F32, &["1", "7", "525"]),
+            spec("final", DType::F32, &["1", "100", "6"]),
+        ];
+        let e = guess(&img, &two, &GraphFacts::default(), &Hints::default()).unwrap_err();
+        assert!(e.contains("`raw` (yolov8), `final` (rows)"), "{e}");
+        let pick = |o: &str| Hints {
+            output: Some(o.into()),
+            ..Hints::default()
+        };
+        let g = guess(&img, &two, &GraphFacts::default(), &pick("final")).unwrap();
+        assert_eq!(layout_of(&g), "rows");
+        assert!(
+            g.notes
+                .iter()
+                .any(|n| n.contains("`raw` [1, 7, 525] left out: it fits the yolov8")),
+            "{:?}",
+            g.notes
+        );
+        let e = guess(&img, &two, &GraphFacts::default(), &pick("nope")).unwrap_err();
+        assert!(
+            e.contains("--output `nope`: the model has no such output"),
+            "{e}"
+        );
     }
 
     #[test]

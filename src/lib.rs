@@ -1,30 +1,23 @@
 //! outpost: an edge inference daemon. Sources feed pipelines that run ONNX
 //! models locally; results wait in a durable outbox until the fleet has them.
+//!
+//! This crate is the daemon (sources, pipelines, outputs, config, the local
+//! API, the floor protocols' glue) and the CLI. The rooms below it are crates
+//! of their own (docs/ARCHITECTURE.md), re-exported here under their module
+//! names so `outpost::record` and `crate::record` name what they always did.
 
 pub mod api;
-pub mod backend;
-pub mod backoff;
-pub mod bytesize;
 pub mod cli;
-pub mod clock;
 pub mod config;
 pub mod daemon;
-pub mod fleet;
 pub mod floor;
-pub mod fsio;
-pub mod model;
-pub mod onnx_proto;
-pub mod ota;
-pub mod outbox;
 pub mod output;
-pub mod panics;
 pub mod pipeline;
-pub mod plan;
-pub mod postprocess;
-pub mod preprocess;
-pub mod record;
 pub mod source;
-pub mod stream_table;
-pub mod telemetry;
-pub mod track;
-pub mod uplink;
+
+pub use outpost_base::{backoff, bytesize, fsio, panics, record, stream_table};
+pub use outpost_inference::{backend, model, onnx_proto, plan, postprocess, preprocess};
+pub use outpost_ota::ota;
+pub use outpost_store::{clock, outbox, telemetry};
+pub use outpost_track::track;
+pub use outpost_uplink::{fleet, uplink};

@@ -462,6 +462,21 @@ impl Config {
         if let Some(o) = &self.opcua {
             p.extend(validate_opcua(o, &self.pipelines));
         }
+        if !crate::source::mqtt::EMBEDDED_BROKER_BUILT
+            && self.site_broker.is_none()
+            && self.pipelines.iter().any(|pc| {
+                matches!(pc.source, SourceConfig::Mqtt { .. })
+                    || pc
+                        .outputs
+                        .iter()
+                        .any(|o| matches!(o, crate::output::OutputConfig::Mqtt { .. }))
+            })
+        {
+            p.push(format!(
+                "site_broker: {}",
+                crate::source::mqtt::NO_EMBEDDED_BROKER
+            ));
+        }
         let named: Vec<(usize, &str, &str)> = self
             .pipelines
             .iter()

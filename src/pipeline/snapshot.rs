@@ -688,7 +688,8 @@ mod tests {
         let out = serde_json::json!({"boxes": [{"box": [1000.0, 500.0, 3000.0, 1500.0]}]});
         let cam: Arc<str> = "cam".into();
         let rgb = vec![128u8; (w * h * 3) as usize];
-        let i420 = crate::preprocess::raw::tests::rgb_to_i420(&rgb, w as usize, h as usize, false);
+        let i420 =
+            crate::preprocess::raw::reference::rgb_to_i420(&rgb, w as usize, h as usize, false);
         for (payload, raw) in [
             (rgb.clone(), RawImage::rgb(w, h)),
             (

@@ -334,10 +334,27 @@ pub enum EmbeddedBrokerError {
     },
     #[error("embedded broker: cannot start its thread: {0}")]
     Thread(std::io::Error),
+    #[error("{}", NO_EMBEDDED_BROKER)]
+    NotBuilt,
+}
+
+/// What a build without the embedded broker says where one is needed.
+pub const NO_EMBEDDED_BROKER: &str = "this outpost was built without the embedded MQTT broker (cargo feature `embedded-broker`): set [site_broker] to the site's broker, or use a build or package that has it";
+
+/// Whether this build carries the embedded broker (cargo feature
+/// `embedded-broker`).
+pub const EMBEDDED_BROKER_BUILT: bool = cfg!(feature = "embedded-broker");
+
+/// A build without the embedded broker: sources and outputs need
+/// `[site_broker]`.
+#[cfg(not(feature = "embedded-broker"))]
+pub fn start_embedded_broker(_: &EmbeddedBrokerConfig) -> Result<(), EmbeddedBrokerError> {
+    Err(EmbeddedBrokerError::NotBuilt)
 }
 
 /// Starts rumqttd on its own threads (it runs its own runtime). Fails when
 /// the address cannot be bound.
+#[cfg(feature = "embedded-broker")]
 pub fn start_embedded_broker(cfg: &EmbeddedBrokerConfig) -> Result<(), EmbeddedBrokerError> {
     // Probe the address first: rumqttd reports a bind failure only in its own thread.
     std::net::TcpListener::bind(cfg.listen).map_err(|source| EmbeddedBrokerError::Listen {

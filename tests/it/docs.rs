@@ -1,6 +1,7 @@
 //! The docs against the tree: every key `outpost config example` prints is
-//! documented in docs/configuration.md, and no doc names a `src/` path that
-//! does not exist. No daemon, no models, no ONNX Runtime.
+//! documented in docs/configuration.md, no doc names a path into the tree
+//! (`src/`, `crates/`, `tests/`, ...) that does not exist, and the
+//! architecture page names every room. No daemon, no models, no ONNX Runtime.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -146,22 +147,42 @@ fn every_example_key_is_documented() {
     );
 }
 
-/// `src/...` paths named in `text`, trailing punctuation removed.
+/// The folders of the checkout a doc may name paths in.
+const TREE: [&str; 11] = [
+    "src/",
+    "crates/",
+    "tests/",
+    "perf/",
+    "scripts/",
+    "cross/",
+    "systemd/",
+    "benches/",
+    "examples/",
+    "targets/",
+    "dashboards/",
+];
+
+/// Paths into the tree (`src/...`, `crates/...`, `tests/...`) named in
+/// `text`, trailing punctuation removed.
 fn src_paths(text: &str) -> Vec<String> {
     let path_char = |c: char| c.is_ascii_alphanumeric() || "_/.-".contains(c);
     let mut found = Vec::new();
-    let mut from = 0;
-    while let Some(i) = text[from..].find("src/") {
-        let at = from + i;
-        from = at + 4;
-        if text[..at].chars().next_back().is_some_and(path_char) {
-            continue; // part of a longer path (`tests/src/`, `rsrc/`)
+    for top in TREE {
+        let mut from = 0;
+        while let Some(i) = text[from..].find(top) {
+            let at = from + i;
+            from = at + top.len();
+            if text[..at].chars().next_back().is_some_and(path_char) {
+                continue; // part of a longer path (`tests/src/`, `rsrc/`)
+            }
+            let end = text[at..]
+                .find(|c: char| !path_char(c))
+                .map_or(text.len(), |n| at + n);
+            let p = text[at..end].trim_end_matches(['.', '-']);
+            if p.len() > top.len() {
+                found.push(p.to_string());
+            }
         }
-        let end = text[at..]
-            .find(|c: char| !path_char(c))
-            .map_or(text.len(), |n| at + n);
-        let p = text[at..end].trim_end_matches(['.', '-']);
-        found.push(p.to_string());
     }
     found
 }
@@ -188,10 +209,10 @@ fn docs_name_only_src_paths_that_exist() {
             }
         }
     }
-    assert!(seen > 10, "too few src/ paths found ({seen})");
+    assert!(seen > 10, "too few paths found ({seen})");
     assert!(
         gone.is_empty(),
-        "docs name src/ paths that do not exist:\n  {}",
+        "docs name paths that do not exist:\n  {}",
         gone.join("\n  ")
     );
 }
@@ -199,7 +220,54 @@ fn docs_name_only_src_paths_that_exist() {
 #[test]
 fn src_paths_are_found_whole() {
     assert_eq!(
-        src_paths("see `src/cli/config.rs`, src/api/. and tests/src/x.rs"),
+        src_paths("see `src/cli/config.rs`, src/api/. and vendor/src/x.rs"),
         ["src/cli/config.rs", "src/api/"]
+    );
+    assert_eq!(
+        src_paths("crates/track/src/track/ and `tests/it/docs.rs`; /var/lib/outpost/tests/x"),
+        ["crates/track/src/track/", "tests/it/docs.rs"]
+    );
+}
+
+/// Every room is on the architecture page: each crate of the workspace, each
+/// top-level module of a crate (a folder or a file beside `lib.rs`), named
+/// by its path.
+#[test]
+fn the_architecture_page_names_every_room() {
+    let page = std::fs::read_to_string(root().join("docs/ARCHITECTURE.md")).expect("page");
+    let mut rooms = Vec::new();
+    let mut srcs = vec!["src".to_string()];
+    for e in std::fs::read_dir(root().join("crates")).expect("crates/") {
+        let name = e
+            .expect("dir entry")
+            .file_name()
+            .to_string_lossy()
+            .to_string();
+        srcs.push(format!("crates/{name}/src"));
+        rooms.push(format!("crates/{name}/"));
+    }
+    for s in &srcs {
+        for e in std::fs::read_dir(root().join(s)).expect("src") {
+            let p = e.expect("dir entry").path();
+            let name = p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
+            if p.is_dir() {
+                rooms.push(format!("{s}/{name}/"));
+            } else if !["lib.rs", "main.rs"].contains(&name.as_str()) && name.ends_with(".rs") {
+                rooms.push(format!("{s}/{name}"));
+            }
+        }
+    }
+    assert!(rooms.len() > 20, "{rooms:?}");
+    let missing: Vec<&String> = rooms
+        .iter()
+        .filter(|r| !page.contains(r.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/ARCHITECTURE.md does not name these rooms: {missing:?}"
     );
 }

@@ -189,6 +189,7 @@ impl GpuImagePreprocessor {
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(GpuError::NoDriver);
         }
+        // SAFETY: as above, a dlopen of NVRTC and nothing else.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             return Err(GpuError::NoNvrtc);
         }

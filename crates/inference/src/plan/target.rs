@@ -383,7 +383,7 @@ onnxruntime = "cpu wheel"
 
     #[test]
     fn checkout_targets_all_parse() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("targets");
+        let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("targets");
         let files = targets_in(&dir);
         assert!(files.len() >= 6, "{files:?}");
         for f in files {
@@ -393,13 +393,22 @@ onnxruntime = "cpu wheel"
 
     #[test]
     fn api_levels_have_cargo_features() {
-        let cargo =
-            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-                .unwrap();
+        // This crate's features set ort's level; the outpost crate forwards
+        // its own to them and names the default.
+        let own = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+            .unwrap();
+        let cargo = std::fs::read_to_string(
+            Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("Cargo.toml"),
+        )
+        .unwrap();
         for n in ONNXRUNTIME_API_LEVELS {
             assert!(
-                cargo.contains(&format!("ort-api-{n} = [\"ort/api-{n}\"]")),
-                "Cargo.toml lacks the feature ort-api-{n}"
+                own.contains(&format!("ort-api-{n} = [\"ort/api-{n}\"]")),
+                "crates/inference/Cargo.toml lacks the feature ort-api-{n}"
+            );
+            assert!(
+                cargo.contains(&format!("\"outpost-inference/ort-api-{n}\"]")),
+                "Cargo.toml does not forward ort-api-{n}"
             );
         }
         let default = cargo
@@ -426,7 +435,7 @@ onnxruntime = "cpu wheel"
 
     #[test]
     fn not_found_lists_what_is_there() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("targets");
+        let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("targets");
         let e = find_target("nope", &[dir]).unwrap_err().to_string();
         assert!(e.contains("x86_64-cpu"), "{e}");
     }

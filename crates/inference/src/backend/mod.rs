@@ -308,8 +308,10 @@ pub trait InferenceSession: Send {
 
 /// A fake engine for tests: it answers each run with a closure of the
 /// test's, so every batching mode, state layout and failure can be made to
-/// happen without a model file or ONNX Runtime.
-#[cfg(test)]
+/// happen without a model file or ONNX Runtime. Compiled in every build
+/// (the daemon's own tests use it from another crate); nothing in the
+/// daemon makes one.
+#[doc(hidden)]
 pub mod fake {
     use super::{InferenceSession, ModelIo, Provider, RunError, Tensor, check_inputs};
 

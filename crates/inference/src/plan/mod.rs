@@ -489,7 +489,7 @@ mod tests {
     use crate::backend::{DType, IoSpec};
 
     fn target(name: &str) -> Target {
-        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        let p = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
             .join("targets")
             .join(format!("{name}.toml"));
         Target::load(&p).unwrap()

@@ -286,7 +286,8 @@ mod tests {
 
     #[test]
     fn manifest_preprocessing_names_free_dimensions() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/ppocr_det/manifest.toml");
+        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+            .join("models/ppocr_det/manifest.toml");
         let m = Manifest::load(&path).unwrap();
         // ["batch", 3, "height", "width"], image preprocess 736 x 736.
         assert_eq!(
@@ -297,7 +298,8 @@ mod tests {
 
     #[test]
     fn bare_onnx_io_is_read_from_the_graph() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/sensor_mlp/sensor_mlp.onnx");
+        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+            .join("models/sensor_mlp/sensor_mlp.onnx");
         let Ok(bytes) = std::fs::read(&path) else {
             return; // models/build has not run in this checkout
         };

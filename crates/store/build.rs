@@ -1,5 +1,6 @@
 //! The build time, compiled in as the clock's floor (`src/clock`): no
-//! device running this binary can be earlier. `SOURCE_DATE_EPOCH` when set
+//! device running this binary can be earlier (the time this crate was
+//! built: a package, built from a clean tree, has it from the same build). `SOURCE_DATE_EPOCH` when set
 //! (cross/build sets it, so a package is the same bytes every time), else
 //! the time of this build.
 
@@ -8,7 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 fn main() {
     println!("cargo:rerun-if-env-changed=SOURCE_DATE_EPOCH");
     println!("cargo:rerun-if-changed=build.rs");
-    // Rerun with the sources, so a build's time follows its code.
+    // Rerun with this crate's sources: a change above it leaves the floor
+    // as it was (earlier, so still true) and rebuilds nothing below.
     println!("cargo:rerun-if-changed=src");
     let t = std::env::var("SOURCE_DATE_EPOCH")
         .ok()

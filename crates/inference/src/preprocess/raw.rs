@@ -148,10 +148,11 @@ impl RawImage {
     }
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-
+/// The conversion a camera's I420 frames come from, written the slow and
+/// obvious way: the reference of the tests here and in the daemon's
+/// snapshots. Compiled in every build, used by none.
+#[doc(hidden)]
+pub mod reference {
     /// RGB to limited-range I420 (BT.601 or 709), averaging each 2x2 block's chroma.
     pub fn rgb_to_i420(rgb: &[u8], w: usize, h: usize, bt709: bool) -> Vec<u8> {
         let (kr, kb) = if bt709 {
@@ -196,6 +197,12 @@ pub(crate) mod tests {
         }
         out
     }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::reference::rgb_to_i420;
+    use super::*;
 
     /// A smooth colour picture (gradients), as RGB.
     pub fn picture(w: usize, h: usize) -> Vec<u8> {

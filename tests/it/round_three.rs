@@ -309,7 +309,7 @@ max_age = "200ms"
             .unwrap_or(0.0)
     };
     let t0 = Instant::now();
-    while failed(&d) < 3.0 && t0.elapsed() < Duration::from_secs(60) {
+    while failed(&d) < 3.0 && t0.elapsed() < Duration::from_secs(180) {
         std::thread::sleep(Duration::from_millis(200));
     }
     let warnings = d.log().matches("track snapshot not kept").count();

@@ -298,6 +298,17 @@ impl StreamTracker {
         self.tracks.len()
     }
 
+    /// The boxes of the tracks matched at the newest frame that are not
+    /// stationary: objects that may still move (a motion gate keeps the
+    /// detector running for them).
+    pub fn moving_boxes(&self) -> Vec<[f32; 4]> {
+        self.tracks
+            .values()
+            .filter(|t| t.last_frame == self.frame && !t.stationary)
+            .map(|t| t.bbox)
+            .collect()
+    }
+
     /// Frames seen so far (the newest one's number, from 1).
     pub fn frames(&self) -> u64 {
         self.frame

@@ -680,7 +680,7 @@ mask = [[0, 0], [10, 10]]
             (8, "motion.threshold: must be at least 1"),
             (9, "motion.alpha: 2 is out of range"),
             (10, "motion.max_regions: 0 is out of range"),
-            (11, "motion.mask[0]: "),
+            (11, "motion.mask#1: 2 points"),
         ] {
             assert!(
                 problems

@@ -72,7 +72,7 @@ fn bench(c: &mut Criterion) {
         g.bench_function(format!("{name}_mover"), |b| {
             b.iter(|| {
                 n += 1;
-                let f = if n % 2 == 0 { &moving } else { &still };
+                let f = if n.is_multiple_of(2) { &moving } else { &still };
                 d.detect(f, raw).unwrap()
             })
         });

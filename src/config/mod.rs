@@ -683,9 +683,9 @@ mask = [[0, 0], [10, 10]]
             (11, "motion.mask#1: 2 points"),
         ] {
             assert!(
-                problems
-                    .iter()
-                    .any(|p| p.starts_with(&format!("line {line}: pipeline \"street\"")) && p.contains(key)),
+                problems.iter().any(|p| p
+                    .starts_with(&format!("line {line}: pipeline \"street\""))
+                    && p.contains(key)),
                 "{key}: {problems:?}"
             );
         }

@@ -78,7 +78,10 @@ source = {{ type = "camera", cameras = "*", fps = 4 }}
         // Every frame of the scrolling camera ran.
         assert_eq!(m["frames_still"], 0, "{p:#}");
         assert!(m["detector_runs"].as_u64().unwrap() >= 8, "{p:#}");
-        assert_eq!((s["regions"].as_u64(), m["regions"].as_u64()), (Some(0), Some(0)));
+        assert_eq!(
+            (s["regions"].as_u64(), m["regions"].as_u64()),
+            (Some(0), Some(0))
+        );
         // The pipeline's counts are its cameras' (the status reads the
         // cameras first; one frame at a time may be counted in between).
         for key in ["frames_still", "detector_runs"] {
@@ -149,7 +152,9 @@ source = {{ type = "camera", cameras = "*", fps = 4 }}
     #[test]
     fn a_camera_pipeline_without_the_gate_runs_every_frame() {
         let _one_at_a_time = serial();
-        let args = ["--width", "320", "--height", "240", "--fps", "10", "--noise"];
+        let args = [
+            "--width", "320", "--height", "240", "--fps", "10", "--noise",
+        ];
         let still = RtspServer::start(&["astronaut.png"], &args);
         let body = format!(
             r#"
@@ -169,7 +174,10 @@ enabled = false
         });
         assert!(p["motion"].is_null(), "{p:#}");
         // Every frame done ran the model (one may be between the two counts).
-        let (items, done) = (p["items"].as_u64().unwrap(), p["frames_done"].as_u64().unwrap());
+        let (items, done) = (
+            p["items"].as_u64().unwrap(),
+            p["frames_done"].as_u64().unwrap(),
+        );
         assert!(items == done || items == done + 1, "{p:#}");
     }
 }

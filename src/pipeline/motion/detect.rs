@@ -184,13 +184,13 @@ impl MotionDetector {
         let err = |e: &dyn std::fmt::Display| DecodeError::Resize {
             message: e.to_string(),
         };
-        let opts = fir::ResizeOptions::new()
-            .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Box));
+        let opts =
+            fir::ResizeOptions::new().resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Box));
         match raw.format {
             RawFormat::I420 { .. } => {
                 let y = payload.get(..(w * h) as usize).unwrap_or_default();
-                let view = fir::images::ImageRef::new(w, h, y, fir::PixelType::U8)
-                    .map_err(|e| err(&e))?;
+                let view =
+                    fir::images::ImageRef::new(w, h, y, fir::PixelType::U8).map_err(|e| err(&e))?;
                 let mut dst = fir::images::Image::new(to.0, to.1, fir::PixelType::U8);
                 self.resizer
                     .resize(&view, &mut dst, &opts)
@@ -309,7 +309,12 @@ pub fn merge(mut boxes: Vec<[u32; 4]>, gap: u32) -> Vec<[u32; 4]> {
                 if near(&boxes[i], &boxes[j]) {
                     let b = boxes.swap_remove(j);
                     let a = &mut boxes[i];
-                    *a = [a[0].min(b[0]), a[1].min(b[1]), a[2].max(b[2]), a[3].max(b[3])];
+                    *a = [
+                        a[0].min(b[0]),
+                        a[1].min(b[1]),
+                        a[2].max(b[2]),
+                        a[3].max(b[3]),
+                    ];
                     joined = true;
                 } else {
                     j += 1;

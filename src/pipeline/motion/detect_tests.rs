@@ -22,7 +22,10 @@ struct Noise(u64);
 
 impl Noise {
     fn next(&mut self) -> i16 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((self.0 >> 33) % 7) as i16 - 3
     }
 }
@@ -55,10 +58,7 @@ fn cat(size: u32) -> Vec<u8> {
 }
 
 fn covers(b: &[u32; 4], x: u32, y: u32, size: u32, slack: u32) -> bool {
-    b[0] <= x + slack
-        && b[1] <= y + slack
-        && b[2] + slack >= x + size
-        && b[3] + slack >= y + size
+    b[0] <= x + slack && b[1] <= y + slack && b[2] + slack >= x + size && b[3] + slack >= y + size
 }
 
 #[test]
@@ -66,10 +66,17 @@ fn a_still_real_scene_with_sensor_noise_gives_no_motion() {
     let (bg, w, h) = photo("coffee.png");
     let mut d = MotionDetector::new(&MotionConfig::default());
     let mut noise = Noise(1);
-    let first = d.detect(&noisy(&bg, &mut noise), RawImage::rgb(w, h)).unwrap();
-    assert!(first.whole, "the first frame has no background: it moves whole");
+    let first = d
+        .detect(&noisy(&bg, &mut noise), RawImage::rgb(w, h))
+        .unwrap();
+    assert!(
+        first.whole,
+        "the first frame has no background: it moves whole"
+    );
     for i in 0..30 {
-        let m = d.detect(&noisy(&bg, &mut noise), RawImage::rgb(w, h)).unwrap();
+        let m = d
+            .detect(&noisy(&bg, &mut noise), RawImage::rgb(w, h))
+            .unwrap();
         assert!(m.is_still(), "frame {i}: {m:?}");
     }
     assert_eq!(d.small_size().1, 100);
@@ -81,12 +88,15 @@ fn a_real_mover_gives_one_box_where_it_is() {
     let cat = cat(80);
     let mut d = MotionDetector::new(&MotionConfig::default());
     let mut noise = Noise(2);
-    d.detect(&noisy(&bg, &mut noise), RawImage::rgb(w, h)).unwrap();
+    d.detect(&noisy(&bg, &mut noise), RawImage::rgb(w, h))
+        .unwrap();
     for i in 0..10 {
         let (x, y) = (40 + 40 * i, 150 + 5 * i);
         let mut f = bg.clone();
         paste(&mut f, w, &cat, 80, 80, x, y);
-        let m = d.detect(&noisy(&f, &mut noise), RawImage::rgb(w, h)).unwrap();
+        let m = d
+            .detect(&noisy(&f, &mut noise), RawImage::rgb(w, h))
+            .unwrap();
         assert!(!m.whole, "frame {i}");
         // The box holds the cat now (and where it was a frame ago, which
         // also changed against the background).
@@ -108,16 +118,24 @@ fn a_masked_area_never_moves() {
     let cat = cat(60);
     let cfg = MotionConfig {
         // The band the cat walks along.
-        mask: Mask::One(vec![[0.0, 130.0], [w as f32, 130.0], [w as f32, 230.0], [0.0, 230.0]]),
+        mask: Mask::One(vec![
+            [0.0, 130.0],
+            [w as f32, 130.0],
+            [w as f32, 230.0],
+            [0.0, 230.0],
+        ]),
         ..MotionConfig::default()
     };
     let mut d = MotionDetector::new(&cfg);
     let mut noise = Noise(3);
-    d.detect(&noisy(&bg, &mut noise), RawImage::rgb(w, h)).unwrap();
+    d.detect(&noisy(&bg, &mut noise), RawImage::rgb(w, h))
+        .unwrap();
     for i in 0..10 {
         let mut f = bg.clone();
         paste(&mut f, w, &cat, 60, 60, 20 + 45 * i, 150);
-        let m = d.detect(&noisy(&f, &mut noise), RawImage::rgb(w, h)).unwrap();
+        let m = d
+            .detect(&noisy(&f, &mut noise), RawImage::rgb(w, h))
+            .unwrap();
         assert!(m.is_still(), "frame {i}: {m:?}");
     }
     // Outside the mask it still sees the cat.

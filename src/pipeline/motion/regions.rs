@@ -29,7 +29,12 @@ pub fn plan(
                     let b = regions.swap_remove(j);
                     let a = regions[i];
                     regions[i] = grow(
-                        [a[0].min(b[0]), a[1].min(b[1]), a[2].max(b[2]), a[3].max(b[3])],
+                        [
+                            a[0].min(b[0]),
+                            a[1].min(b[1]),
+                            a[2].max(b[2]),
+                            a[3].max(b[3]),
+                        ],
                         frame,
                         input,
                     );
@@ -65,10 +70,7 @@ fn grow(b: [u32; 4], (fw, fh): (u32, u32), (iw, ih): (u32, u32)) -> [u32; 4] {
     let mut w = h * aspect;
     w = w.min(f64::from(fw));
     h = h.min(f64::from(fh));
-    let (cx, cy) = (
-        f64::from(b[0] + b[2]) / 2.0,
-        f64::from(b[1] + b[3]) / 2.0,
-    );
+    let (cx, cy) = (f64::from(b[0] + b[2]) / 2.0, f64::from(b[1] + b[3]) / 2.0);
     let place = |c: f64, len: f64, max: u32| -> (u32, u32) {
         let len = (len.ceil() as u32).min(max);
         let start = (c - f64::from(len) / 2.0).max(0.0) as u32;
@@ -137,7 +139,11 @@ mod tests {
     #[test]
     fn overlapping_crops_merge_and_a_crop_at_the_edge_moves_inside() {
         let r = plan(
-            &[[0, 0, 40, 40], [300, 100, 340, 140], [1800, 1000, 1920, 1080]],
+            &[
+                [0, 0, 40, 40],
+                [300, 100, 340, 140],
+                [1800, 1000, 1920, 1080],
+            ],
             (1920, 1080),
             (512, 512),
             4,

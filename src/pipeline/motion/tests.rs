@@ -107,7 +107,13 @@ fn every_bad_key_is_named() {
     )
     .unwrap();
     let p = cfg.validate("pipelines[0].motion");
-    for key in ["frame_height", "threshold", "alpha", "max_regions", "mask[0]"] {
+    for key in [
+        "frame_height",
+        "threshold",
+        "alpha",
+        "max_regions",
+        "mask[0]",
+    ] {
         assert!(
             p.iter()
                 .any(|e| e.starts_with(&format!("pipelines[0].motion.{key}: "))),

@@ -318,7 +318,8 @@ impl Pipeline {
         w.results = if !w.offsets.is_empty() {
             // The crops of one frame: one result, boxes in the frame's pixels.
             let us = values.iter().map(|(_, us)| us).sum();
-            let merged = motion::merge_regions(values.into_iter().map(|(v, _)| v).collect(), &offsets);
+            let merged =
+                motion::merge_regions(values.into_iter().map(|(v, _)| v).collect(), &offsets);
             vec![(merged, us)]
         } else if !self.mode.cascade {
             values

@@ -25,6 +25,11 @@ use crate::track::geometry::{Point, Polygon};
 /// Above this share of changed pixels the picture changed as a whole: the
 /// background starts over from the frame.
 const RECALIBRATE_SHARE: f32 = 0.5;
+/// How fast the background learns a pixel that did not change since the
+/// previous frame (`alpha` is for those that did): where a mover was, or
+/// where one stopped, is background again within a few frames, so its
+/// ghost does not keep the detector running for `1/alpha` frames.
+const SETTLE_RATE: f32 = 0.25;
 
 /// What one frame's motion is.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -57,6 +62,8 @@ pub struct MotionDetector {
     /// Pixels of the small frame under a mask.
     masked: Vec<bool>,
     background: Vec<f32>,
+    /// The previous frame's small grey frame.
+    prev: Vec<u8>,
     grey: Vec<u8>,
     scratch: Vec<u8>,
     changed: Vec<bool>,
@@ -84,6 +91,7 @@ impl MotionDetector {
             small: (0, 0),
             masked: Vec::new(),
             background: Vec::new(),
+            prev: Vec::new(),
             grey: Vec::new(),
             scratch: Vec::new(),
             changed: Vec::new(),
@@ -108,7 +116,8 @@ impl MotionDetector {
         blur(&self.grey, &mut self.scratch, self.small);
         std::mem::swap(&mut self.grey, &mut self.scratch);
         if fresh {
-            self.background = self.grey.iter().map(|&v| f32::from(v)).collect();
+            self.prev = self.grey.clone();
+            self.start_over();
             return Ok(Motion {
                 boxes: Vec::new(),
                 whole: true,
@@ -116,16 +125,30 @@ impl MotionDetector {
         }
         let mut count = 0usize;
         let mut open = 0usize;
-        for (i, (&g, b)) in self.grey.iter().zip(&mut self.background).enumerate() {
+        let settle = SETTLE_RATE.max(self.alpha);
+        let steady = self.threshold / 2.0;
+        for (i, ((&g, &p), b)) in self
+            .grey
+            .iter()
+            .zip(&self.prev)
+            .zip(&mut self.background)
+            .enumerate()
+        {
             let g = f32::from(g);
             let on = !self.masked[i] && (g - *b).abs() > self.threshold;
             self.changed[i] = on;
             count += usize::from(on);
             open += usize::from(!self.masked[i]);
-            *b += self.alpha * (g - *b);
+            let rate = if (g - f32::from(p)).abs() <= steady {
+                settle
+            } else {
+                self.alpha
+            };
+            *b += rate * (g - *b);
         }
+        std::mem::swap(&mut self.prev, &mut self.grey);
         if open > 0 && count as f32 > RECALIBRATE_SHARE * open as f32 {
-            self.background = self.grey.iter().map(|&v| f32::from(v)).collect();
+            self.start_over();
             return Ok(Motion {
                 boxes: Vec::new(),
                 whole: true,
@@ -154,6 +177,11 @@ impl MotionDetector {
             boxes,
             whole: false,
         })
+    }
+
+    /// The background is the newest frame (kept in `prev`).
+    fn start_over(&mut self) {
+        self.background = self.prev.iter().map(|&v| f32::from(v)).collect();
     }
 
     /// Sizes the small frame and the mask for a `w` x `h` source.

@@ -196,3 +196,39 @@ fn near_boxes_merge_and_far_ones_stay_apart() {
     assert!(m.contains(&[0, 0, 20, 10]));
     assert!(m.contains(&[50, 50, 60, 60]));
 }
+
+#[test]
+fn where_a_mover_was_is_still_again_within_a_few_frames() {
+    let (bg, w, h) = photo("coffee.png");
+    let cat = cat(80);
+    let mut d = MotionDetector::new(&MotionConfig::default());
+    let mut noise = Noise(4);
+    d.detect(&noisy(&bg, &mut noise), RawImage::rgb(w, h))
+        .unwrap();
+    // The cat walks through, then parks at (400, 200).
+    for i in 0..6 {
+        let mut f = bg.clone();
+        paste(&mut f, w, &cat, 80, 80, 40 + 60 * i, 200);
+        assert!(
+            !d.detect(&noisy(&f, &mut noise), RawImage::rgb(w, h))
+                .unwrap()
+                .is_still()
+        );
+    }
+    let mut parked = bg.clone();
+    paste(&mut parked, w, &cat, 80, 80, 400, 200);
+    let mut still_at = None;
+    for n in 0..30 {
+        if d.detect(&noisy(&parked, &mut noise), RawImage::rgb(w, h))
+            .unwrap()
+            .is_still()
+        {
+            still_at = Some(n);
+            break;
+        }
+    }
+    // Neither its old places nor where it parked keep moving for long
+    // (at `alpha` alone that would take about 80 frames).
+    let n = still_at.expect("the parked cat kept moving");
+    assert!(n <= 10, "still after {n} frames");
+}

@@ -3,8 +3,9 @@
 //!
 //! Per frame: the frame is scaled down to `frame_height` rows of grey
 //! (I420's Y plane as it is; RGB through its luma), blurred 3x3, compared
-//! with the background (an exponential average of past frames, `alpha` a
-//! frame), the pixels that differ by more than `threshold` (and lie outside
+//! with the background (an exponential average of past frames: `alpha` a
+//! frame where the pixel changed since the previous frame, a quarter where
+//! it did not, so ghosts fade in a few frames), the pixels that differ by more than `threshold` (and lie outside
 //! every mask) are grown by one pixel, joined into blobs (8-connected), the
 //! blobs smaller than `min_area` dropped and those within `merge_distance`
 //! of each other merged. What is left are the moving boxes, in the source

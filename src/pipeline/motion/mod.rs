@@ -51,8 +51,9 @@ pub struct MotionConfig {
     /// Blobs smaller than this many pixels of the grey frame are noise.
     #[serde(default = "default_min_area")]
     pub min_area: u32,
-    /// How fast the background learns a frame (0..1): the share of each new
-    /// frame in it.
+    /// How fast the background learns a pixel that changed since the
+    /// previous frame (0..1): the share of the new frame in it. A pixel
+    /// steady since the previous frame learns at 0.25 a frame.
     #[serde(default = "default_alpha")]
     pub alpha: f32,
     /// Blobs closer than this many pixels of the grey frame are one mover.

@@ -411,6 +411,7 @@ impl Collector for DaemonCollector {
         stage_metrics(&mut enc, sched.pipelines())?;
         camera_metrics(&mut enc, sched.pipelines())?;
         feed_metrics(&mut enc, sched.pipelines())?;
+        motion_metrics(&mut enc, sched.pipelines())?;
         model_info(&mut enc, sched.pipelines())?;
         outbox_metrics(&mut enc, &self.outbox.stats())?;
         crate::clock::ClockMetrics.encode(&mut enc)?;
@@ -633,6 +634,69 @@ fn camera_metrics(
 /// Per camera of a pipeline reading several, labelled `pipeline` and
 /// `camera`: frames in, done and dropped (by reason), fps achieved, frame
 /// age, state, open tracks. No such pipeline: no family.
+/// The motion gates' counts: per pipeline that has one, and per camera of
+/// such a pipeline.
+fn motion_metrics(
+    enc: &mut DescriptorEncoder,
+    pipes: &[Arc<Pipeline>],
+) -> Result<(), std::fmt::Error> {
+    type Pick = fn(&crate::pipeline::motion::MotionCounts) -> u64;
+    const FAMILIES: [(&str, &str, Pick); 3] = [
+        (
+            "motion_frames_still",
+            "Camera frames without motion or moving tracks: the detector did not run",
+            |m| get(&m.frames_still),
+        ),
+        (
+            "motion_detector_runs",
+            "Camera frames the motion gate let the detector run on (whole or as crops)",
+            |m| get(&m.detector_runs),
+        ),
+        (
+            "motion_regions",
+            "Crops of moving regions the detector ran on (regions = true)",
+            |m| get(&m.regions),
+        ),
+    ];
+    let gated: Vec<_> = pipes
+        .iter()
+        .filter_map(|p| Some((p, p.motion()?)))
+        .collect();
+    if gated.is_empty() {
+        return Ok(());
+    }
+    for (name, help, pick) in FAMILIES {
+        let rows: Vec<(Labels, u64)> = gated
+            .iter()
+            .map(|(p, m)| (pipeline_labels(p), pick(&m.counts)))
+            .collect();
+        counter(enc, &format!("outpost_{name}"), help, &rows)?;
+        let rows: Vec<(Labels, u64)> = gated
+            .iter()
+            .flat_map(|(p, _)| {
+                p.stats.cameras.0.iter().map(move |c| {
+                    (
+                        vec![
+                            ("pipeline", p.name().to_string()),
+                            ("camera", c.name.to_string()),
+                        ],
+                        pick(&c.motion),
+                    )
+                })
+            })
+            .collect();
+        if !rows.is_empty() {
+            counter(
+                enc,
+                &format!("outpost_pipeline_camera_{name}"),
+                &format!("{help}, per camera of a pipeline reading several"),
+                &rows,
+            )?;
+        }
+    }
+    Ok(())
+}
+
 fn feed_metrics(
     enc: &mut DescriptorEncoder,
     pipes: &[Arc<Pipeline>],

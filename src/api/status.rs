@@ -96,6 +96,10 @@ pub struct PipelineStatus {
     /// newest frame's tracked boxes; absent without `[pipelines.track]`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tracking: Option<TrackingStatus>,
+    /// The motion gate's counts: frames still (the detector did not run),
+    /// detector runs, crops run (`regions`); absent without a gate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub motion: Option<crate::pipeline::motion::MotionReport>,
 }
 
 /// A pipeline's tracking: its counts, and what the console draws.
@@ -337,12 +341,18 @@ impl PipelineStatus {
                 .cameras
                 .0
                 .iter()
-                .map(|c| c.report(p.tracking().map(|t| t.open_tracks(&c.name))))
+                .map(|c| {
+                    c.report(
+                        p.tracking().map(|t| t.open_tracks(&c.name)),
+                        p.motion().is_some(),
+                    )
+                })
                 .collect(),
             tracking: p.tracking().map(|t| TrackingStatus {
                 counts: t.counts(),
                 view: t.view(),
             }),
+            motion: p.motion().map(|m| m.counts.report()),
         }
     }
 }

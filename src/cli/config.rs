@@ -337,6 +337,18 @@ stationary_max_age = "10m"   # how long a stationary object survives missed dete
 max_tracks = 256             # open tracks per stream, at most
 snapshot_bytes = "16 MiB"    # best crop per track on disk, all within this; GET /v1/pipelines/gate-faces/tracks/{id}/snapshot.jpg
 snapshot_max_bytes = 20000   # one crop's JPEG at most
+# Motion-gated detection (docs/performance.md): on by default for a camera
+# pipeline with a detector; no motion and no moving tracks, no model run.
+[pipelines.motion]
+enabled = true               # false: the model runs on every frame
+frame_height = 100           # rows of the grey frame motion is looked for in
+threshold = 30               # grey difference (0..255) from the background that moves
+min_area = 10                # smaller blobs (grey-frame pixels) are noise
+alpha = 0.02                 # how fast the background learns a changing pixel (steady ones: 0.25)
+merge_distance = 5           # blobs closer than this (grey-frame pixels) are one mover
+mask = [[560, 0], [640, 0], [640, 60], [560, 60]]   # motion never counts here (a clock); or a list of polygons
+regions = false              # true: crops of the moving regions at full resolution (detectors)
+max_regions = 4              # more crops run the whole frame
 [[pipelines.zones]]
 name = "yard"
 polygon = [[0, 240], [640, 240], [640, 480], [0, 480]]   # source-frame pixels

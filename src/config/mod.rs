@@ -672,6 +672,53 @@ points = [[0, 0], [10, 10]]
 "#;
 
     #[test]
+    fn every_bad_motion_key_is_reported_with_its_line() {
+        let text = r#"
+[[pipelines]]
+name = "street"
+model = "m"
+source = { type = "http" }
+[pipelines.motion]
+enabled = true
+threshold = 0
+alpha = 2.0
+max_regions = 0
+mask = [[0, 0], [10, 10]]
+"#;
+        let Err(ConfigError::Invalid { problems, .. }) =
+            Config::from_toml(text, "t.toml", |_| None)
+        else {
+            panic!("bad motion keys were accepted");
+        };
+        for (line, key) in [
+            (7, "motion.enabled: motion gating needs a camera source"),
+            (8, "motion.threshold: must be at least 1"),
+            (9, "motion.alpha: 2 is out of range"),
+            (10, "motion.max_regions: 0 is out of range"),
+            (11, "motion.mask#1: 2 points"),
+        ] {
+            assert!(
+                problems.iter().any(|p| p
+                    .starts_with(&format!("line {line}: pipeline \"street\""))
+                    && p.contains(key)),
+                "{key}: {problems:?}"
+            );
+        }
+        let unknown = text.replace("threshold = 0", "treshold = 30");
+        let Err(ConfigError::Invalid { problems, .. }) =
+            Config::from_toml(&unknown, "t.toml", |_| None)
+        else {
+            panic!("an unknown motion key was accepted");
+        };
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("line 8:") && p.contains("treshold")),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
     fn a_pipeline_over_several_cameras_resolves_them_and_places_its_zones() {
         let Err(ConfigError::Invalid { problems, .. }) =
             Config::from_toml(MANY, "t.toml", |_| None)

@@ -15,6 +15,7 @@ use std::time::{Instant, SystemTime};
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use super::motion::{MotionCounts, MotionReport};
 use super::{LatencyHistogram, LatencySummary};
 use crate::source::camera::{CameraReport, CameraState};
 
@@ -36,6 +37,8 @@ pub struct CameraFeed {
     /// Capture -> done, µs.
     pub frame_age_us: LatencyHistogram,
     done_at: Mutex<VecDeque<Instant>>,
+    /// The pipeline's motion gate on this camera's frames.
+    pub motion: MotionCounts,
 }
 
 /// A camera of a pipeline in `/v1/status`.
@@ -52,6 +55,9 @@ pub struct CameraFeedReport {
     pub last_error: Option<String>,
     /// Confirmed tracks open now (pipelines that track).
     pub tracks_open: Option<usize>,
+    /// Frames still and detector runs (pipelines with a motion gate).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub motion: Option<MotionReport>,
     /// The camera itself: state, decoder, its counters.
     pub camera: CameraReport,
 }
@@ -66,6 +72,7 @@ impl CameraFeed {
             drops: Mutex::new(BTreeMap::new()),
             frame_age_us: LatencyHistogram::default(),
             done_at: Mutex::new(VecDeque::with_capacity(RATE_WINDOW)),
+            motion: MotionCounts::default(),
         }
     }
 
@@ -101,7 +108,8 @@ impl CameraFeed {
         (d.len() >= 2 && span > 0.0).then(|| (d.len() - 1) as f64 / span)
     }
 
-    pub fn report(&self, tracks_open: Option<usize>) -> CameraFeedReport {
+    /// `gated`: the pipeline has a motion gate (its counts are reported).
+    pub fn report(&self, tracks_open: Option<usize>, gated: bool) -> CameraFeedReport {
         let camera = self.state.status();
         CameraFeedReport {
             name: self.name.to_string(),
@@ -116,6 +124,7 @@ impl CameraFeed {
                 .collect(),
             last_error: camera.last_error().map(String::from),
             tracks_open,
+            motion: gated.then(|| self.motion.report()),
             camera,
         }
     }
@@ -157,7 +166,7 @@ mod tests {
         c.add_drop("stale");
         c.done(Some(SystemTime::now()));
         c.done(None);
-        let r = c.report(Some(3));
+        let r = c.report(Some(3), false);
         assert_eq!((r.frames_done, r.tracks_open), (2, Some(3)));
         assert_eq!(r.drops.get("stale"), Some(&2));
         assert_eq!(r.drops.get("fps"), Some(&0));

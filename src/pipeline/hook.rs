@@ -80,6 +80,13 @@ pub trait StreamHook: Send + Sync + 'static {
     fn frame(&self, state: &mut Self::State, meta: &FrameMeta<'_>, value: &mut Value)
     -> HookOutput;
 
+    /// Boxes (`[x0, y0, x1, y1]`, source pixels) of what the state follows
+    /// that may still move: a motion gate runs the detector while there
+    /// are any, even when the picture shows no motion.
+    fn moving(&self, _state: &Self::State) -> Vec<[f32; 4]> {
+        Vec::new()
+    }
+
     /// The stream's state leaves: its last events (tracks that end).
     fn end(&self, _stream: &str, _state: Self::State, _why: StreamEnd) -> Vec<Value> {
         Vec::new()
@@ -100,6 +107,7 @@ pub trait DynStreamHook: Send + Sync {
         value: &mut Value,
     ) -> HookOutput;
     fn end_any(&self, stream: &str, state: AnyState, why: StreamEnd) -> Vec<Value>;
+    fn moving_any(&self, state: &AnyState) -> Vec<[f32; 4]>;
 }
 
 impl<H: StreamHook> DynStreamHook for H {
@@ -129,5 +137,12 @@ impl<H: StreamHook> DynStreamHook for H {
             Ok(s) => self.end(stream, *s, why),
             Err(_) => Vec::new(),
         }
+    }
+
+    fn moving_any(&self, state: &AnyState) -> Vec<[f32; 4]> {
+        state
+            .downcast_ref::<H::State>()
+            .map(|s| self.moving(s))
+            .unwrap_or_default()
     }
 }

@@ -6,6 +6,7 @@ pub mod drops;
 pub mod hook;
 pub mod infer;
 pub mod mode;
+pub mod motion;
 pub mod queue;
 pub mod recent;
 /// The result record is a leaf room of its own; `pipeline::record` stays as
@@ -111,6 +112,10 @@ pub struct PipelineConfig {
     /// Lines objects cross (`[[pipelines.lines]]`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lines: Vec<crate::track::LineConfig>,
+    /// Motion-gated detection (`[pipelines.motion]`); on by default for a
+    /// camera pipeline with a detector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub motion: Option<motion::MotionConfig>,
 }
 
 fn default_queue() -> usize {
@@ -210,6 +215,14 @@ impl PipelineConfig {
         }
         if let Some(t) = &self.thumbnails {
             p.extend(t.validate(&format!("{at}.thumbnails")));
+        }
+        if let Some(m) = &self.motion {
+            p.extend(m.validate(&format!("{at}.motion")));
+            if m.enabled == Some(true) && !matches!(self.source, SourceConfig::Camera(_)) {
+                p.push(format!(
+                    "{at}.motion.enabled: motion gating needs a camera source (its frames are decoded pictures)"
+                ));
+            }
         }
         if let Some(pre) = &self.preprocess {
             p.extend(

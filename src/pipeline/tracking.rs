@@ -66,6 +66,10 @@ impl StreamHook for TrackingHook {
         }
     }
 
+    fn moving(&self, st: &StreamState) -> Vec<[f32; 4]> {
+        st.moving_boxes()
+    }
+
     fn end(&self, _stream: &str, mut st: StreamState, why: StreamEnd) -> Vec<Value> {
         let reason = match why {
             StreamEnd::Lru | StreamEnd::Idle => EndReason::StreamEnd,

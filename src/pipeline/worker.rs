@@ -96,6 +96,8 @@ pub struct Pipeline {
     snapshot: Latest,
     /// The tracking behind the hook, for its counts and snapshots.
     tracking: Option<Arc<crate::track::PipelineTracking>>,
+    /// The motion gate in front of the detector (`[pipelines.motion]`).
+    motion: Option<super::motion::MotionGate>,
 }
 
 impl Pipeline {
@@ -244,6 +246,28 @@ impl Pipeline {
             .collect::<Result<_, PipelineError>>()?;
         // Decided here, once: how this pipeline runs its frames.
         let mode = Mode::decide(&cfg, m, &pre_cfg, &post_cfg, &main_input, hook.is_some());
+        let motion = super::motion::MotionConfig::gates(
+            cfg.motion.as_ref(),
+            matches!(cfg.source, SourceConfig::Camera(_)),
+            matches!(post_cfg, PostprocessConfig::Detections(_)),
+        )
+        .then(|| {
+            let input = match &pre_cfg {
+                PreprocessConfig::Image { width, height, .. } => (*width, *height),
+                _ => (0, 0),
+            };
+            super::motion::MotionGate::new(cfg.motion.clone().unwrap_or_default(), input)
+        });
+        if let Some(g) = &motion
+            && g.regions()
+            && (mode.cascade
+                || !matches!(pre_cfg, PreprocessConfig::Image { .. })
+                || !matches!(post_cfg, PostprocessConfig::Detections(_)))
+        {
+            return Err(setup(
+                "motion.regions needs a detector (detections postprocessing) with plain image preprocessing, without stages or a pyramid: the crops' boxes are mapped back to the frame".into(),
+            ));
+        }
         let cascade = if mode.cascade {
             Some(Cascade::new(&cfg, pre_cfg.clone()).map_err(|e| setup(e.to_string()))?)
         } else {
@@ -285,6 +309,7 @@ impl Pipeline {
             cascade,
             snapshot,
             tracking: None,
+            motion,
         })
     }
 
@@ -311,6 +336,11 @@ impl Pipeline {
         )?;
         p.tracking = Some(tracking);
         Ok(p)
+    }
+
+    /// The motion gate in front of the detector, when there is one.
+    pub fn motion(&self) -> Option<&super::motion::MotionGate> {
+        self.motion.as_ref()
     }
 
     /// The pipeline's tracking, when it tracks.
@@ -545,6 +575,11 @@ impl Pipeline {
         if let Some(c) = &self.cascade {
             for e in &gone {
                 c.reset(&e.stream);
+            }
+        }
+        if let Some(m) = &self.motion {
+            for e in &gone {
+                m.reset(&e.stream);
             }
         }
         gone.into_iter()

@@ -259,12 +259,15 @@ name = "site"
 model = "det_batch"
 max_batch = 8
 source = {{ type = "camera", cameras = "*", fps = 1 }}
+# Every frame runs the detector: the batches are what is tested.
+[pipelines.motion]
+enabled = false
 "#,
             cameras(&server, &NAMES, &[])
         );
         for n in NAMES {
             body.push_str(&format!(
-                "[[pipelines]]\nname = \"alone-{n}\"\nmodel = \"det_batch\"\nsource = {{ type = \"camera\", camera = \"{n}\", fps = 1 }}\n"
+                "[[pipelines]]\nname = \"alone-{n}\"\nmodel = \"det_batch\"\nsource = {{ type = \"camera\", camera = \"{n}\", fps = 1 }}\n[pipelines.motion]\nenabled = false\n"
             ));
         }
         let token = d_token();

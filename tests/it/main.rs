@@ -27,6 +27,7 @@ mod hardening;
 mod install;
 mod local_api;
 mod models_import;
+mod motion;
 mod mqtt_acks;
 #[cfg(feature = "opcua")]
 mod opcua;

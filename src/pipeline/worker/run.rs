@@ -17,11 +17,13 @@ use serde_json::Value;
 use super::super::drops::{DropReason, Dropped};
 use super::super::hook::{FrameMeta, HookOutput};
 use super::super::infer::{Engine, Job, Outcome};
+use super::super::motion::{self, Decision};
 use super::super::stages::Refine;
 use super::Pipeline;
 use crate::model::registry::LoadedModel;
 use crate::postprocess::Postprocessor;
 use crate::preprocess::crop::Rgb;
+use crate::preprocess::raw::RawImage;
 use crate::preprocess::{Item, Preprocessor};
 use crate::record::{ResultRecord, rfc3339};
 use crate::source::{Frame, FrameError, FrameErrorKind};
@@ -45,6 +47,12 @@ struct Work {
     stored: Vec<ResultRecord>,
     /// Why the frame failed (the latest failure), if it did.
     failed: Option<FrameError>,
+    /// The motion gate found nothing moving: `results` holds the stream's
+    /// latest detections again, and the detector does not run.
+    still: bool,
+    /// The detector runs on crops of the frame (motion regions): each
+    /// item's crop corner in the frame, in the items' order.
+    offsets: Vec<[f32; 2]>,
 }
 
 impl Work {
@@ -59,6 +67,8 @@ impl Work {
             made: Vec::new(),
             stored: Vec::new(),
             failed: None,
+            still: false,
+            offsets: Vec::new(),
         }
     }
 }
@@ -88,11 +98,21 @@ impl Pipeline {
             // Built with one pre/postprocessor at least (Pipeline::build).
             return;
         };
+        // Read before `pre` is locked: the stream table is never taken
+        // while a pre/postprocessor is held.
+        let tracked: Vec<Vec<[f32; 4]>> = frames
+            .iter()
+            .map(|f| match self.motion {
+                Some(_) => self.moving_boxes(&f.stream),
+                None => Vec::new(),
+            })
+            .collect();
         let mut work: Vec<Work> = {
             let mut pre = pre.lock();
             frames
                 .into_iter()
-                .map(|f| self.decode(&mut **pre, f))
+                .zip(&tracked)
+                .map(|(f, t)| self.gate(&mut **pre, f, t))
                 .collect()
         };
         self.stats
@@ -132,6 +152,73 @@ impl Pipeline {
             &format!("stream {}: {}", w.frame.stream, d.detail),
         );
         w.failed = Some(d.error());
+    }
+
+    /// A camera frame through the motion gate first (when the pipeline has
+    /// one): still, it keeps the stream's latest detections and is not
+    /// decoded; moving, it is decoded whole or as crops of its regions.
+    fn gate(&self, pre: &mut dyn Preprocessor, frame: Frame, tracked: &[[f32; 4]]) -> Work {
+        let (Some(gate), Some(raw)) = (&self.motion, frame.raw) else {
+            return self.decode(pre, frame);
+        };
+        let camera = self.stats.cameras.get(&frame.stream).map(|c| &c.motion);
+        match gate.decide(&frame.stream, &frame.payload, raw, tracked, camera) {
+            Decision::Run => self.decode(pre, frame),
+            Decision::Still(v) => {
+                let mut w = Work::new(frame);
+                w.size = Some((raw.width, raw.height));
+                w.still = true;
+                w.results = vec![(v, 0)];
+                w
+            }
+            Decision::Regions(r) => self.decode_regions(pre, frame, raw, &r),
+        }
+    }
+
+    /// The boxes of the stream's tracks that may still move (see
+    /// [`super::super::hook::StreamHook::moving`]).
+    fn moving_boxes(&self, stream: &str) -> Vec<[f32; 4]> {
+        let Some(hook) = &self.hook else {
+            return Vec::new();
+        };
+        let table = self.streams.lock();
+        table
+            .get(stream)
+            .and_then(Option::as_ref)
+            .map(|s| hook.moving_any(s))
+            .unwrap_or_default()
+    }
+
+    /// A frame decoded as crops of its moving regions (full resolution),
+    /// one item each.
+    fn decode_regions(
+        &self,
+        pre: &mut dyn Preprocessor,
+        frame: Frame,
+        raw: RawImage,
+        regions: &[[u32; 4]],
+    ) -> Work {
+        let mut w = Work::new(frame);
+        w.size = Some((raw.width, raw.height));
+        let payload = w.frame.payload.clone();
+        for r in regions {
+            let (bytes, craw) = motion::regions::crop(&payload, raw, *r);
+            match pre.process_raw(&w.frame.stream, &bytes, craw) {
+                Ok(items) => {
+                    for item in items {
+                        w.items.push(item);
+                        w.offsets.push([r[0] as f32, r[1] as f32]);
+                    }
+                }
+                Err(e) => {
+                    w.items.clear();
+                    w.offsets.clear();
+                    self.drop_frame(&mut w, Dropped::new(DropReason::Decode(e.reason()), e));
+                    break;
+                }
+            }
+        }
+        w
     }
 
     /// Decodes a frame into its items (and, for the cascade, its picture).
@@ -196,18 +283,27 @@ impl Pipeline {
     /// A frame's items to results: one per item that gives one, or, through
     /// the cascade, the items merged into one (every item must get through).
     fn postprocess(&self, post: &mut dyn Postprocessor, w: &mut Work) {
+        if w.still {
+            return;
+        }
         let items = std::mem::take(&mut w.items);
         let ran = std::mem::take(&mut w.ran);
         let mut values = Vec::with_capacity(items.len());
+        let mut offsets = Vec::with_capacity(w.offsets.len());
         let mut whole = true;
-        for (item, outcome) in items.iter().zip(ran) {
+        for (i, (item, outcome)) in items.iter().zip(ran).enumerate() {
             let result = outcome.and_then(|r| {
                 post.process(&w.frame.stream, &item.meta, &r.outputs)
                     .map(|v| v.map(|v| (v, r.us)))
                     .map_err(|e| Dropped::new(DropReason::Postprocess, e))
             });
             match result {
-                Ok(Some(v)) => values.push(v),
+                Ok(Some(v)) => {
+                    values.push(v);
+                    if let Some(o) = w.offsets.get(i) {
+                        offsets.push(*o);
+                    }
+                }
                 Ok(None) => {}
                 Err(d) => {
                     self.drop_frame(w, d);
@@ -219,7 +315,13 @@ impl Pipeline {
                 }
             }
         }
-        w.results = if !self.mode.cascade {
+        w.results = if !w.offsets.is_empty() {
+            // The crops of one frame: one result, boxes in the frame's pixels.
+            let us = values.iter().map(|(_, us)| us).sum();
+            let merged =
+                motion::merge_regions(values.into_iter().map(|(v, _)| v).collect(), &offsets);
+            vec![(merged, us)]
+        } else if !self.mode.cascade {
             values
         } else if whole && !values.is_empty() {
             let us = values.iter().map(|(_, us)| us).sum();
@@ -239,7 +341,7 @@ impl Pipeline {
             return;
         };
         let mut set: Vec<Refine<'_>> = Vec::new();
-        for w in work.iter_mut() {
+        for w in work.iter_mut().filter(|w| !w.still) {
             let (picture, stream) = (w.picture.as_ref(), &*w.frame.stream);
             for (value, _) in &mut w.results {
                 set.push(Refine {
@@ -264,6 +366,9 @@ impl Pipeline {
     /// record (sent to the local outputs at once) and the hook's events.
     fn make_records(&self, model: &LoadedModel, w: &mut Work) {
         for (mut value, us) in std::mem::take(&mut w.results) {
+            if let (Some(m), false) = (&self.motion, w.still) {
+                m.remember(&w.frame.stream, &value);
+            }
             let hooked = self.hook_frame(w, &mut value);
             self.snapshot
                 .keep(&w.frame.stream, &w.frame.payload, w.frame.raw, &value);

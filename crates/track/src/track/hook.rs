@@ -80,6 +80,11 @@ impl StreamState {
     pub fn open_tracks(&self) -> usize {
         self.tracker.open_tracks()
     }
+
+    /// The boxes of the stream's tracks that may still move.
+    pub fn moving_boxes(&self) -> Vec<[f32; 4]> {
+        self.tracker.moving_boxes()
+    }
 }
 
 /// What one frame gave.

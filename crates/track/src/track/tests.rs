@@ -933,3 +933,23 @@ fn speed_in_a_calibrated_zone_reaches_the_events_and_track_end() {
     ev.extend(tr.finish(EndReason::Lost, t(21)));
     assert!(ev.iter().all(|e| speed_of(e).is_none()), "{ev:?}");
 }
+
+#[test]
+fn a_moving_track_is_moving_until_a_second_after_it_stopped() {
+    let mut tr = tracker(TrackConfig::default(), &[], &[]);
+    // A car drives along (10 px a frame, a box 40 high: more than a tenth).
+    for f in 1..=10 {
+        tr.update(t(f), &[det(10.0 * f as f32, 50.0, 60.0, 40.0, 0.9, "car")]);
+        assert_eq!(tr.moving_boxes().len(), 1, "frame {f}");
+    }
+    // It parks: moving for the next second still, then not.
+    for f in 11..=30 {
+        tr.update(t(f), &[det(100.0, 50.0, 60.0, 40.0, 0.9, "car")]);
+        let moving = !tr.moving_boxes().is_empty();
+        assert_eq!(moving, f < 20, "frame {f}");
+    }
+    // A frame without it: a track not matched now is not moving.
+    tr.update(t(31), &[det(100.0, 50.0, 60.0, 40.0, 0.9, "car")]);
+    tr.update(t(32), &[]);
+    assert!(tr.moving_boxes().is_empty());
+}

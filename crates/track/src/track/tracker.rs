@@ -49,6 +49,9 @@ pub const MAX_READINGS: usize = 16;
 const FPS_HINT: f64 = 30.0;
 /// A box moving less than this fraction of its height stays put.
 const STILL_FRACTION: f32 = 0.1;
+/// A track whose box last moved (by more than `STILL_FRACTION`) this long
+/// before its latest match is not moving now (see `moving_boxes`).
+const MOVING_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Hashes the tracker's own integer keys (its track keys and the crate's
 /// ids, never input): a multiply instead of SipHash, looked up for every
@@ -296,6 +299,25 @@ impl StreamTracker {
     /// Open tracks (tentative ones included).
     pub fn open_tracks(&self) -> usize {
         self.tracks.len()
+    }
+
+    /// The boxes of the tracks matched at the newest frame whose box moved
+    /// (by more than a tenth of its height) within the second before:
+    /// objects on the move, for which a motion gate keeps the detector
+    /// running even when the picture barely changes. A parked car's track
+    /// is not one a second after it stopped, long before it is `stationary`.
+    pub fn moving_boxes(&self) -> Vec<[f32; 4]> {
+        self.tracks
+            .values()
+            .filter(|t| {
+                t.last_frame == self.frame
+                    && !t.stationary
+                    && t.last_seen
+                        .duration_since(t.anchor_since)
+                        .is_ok_and(|d| d < MOVING_WINDOW)
+            })
+            .map(|t| t.bbox)
+            .collect()
     }
 
     /// Frames seen so far (the newest one's number, from 1).

@@ -225,6 +225,8 @@ struct Track {
     max_speed: Option<f64>,
     /// Events of a tentative track, told once it is confirmed.
     held: Vec<Held>,
+    /// Times a new detection took up this track after it was lost.
+    relinked: u32,
 }
 
 /// An event waiting for its track's confirmation.
@@ -533,6 +535,7 @@ impl StreamTracker {
                 votes: Votes::default(),
                 max_speed: None,
                 held: Vec::new(),
+                relinked: 0,
             },
         );
         self.by_crate.insert((label, crate_id), key);
@@ -648,6 +651,7 @@ impl StreamTracker {
             text: vote.as_ref().map(|v| v.0.clone()),
             text_agreement: vote.as_ref().map(|v| v.1),
             text_reads: vote.as_ref().map(|v| v.2),
+            relinked: t.relinked,
         };
         let kind = EventKind::TrackEnd(Box::new(summary));
         self.stats.event(&kind, &label);

@@ -1,4 +1,4 @@
-//! The tracking families of `/metrics`: tracks started, open and ended,
+//! The tracking families of `/metrics`: tracks started, re-linked, open and ended,
 //! objects in each zone and entries per zone and label, crossings per line,
 //! direction and label, events by kind, snapshots that could not be
 //! written, and the occupancy counts of zones with `occupancy` per
@@ -21,6 +21,7 @@ pub fn encode(
 ) -> Result<(), std::fmt::Error> {
     let (mut started, mut open, mut ended, mut events) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut relinked = Vec::new();
     let (mut inside, mut entered, mut crossed) = (Vec::new(), Vec::new(), Vec::new());
     let mut snapshots_failed = Vec::new();
     let mut occupancy = Vec::new();
@@ -28,6 +29,7 @@ pub fn encode(
         let Some(t) = p.tracking() else { continue };
         let c = t.counts();
         started.push((labels(p, &[]), c.tracks_started));
+        relinked.push((labels(p, &[]), c.tracks_relinked));
         snapshots_failed.push((labels(p, &[]), c.snapshots_failed));
         open.push((labels(p, &[]), c.tracks_open as f64));
         for (reason, n) in &c.tracks_ended {
@@ -68,6 +70,12 @@ pub fn encode(
         "outpost_tracks_started",
         "Tracks confirmed (min_hits) and announced",
         &started,
+    )?;
+    counter(
+        enc,
+        "outpost_tracks_relinked",
+        "Lost objects (hidden, missed) taken up again by their track instead of a new one",
+        &relinked,
     )?;
     gauge(
         enc,

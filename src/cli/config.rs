@@ -330,6 +330,7 @@ model = "mtcnn_onet"
 [pipelines.track]
 min_hits = 3                 # frames before a track is announced
 max_age = "1s"               # unseen this long: track_end
+occluded_max_age = "3s"      # lost under another object's box: coasts this long
 iou = 0.3                    # overlap a detection needs with the predicted box
 high_score = 0.5             # weaker detections only continue tracks (second pass)
 stationary_after = "10s"     # still this long: stationary (a parked vehicle)

@@ -22,6 +22,9 @@ fn default_iou() -> f32 {
 fn default_high_score() -> f32 {
     0.5
 }
+fn default_occluded_max_age() -> Duration {
+    Duration::from_secs(3)
+}
 fn default_stationary_after() -> Duration {
     Duration::from_secs(10)
 }
@@ -94,12 +97,20 @@ pub struct TrackConfig {
     /// An object not matched for this long ends (`track_end`).
     #[serde(default = "default_max_age", with = "humantime_serde")]
     pub max_age: Duration,
+    /// An object lost where another object's box covers the place it
+    /// should be by now (hidden behind it) coasts along its motion this
+    /// long instead of `max_age` (the longer of the two), so it keeps its
+    /// id when it comes out again.
+    #[serde(default = "default_occluded_max_age", with = "humantime_serde")]
+    pub occluded_max_age: Duration,
     /// Intersection over union a detection needs with a track's predicted
     /// box to continue it.
     #[serde(default = "default_iou")]
     pub iou: f32,
-    /// Detections scoring at least this are matched first and may start
-    /// tracks; weaker ones only continue tracks in a second pass (ByteTrack).
+    /// Detections scoring at least this may start tracks; they and those
+    /// down to 0.1 below are matched first (IoU at least `iou`), weaker
+    /// ones only continue tracks in a second pass (IoU at least 0.5;
+    /// ByteTrack).
     #[serde(default = "default_high_score")]
     pub high_score: f32,
     /// An object whose box stays put (within a tenth of its height) this long
@@ -133,6 +144,7 @@ impl Default for TrackConfig {
         TrackConfig {
             min_hits: default_min_hits(),
             max_age: default_max_age(),
+            occluded_max_age: default_occluded_max_age(),
             iou: default_iou(),
             high_score: default_high_score(),
             stationary_after: default_stationary_after(),

@@ -112,6 +112,15 @@ pub struct TrackSummary {
     /// Frames with a reading.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text_reads: Option<u32>,
+    /// Times the object was lost (occluded, missed) and its track taken up
+    /// again by a new detection where it was expected: one object, one
+    /// `track_start`, however often it went out of sight.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub relinked: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The kinds of events, with what each adds.
@@ -249,6 +258,7 @@ mod tests {
                 text: Some("AB12".into()),
                 text_agreement: Some(0.75),
                 text_reads: Some(4),
+                relinked: 2,
             })),
             ..e
         };
@@ -258,6 +268,7 @@ mod tests {
         assert_eq!(v["text"], "AB12");
         assert!(v.get("snapshot").is_none());
         assert_eq!(v["max_speed"], 9.0);
+        assert_eq!(v["relinked"], 2);
         assert_eq!(v["speed_unit"], "km/h");
         let enter = |speed| {
             serde_json::to_value(EventKind::ZoneEnter {

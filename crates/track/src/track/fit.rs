@@ -390,6 +390,7 @@ fn samples(s: &Shape) -> Vec<Value> {
         text: Some(String::new()),
         text_agreement: Some(WIDE_F32),
         text_reads: Some(u32::MAX),
+        relinked: 0,
     }))));
     out
 }
@@ -429,6 +430,7 @@ mod tests {
                 text: Some("AB-1234".into()),
                 text_agreement: Some(0.5),
                 text_reads: Some(4),
+                relinked: 0,
             })),
             track: "gw/gate/cam/4-1".into(),
             label: "object".into(),

@@ -19,6 +19,7 @@ pub mod events;
 pub mod fit;
 pub mod geometry;
 pub mod hook;
+pub mod motion;
 pub mod occupancy;
 pub mod snapshots;
 pub mod speed;

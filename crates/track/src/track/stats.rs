@@ -17,6 +17,7 @@ use super::events::{Direction, EndReason, EventKind};
 #[derive(Default)]
 pub struct TrackStats {
     started: AtomicU64,
+    relinked: AtomicU64,
     open: AtomicI64,
     counts: Mutex<Counts>,
 }
@@ -45,6 +46,8 @@ pub struct ZoneCount {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct TrackCounts {
     pub tracks_started: u64,
+    /// Lost objects taken up again by their track (not announced again).
+    pub tracks_relinked: u64,
     /// Confirmed tracks open now.
     pub tracks_open: u64,
     pub tracks_ended: BTreeMap<&'static str, u64>,
@@ -71,6 +74,11 @@ impl TrackStats {
     pub fn track_started(&self) {
         self.started.fetch_add(1, Ordering::Relaxed);
         self.open.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A lost object was re-linked to its track.
+    pub fn count_relinked(&self) {
+        self.relinked.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn track_ended(&self, reason: EndReason) {
@@ -194,6 +202,7 @@ impl TrackStats {
         }
         TrackCounts {
             tracks_started: self.started.load(Ordering::Relaxed),
+            tracks_relinked: self.relinked.load(Ordering::Relaxed),
             tracks_open: self.open.load(Ordering::Relaxed).max(0) as u64,
             tracks_ended: c.ended.iter().map(|(r, n)| (r.as_str(), *n)).collect(),
             events: c.events.clone(),

@@ -953,3 +953,104 @@ fn a_moving_track_is_moving_until_a_second_after_it_stopped() {
     tr.update(t(32), &[]);
     assert!(tr.moving_boxes().is_empty());
 }
+
+/// A person (40x100) walking right at `speed` px a frame from x = 180,
+/// hidden in frames `hidden`, and a van parked at x 300..420 in front of
+/// its path, every frame at `fps`; a zone over the right side of the
+/// picture and a line at x = 360 the person crosses while hidden. Returns
+/// the events and, per frame the person was seen, its id.
+fn behind_the_van(
+    fps: u64,
+    speed: f32,
+    hidden: std::ops::Range<u64>,
+    frames: u64,
+) -> (Vec<Event>, Vec<Option<Arc<str>>>) {
+    let lot = ZoneConfig {
+        name: "lot".into(),
+        polygon: vec![[250.0, 0.0], [640.0, 0.0], [640.0, 480.0], [250.0, 480.0]],
+        inertia: 3,
+        classes: vec!["person".into()],
+        ..ZoneConfig::default()
+    };
+    let line = LineConfig {
+        name: "door".into(),
+        points: [[360.0, 0.0], [360.0, 480.0]],
+        inertia: 2,
+        classes: vec!["person".into()],
+        ..LineConfig::default()
+    };
+    let mut tr = tracker(TrackConfig::default(), &[lot], &[line]);
+    let at = |f: u64| {
+        UNIX_EPOCH + Duration::from_secs(1_800_000_000) + Duration::from_millis(f * 1000 / fps)
+    };
+    let van = det(300.0, 80.0, 120.0, 140.0, 0.9, "car");
+    let (mut ev, mut ids) = (Vec::new(), Vec::new());
+    for f in 1..=frames {
+        let x = 180.0 + speed * f as f32;
+        let mut d = vec![van.clone()];
+        if !hidden.contains(&f) {
+            d.push(det(x, 100.0, 40.0, 100.0, 0.9, "person"));
+        }
+        let out = tr.update(at(f), &d);
+        if d.len() == 2 {
+            ids.push(out.objects[1].track.clone());
+        }
+        ev.extend(out.events);
+    }
+    ev.extend(tr.finish(EndReason::Restart, at(frames + 1)));
+    (ev, ids)
+}
+
+fn person(ev: &[Event], name: &str) -> usize {
+    ev.iter()
+        .filter(|e| e.label == "person" && e.kind.name() == name)
+        .count()
+}
+
+#[test]
+fn a_person_hidden_behind_a_parked_van_longer_than_max_age_is_counted_once() {
+    // 10 fps, 3 px a frame; hidden frames 40..56 (1.6 s > max_age 1 s):
+    // the van's box covers where the person went, so its track coasts.
+    let (ev, ids) = behind_the_van(10, 3.0, 40..56, 90);
+    assert_eq!(person(&ev, "track_start"), 1, "{:?}", names(&ev));
+    assert_eq!(person(&ev, "track_end"), 1);
+    // Entered the lot once, crossed the door once (while hidden: seen on
+    // the near side before, the far side after).
+    assert_eq!(person(&ev, "zone_enter"), 1, "{:?}", names(&ev));
+    let crossings: Vec<&Event> = ev
+        .iter()
+        .filter(|e| e.label == "person" && e.kind.name() == "line_cross")
+        .collect();
+    assert_eq!(crossings.len(), 1, "{:?}", names(&ev));
+    assert_eq!(
+        crossings[0].kind,
+        EventKind::LineCross {
+            line: "door".into(),
+            direction: Direction::In
+        }
+    );
+    // One id on every confirmed frame, before and after.
+    let seen: std::collections::BTreeSet<&str> = ids.iter().flatten().map(|s| &**s).collect();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(ids.last().is_some_and(Option::is_some));
+}
+
+#[test]
+fn a_person_the_association_let_go_is_relinked_not_announced_again() {
+    // 30 fps, 1 px a frame, hidden 45 frames (1.5 s): longer than
+    // ByteTrack keeps a lost track (max_age at 30 frames a second), so the
+    // person comes back under a new association id and is re-linked.
+    let (ev, ids) = behind_the_van(30, 1.0, 120..165, 260);
+    assert_eq!(person(&ev, "track_start"), 1, "{:?}", names(&ev));
+    assert_eq!(person(&ev, "zone_enter"), 1, "{:?}", names(&ev));
+    let end = ev
+        .iter()
+        .find(|e| e.label == "person" && e.kind.name() == "track_end")
+        .expect("the person's track ends");
+    let EventKind::TrackEnd(s) = &end.kind else {
+        unreachable!()
+    };
+    assert_eq!(s.relinked, 1);
+    let seen: std::collections::BTreeSet<&str> = ids.iter().flatten().map(|s| &**s).collect();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+}

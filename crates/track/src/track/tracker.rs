@@ -13,6 +13,12 @@
 //! - a stationary object missed for longer than `max_age` but less than
 //!   `stationary_max_age` keeps its id when it is detected again where it
 //!   stood: a parked truck is announced once;
+//! - a lost object (ByteTrack let it go and gave its next detection a new
+//!   id) is re-linked to its track when the detection fits where its own
+//!   observed motion took it (`motion.rs`), before a new track is made: it
+//!   keeps its id, gets no second `track_start`, and its `track_end`
+//!   counts the re-links; one hidden under another object's box coasts
+//!   for `occluded_max_age` instead of `max_age`;
 //! - state is bounded: open tracks by `max_tracks`, labels by
 //!   [`MAX_LABELS`], text readings by [`MAX_READINGS`] per track, and
 //!   ByteTrack's own lost tracks by its buffer.
@@ -32,6 +38,7 @@ use super::events::{
     ZONE_OCCUPANCY,
 };
 use super::geometry::Point;
+use super::motion::Motion;
 use super::occupancy::Counter;
 use super::speed::SpeedUnit;
 use super::stats::TrackStats;
@@ -47,6 +54,11 @@ pub const MAX_READINGS: usize = 16;
 /// time. The buffer is `max_age` at this many frames per second, and lost
 /// tracks it let go are picked up again by outpost's own re-association.
 const FPS_HINT: f64 = 30.0;
+/// The crate id of a track the association no longer follows.
+const DETACHED: u64 = u64::MAX;
+/// How far below `high_score` a detection still takes part in the first
+/// (looser) matching pass.
+const FIRST_PASS_MARGIN: f32 = 0.1;
 /// A box moving less than this fraction of its height stays put.
 const STILL_FRACTION: f32 = 0.1;
 /// A track whose box last moved (by more than `STILL_FRACTION`) this long
@@ -133,7 +145,10 @@ impl TrackingSpec {
         let buffer = (c.max_age.as_secs_f64() * FPS_HINT).ceil().max(1.0) as usize;
         ByteTrackParams {
             common: CommonParams::new(buffer, c.min_hits as usize),
-            track_thresh: c.high_score,
+            // The first pass takes detections a little below `high_score`
+            // too: a person half hidden behind another scores lower, and
+            // the second pass (IoU 0.5) loses them while they cross.
+            track_thresh: first_pass_score(c.high_score),
             // trackforge takes IoU distances (1 - IoU). The low-score pass
             // asks for at least ByteTrack's reference overlap of 0.5.
             match_thresh: 1.0 - c.iou,
@@ -228,6 +243,10 @@ struct Track {
     max_speed: Option<f64>,
     /// Events of a tentative track, told once it is confirmed.
     held: Vec<Held>,
+    /// Times a new detection took up this track after it was lost.
+    relinked: u32,
+    /// The observed boxes it coasts along while lost.
+    motion: Motion,
 }
 
 /// An event waiting for its track's confirmation.
@@ -384,14 +403,27 @@ impl StreamTracker {
                 }
             }
         }
+        // Boxes of known tracks first: a new crate id may re-link only to
+        // a track that none of this frame's boxes continued.
+        matched.sort_by_key(|(l, c, _)| !self.by_crate.contains_key(&(*l, *c)));
         let min_hits = self.spec.config.min_hits;
         let stationary_after = self.spec.config.stationary_after;
+        let frame = self.frame;
         for (label, crate_id, i) in matched {
-            let key = match self.by_crate.get(&(label, crate_id)) {
-                Some(k) => *k,
+            let key = match self.by_crate.get(&(label, crate_id)).copied() {
+                Some(k) if self.continues(k, &dets[i].bbox) => k,
+                Some(k) => {
+                    // The association handed a missed object's track to
+                    // another one: that one is new (or re-linked), this one
+                    // stays lost.
+                    self.by_crate.remove(&(label, crate_id));
+                    if let Some(t) = self.tracks.get_mut(&k) {
+                        t.crate_id = DETACHED;
+                    }
+                    self.adopt_or_create(label, crate_id, &dets[i], at)
+                }
                 None => self.adopt_or_create(label, crate_id, &dets[i], at),
             };
-            let frame = self.frame;
             // One lookup per box; the rest works on the track and the
             // tracker's other fields side by side.
             let Some(t) = self.tracks.get_mut(&key) else {
@@ -402,6 +434,7 @@ impl StreamTracker {
             t.last_seen = at;
             t.last_frame = frame;
             t.bbox = d.bbox;
+            t.motion.observe(frame, d.bbox);
             t.score = d.score;
             let best = d.score > t.best_score;
             if best {
@@ -423,8 +456,34 @@ impl StreamTracker {
             let label_name = self.labels[t.label as usize].0.as_str();
             areas(&self.spec, label_name, t, p, at);
             if t.n.is_none() && t.hits >= min_hits {
-                confirm(t, &self.numbers, &self.stats, &self.prefix);
+                match self.stitch_target(key) {
+                    Some(lost) => {
+                        self.stitch(key, lost, p, at);
+                        let Some(t) = self.tracks.get_mut(&lost) else {
+                            continue;
+                        };
+                        out.objects[i] = Tracked {
+                            track: t.id.clone(),
+                            stationary: t.stationary,
+                            best: false,
+                            n: t.n,
+                        };
+                        let label_name = self.labels[t.label as usize].0.as_str();
+                        flush_held(t, label_name, &self.stats, &mut out.events);
+                        continue;
+                    }
+                    None => {
+                        let Some(t) = self.tracks.get_mut(&key) else {
+                            continue;
+                        };
+                        confirm(t, &self.numbers, &self.stats, &self.prefix);
+                    }
+                }
             }
+            let Some(t) = self.tracks.get_mut(&key) else {
+                continue;
+            };
+            let label_name = self.labels[t.label as usize].0.as_str();
             out.objects[i] = Tracked {
                 track: t.id.clone(),
                 stationary: t.stationary,
@@ -507,8 +566,9 @@ impl StreamTracker {
     }
 
     /// A new ByteTrack id: the continuation of a lost track of outpost's
-    /// that ByteTrack let go (a parked object missed for a while), or a new
-    /// tentative track.
+    /// that ByteTrack let go (an object hidden for a while, a parked object
+    /// missed), re-linked where its motion took it, or a new tentative
+    /// track.
     fn adopt_or_create(&mut self, label: u16, crate_id: u64, d: &Detection, at: SystemTime) -> u64 {
         let frame = self.frame;
         let min_iou = self.spec.config.iou;
@@ -516,13 +576,19 @@ impl StreamTracker {
             .tracks
             .iter()
             .filter(|(_, t)| t.label == label && t.n.is_some() && t.last_frame < frame)
-            .map(|(k, t)| (*k, crate::postprocess::iou(&t.bbox, &d.bbox)))
-            .filter(|(_, iou)| *iou >= min_iou)
-            .max_by(|a, b| a.1.total_cmp(&b.1));
+            .filter_map(|(k, t)| {
+                let cost = t
+                    .motion
+                    .relink_cost(&d.bbox, frame, t.stationary, min_iou)?;
+                Some((*k, cost))
+            })
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
         if let Some((key, _)) = lost {
             if let Some(t) = self.tracks.get_mut(&key) {
                 self.by_crate.remove(&(t.label, t.crate_id));
                 t.crate_id = crate_id;
+                t.relinked = t.relinked.saturating_add(1);
+                self.stats.count_relinked();
             }
             self.by_crate.insert((label, crate_id), key);
             return key;
@@ -555,10 +621,79 @@ impl StreamTracker {
                 votes: Votes::default(),
                 max_speed: None,
                 held: Vec::new(),
+                relinked: 0,
+                motion: Motion::new(frame, d.bbox),
             },
         );
         self.by_crate.insert((label, crate_id), key);
         key
+    }
+
+    /// Whether `bbox` can continue track `key` (always, when it was seen in
+    /// the frame before).
+    fn continues(&self, key: u64, bbox: &[f32; 4]) -> bool {
+        self.tracks
+            .get(&key)
+            .is_none_or(|t| t.last_frame + 1 >= self.frame || t.motion.continues(bbox, self.frame))
+    }
+
+    /// The lost track a tentative one about to be confirmed continues
+    /// (tracklet stitching), if one fits: of its label, confirmed, not seen
+    /// since before the tentative track began.
+    fn stitch_target(&self, key: u64) -> Option<u64> {
+        let new = self.tracks.get(&key)?;
+        let min_iou = self.spec.config.iou;
+        self.tracks
+            .iter()
+            .filter(|(k, t)| {
+                **k != key
+                    && t.label == new.label
+                    && t.n.is_some()
+                    && t.last_frame < self.frame
+                    && t.last_seen < new.first_seen
+            })
+            .filter_map(|(k, t)| Some((*k, t.motion.stitch_cost(&new.motion, min_iou)?)))
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
+            .map(|(k, _)| k)
+    }
+
+    /// The tentative track `key` is the lost track `lost` come back: the
+    /// lost one takes its place (its id, its zones and lines, seen now at
+    /// `p`), the tentative one goes without a word, its held events with it
+    /// (they were its own view of zones it may have been in all along).
+    fn stitch(&mut self, key: u64, lost: u64, p: Point, at: SystemTime) {
+        let Some(new) = self.tracks.remove(&key) else {
+            return;
+        };
+        self.by_crate.remove(&(new.label, new.crate_id));
+        let Some(t) = self.tracks.get_mut(&lost) else {
+            return;
+        };
+        self.by_crate.remove(&(t.label, t.crate_id));
+        self.by_crate.insert((new.label, new.crate_id), lost);
+        t.crate_id = new.crate_id;
+        t.hits = t.hits.saturating_add(new.hits);
+        t.last_seen = new.last_seen;
+        t.last_frame = new.last_frame;
+        t.bbox = new.bbox;
+        t.score = new.score;
+        if new.best_score > t.best_score {
+            t.best_score = new.best_score;
+            t.best_box = new.best_box;
+        }
+        for (text, n, score) in &new.votes.readings {
+            for _ in 0..*n {
+                t.votes.add(text, score / *n as f32);
+            }
+        }
+        t.motion.absorb(&new.motion);
+        t.anchor = new.anchor;
+        t.anchor_since = new.anchor_since;
+        t.stationary = new.stationary;
+        t.relinked = t.relinked.saturating_add(1);
+        self.stats.count_relinked();
+        let label = self.labels[t.label as usize].0.as_str();
+        areas(&self.spec, label, t, p, at);
     }
 
     /// Ends what is too old and what is over `max_tracks`; drops tentative
@@ -567,7 +702,11 @@ impl StreamTracker {
         let frame = self.frame;
         let c = &self.spec.config;
         let (max_age, parked_age) = (c.max_age, c.stationary_max_age);
+        let hidden_age = c.occluded_max_age.max(max_age);
         let mut gone: Vec<(u64, Option<EndReason>)> = Vec::new();
+        // This frame's boxes, that may hide a lost object (only looked at
+        // when one is lost longer than max_age).
+        let mut seen: Option<Vec<[f32; 4]>> = None;
         for (k, t) in &self.tracks {
             if t.last_frame == frame {
                 continue;
@@ -576,10 +715,24 @@ impl StreamTracker {
                 gone.push((*k, None));
                 continue;
             }
+            let unseen = at.duration_since(t.last_seen).unwrap_or_default();
             let limit = if t.stationary { parked_age } else { max_age };
-            if at.duration_since(t.last_seen).unwrap_or_default() > limit {
-                gone.push((*k, Some(EndReason::Lost)));
+            if unseen <= limit {
+                continue;
             }
+            if unseen <= hidden_age {
+                let seen = seen.get_or_insert_with(|| {
+                    self.tracks
+                        .values()
+                        .filter(|o| o.last_frame == frame)
+                        .map(|o| o.bbox)
+                        .collect()
+                });
+                if t.motion.hidden(frame, seen) {
+                    continue;
+                }
+            }
+            gone.push((*k, Some(EndReason::Lost)));
         }
         let over = self.tracks.len().saturating_sub(gone.len());
         if over > c.max_tracks {
@@ -670,6 +823,7 @@ impl StreamTracker {
             text: vote.as_ref().map(|v| v.0.clone()),
             text_agreement: vote.as_ref().map(|v| v.1),
             text_reads: vote.as_ref().map(|v| v.2),
+            relinked: t.relinked,
         };
         let kind = EventKind::TrackEnd(Box::new(summary));
         self.stats.event(&kind, &label);
@@ -821,6 +975,12 @@ fn areas(spec: &TrackingSpec, label: &str, t: &mut Track, p: Point, at: SystemTi
             hold(&mut t.held, kind, when, true);
         }
     }
+}
+
+/// The score from which a detection is matched in ByteTrack's first pass:
+/// [`FIRST_PASS_MARGIN`] below `high_score` (which a new track needs).
+pub fn first_pass_score(high_score: f32) -> f32 {
+    (high_score - FIRST_PASS_MARGIN).max(0.0)
 }
 
 /// A tentative track reached `min_hits`: it gets its number and id, and its

@@ -35,9 +35,7 @@ pub(super) fn make(ep: &ElementPlan) -> Result<gst::Element, CameraError> {
     if let Some(n) = ep.name {
         b = b.name(n);
     }
-    let e = b
-        .build()
-        .map_err(|_| CameraError::missing(ep.factory))?;
+    let e = b.build().map_err(|_| CameraError::missing(ep.factory))?;
     for (key, v) in &ep.props {
         set_prop(&e, ep.factory, key, v)?;
     }

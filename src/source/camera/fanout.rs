@@ -19,8 +19,8 @@ use gstreamer_video as gst_video;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::error::CameraError;
 use super::decode::{DecodeGate, Verdict};
+use super::error::CameraError;
 use super::{CameraDef, CameraEvent, CameraState, FpsGate, Scrubber, store_event};
 use crate::preprocess::raw::{RawFormat, RawImage};
 use crate::source::{Frame, SourceCtx};
@@ -291,10 +291,7 @@ impl Shared {
 
 /// Drops delta frames at the parser's source pad while keyframes alone
 /// serve every reader, and counts what the decoder gets.
-pub(super) fn add_decode_probe(
-    parser: &gst::Element,
-    sh: &Arc<Shared>,
-) -> Result<(), CameraError> {
+pub(super) fn add_decode_probe(parser: &gst::Element, sh: &Arc<Shared>) -> Result<(), CameraError> {
     let g = sh.clone();
     add_key_units_probe(parser, move || g.keyframes_only())?;
     let pad = parser

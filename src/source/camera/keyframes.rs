@@ -363,9 +363,9 @@ impl Chain {
         decoder: gst::Element,
         caps: &gst::Caps,
     ) -> Result<Chain, CameraError> {
-        let sink = first
-            .static_pad("sink")
-            .ok_or(CameraError::Shape("the shared decoder's parser has no sink pad"))?;
+        let sink = first.static_pad("sink").ok_or(CameraError::Shape(
+            "the shared decoder's parser has no sink pad",
+        ))?;
         let feed = gst::Pad::builder(gst::PadDirection::Src)
             .name("keyframes")
             .build();
@@ -605,7 +605,10 @@ impl DecoderRun {
             return Err(e);
         }
         if let Err(e) = pushed {
-            return Err(CameraError::runtime("the shared decoder failed a keyframe", e));
+            return Err(CameraError::runtime(
+                "the shared decoder failed a keyframe",
+                e,
+            ));
         }
         Ok(verdict
             .unwrap_or(Err(Mismatch::NoPicture))

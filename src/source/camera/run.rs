@@ -389,13 +389,14 @@ fn start_feed(
     let src = p
         .by_name("outpost_rtsp")
         .and_then(|e| e.downcast::<gst_app::AppSrc>().ok())
-        .ok_or(CameraError::Shape("the pipeline has no appsrc for the RTSP session"))?;
+        .ok_or(CameraError::Shape(
+            "the pipeline has no appsrc for the RTSP session",
+        ))?;
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let thread = rtsp::pump(c, src, sh.clone(), rx)
-        .map_err(|source| CameraError::Thread {
-            what: "the RTSP client thread",
-            source,
-        })?;
+    let thread = rtsp::pump(c, src, sh.clone(), rx).map_err(|source| CameraError::Thread {
+        what: "the RTSP client thread",
+        source,
+    })?;
     Ok((thread, tx))
 }
 
@@ -592,7 +593,8 @@ fn build(
                     hint: Some("csi:// needs a Jetson with its GStreamer plugins"),
                 });
             }
-            let plan = source_plan(def, max_fps, u).ok_or(CameraError::Shape("no element plan for this camera"))?;
+            let plan = source_plan(def, max_fps, u)
+                .ok_or(CameraError::Shape("no element plan for this camera"))?;
             let p = from_plan(&plan)?;
             let names: Vec<&str> = plan.iter().map(|e| e.factory).collect();
             sh.each(|s| s.set_elements(&names));
@@ -616,7 +618,9 @@ fn build(
     let sink = pipeline
         .by_name("outpost")
         .and_then(|e| e.downcast::<gst_app::AppSink>().ok())
-        .ok_or(CameraError::Shape("the pipeline has no `appsink name=outpost`"))?;
+        .ok_or(CameraError::Shape(
+            "the pipeline has no `appsink name=outpost`",
+        ))?;
     // The fps gates sit before colour conversion when there is one of ours.
     let ours = pipeline
         .by_name("outpost_convert")

@@ -784,7 +784,11 @@ mod tests {
         assert_eq!(s2, State::Idle);
         assert_eq!(steps(&a2), ["restarting"]);
         assert_eq!(a2.last(), Some(&Action::Restart));
-        let (s3, a3) = step(s, Event::ActivateFailed(Failure::Other("disk full".into())), &policy());
+        let (s3, a3) = step(
+            s,
+            Event::ActivateFailed(Failure::Other("disk full".into())),
+            &policy(),
+        );
         assert_eq!(s3, State::Idle);
         assert_eq!(steps(&a3), ["stage_failed"]);
         assert!(has(&a3, |a| matches!(a, Action::Refuse(_))));

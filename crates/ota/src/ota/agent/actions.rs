@@ -201,8 +201,7 @@ impl Agent {
         let folder = self.layout.model_path(&o.name, &o.version);
         let tol = self.cfg.check_tolerance;
         Some(
-            match Self::blocking(move || Ok(check::run(&model, &folder, tol)?)).await
-            {
+            match Self::blocking(move || Ok(check::run(&model, &folder, tol)?)).await {
                 Ok(n) => {
                     if n.is_none() {
                         tracing::warn!(bundle = %o.id(), "OTA: bundle has no check data; only the warm-up ran");

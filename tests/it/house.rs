@@ -72,21 +72,25 @@ fn without_tests(text: &str) -> String {
 }
 
 /// Whether the generic arguments of a `Result<...>` starting at `at`
-/// (just after its `<`) end in `String`.
+/// (just after its `<`) are two, the second `String` (`anyhow::Result<String>`
+/// has one: its value).
 fn errs_with_string(text: &str, at: usize) -> bool {
     let mut depth = 1i64;
-    let mut last = at;
+    let mut last = None;
     for (i, ch) in text[at..].char_indices() {
         match ch {
             '<' | '(' | '[' => depth += 1,
             '>' | ')' | ']' => {
                 depth -= 1;
                 if depth == 0 {
+                    let Some(last) = last else {
+                        return false;
+                    };
                     let arg = text[last..at + i].trim();
                     return arg == "String" || arg == "std::string::String";
                 }
             }
-            ',' if depth == 1 => last = at + i + 1,
+            ',' if depth == 1 => last = Some(at + i + 1),
             _ => {}
         }
     }
@@ -165,6 +169,9 @@ pub(crate) type Reply = Sender<Result<(), String>>;
 fn nested() -> Result<Vec<(String, u8)>, std::string::String> {
     todo!()
 }
+fn one_arg() -> anyhow::Result<String> {
+    Ok(String::new())
+}
 fn takes(f: &mut dyn FnMut(u64) -> Result<(), String>) -> Result<(), Error> {
     let c = || -> Result<HashMap<String, String>, Error> { Ok(HashMap::new()) };
     let s: Result<(), String> = Ok(());
@@ -189,5 +196,5 @@ fn alone() -> Result<(), String> {
     Ok(())
 }
 "#;
-    assert_eq!(string_results(sample), [5, 8, 9, 12, 17]);
+    assert_eq!(string_results(sample), [5, 8, 9, 15, 20]);
 }

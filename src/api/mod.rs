@@ -82,18 +82,34 @@ pub enum ControlError {
     TokenTooShort { path: std::path::PathBuf },
 }
 
+/// The answer to one `POST /v1/reload`: the reload's own error when it was
+/// not applied (its causes make the reply's text).
+pub type ReloadAnswer = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// An error and its causes, `: `-separated.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
 /// Requests that change the daemon's state: a bearer token guards them.
 #[derive(Clone)]
 pub struct Control {
     /// None: no token file configured, so every state change is refused.
     token: Option<Arc<String>>,
-    reload: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<Result<(), String>>>,
+    reload: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<ReloadAnswer>>,
 }
 
 impl Control {
     pub fn from_config(
         cfg: &crate::config::ApiConfig,
-        reload: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<Result<(), String>>>,
+        reload: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<ReloadAnswer>>,
     ) -> Result<Control, ControlError> {
         let token = match &cfg.token_file {
             Some(p) => {
@@ -165,7 +181,7 @@ async fn reload(
             .into_response(),
         Ok(Err(e)) => (
             StatusCode::UNPROCESSABLE_ENTITY,
-            axum::Json(serde_json::json!({"reloaded": false, "error": e})),
+            axum::Json(serde_json::json!({"reloaded": false, "error": error_chain(&*e)})),
         )
             .into_response(),
         Err(_) => (

@@ -163,16 +163,16 @@ impl ImageLoop {
             let data: Vec<(&str, &Tensor)> =
                 self.others.iter().map(|(n, t)| (n.as_str(), t)).collect();
             let batch = self.batch;
-            let mut fill = |addr: u64, len: usize| -> Result<(), String> {
-                let per = len / batch.max(1);
-                for i in 0..batch {
-                    // SAFETY: the bound input buffer holds `batch` images of
-                    // `per` bytes; nothing reads it until the run below.
-                    unsafe { gpu.run_into(&frame, addr + (i * per) as u64, per) }
-                        .map_err(|e| e.to_string())?;
-                }
-                Ok(())
-            };
+            let mut fill =
+                |addr: u64, len: usize| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+                    let per = len / batch.max(1);
+                    for i in 0..batch {
+                        // SAFETY: the bound input buffer holds `batch` images of
+                        // `per` bytes; nothing reads it until the run below.
+                        unsafe { gpu.run_into(&frame, addr + (i * per) as u64, per) }?;
+                    }
+                    Ok(())
+                };
             session.run_bound_filled(&shapes, &data, &self.input, &mut fill)?;
             return Ok(());
         }

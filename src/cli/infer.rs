@@ -21,10 +21,15 @@ pub struct InferArgs {
     pub run: super::RunOpts,
 }
 
-fn parse_input(s: &str) -> Result<(String, PathBuf), String> {
+/// An `--input` that is not `NAME=FILE.npy`.
+#[derive(Debug, thiserror::Error)]
+#[error("`{0}` is not NAME=FILE.npy")]
+pub struct NotNamedInput(String);
+
+fn parse_input(s: &str) -> Result<(String, PathBuf), NotNamedInput> {
     match s.split_once('=') {
         Some((n, p)) if !n.is_empty() && !p.is_empty() => Ok((n.to_string(), PathBuf::from(p))),
-        _ => Err(format!("`{s}` is not NAME=FILE.npy")),
+        _ => Err(NotNamedInput(s.to_string())),
     }
 }
 

@@ -275,7 +275,8 @@ fn import(
         labels: given.labels.map(read_labels).transpose()?,
         output: given.output.map(str::to_string),
     };
-    let g = guess(&facts.inputs, &facts.outputs, &facts, &hints).map_err(refuse)?;
+    let g =
+        guess(&facts.inputs, &facts.outputs, &facts, &hints).map_err(|e| refuse(e.to_string()))?;
     let name = match name {
         Some(n) => n.to_string(),
         None => file

@@ -54,11 +54,11 @@ pub struct PlanArgs {
     pub json: bool,
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
-    crate::bytesize::parse(s).map_err(|e| e.to_string())
+fn parse_size(s: &str) -> Result<u64, crate::bytesize::SizeError> {
+    crate::bytesize::parse(s)
 }
 
-fn parse_precision(s: &str) -> Result<Precision, String> {
+fn parse_precision(s: &str) -> Result<Precision, crate::plan::target::UnknownPrecision> {
     s.parse()
 }
 

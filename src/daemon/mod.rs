@@ -197,7 +197,7 @@ impl Daemon {
                 Wake::Reload(reply) => {
                     let answer = self.reload().await;
                     if let Some(tx) = reply {
-                        let _ = tx.send(answer.map_err(|e| reload::chain(&e)));
+                        let _ = tx.send(answer.map_err(|e| e.into()));
                     }
                 }
                 Wake::Watchdog => {

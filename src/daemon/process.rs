@@ -36,8 +36,8 @@ use super::servers::Servers;
 use super::sink::OutboxSink;
 use super::{RunOptions, notify};
 
-/// The answer to one `POST /v1/reload` (the error's text).
-pub(super) type ReloadReply = oneshot::Sender<Result<(), String>>;
+/// Where the answer to one `POST /v1/reload` goes.
+pub(super) type ReloadReply = oneshot::Sender<crate::api::ReloadAnswer>;
 
 /// A running daemon: the current config and generation and the parts that
 /// outlive generations.

@@ -239,14 +239,41 @@ impl Cascade {
     }
 }
 
+/// Why a stage cannot be made of its config and model.
+#[derive(Debug, thiserror::Error)]
+enum StageError {
+    #[error("model `{0}` declares no preprocessing")]
+    NoPreprocessing(String),
+    #[error("a stage's preprocessing must be of type `image`")]
+    NotImage,
+    #[error("model `{0}` has no input a crop could feed")]
+    NoInput(String),
+    /// Every problem the config and the model have together.
+    #[error("{}", .0.join("; "))]
+    Problems(Vec<String>),
+    #[error(transparent)]
+    Postprocess(#[from] crate::postprocess::PostError),
+}
+
+/// Why a box gives no crop.
+#[derive(Debug, thiserror::Error)]
+enum CropError {
+    #[error("a box is not an object")]
+    NotAnObject,
+    #[error("box without 4 finite corners: {0}")]
+    NoCorners(Value),
+    #[error("box [{x0}, {y0}, {x1}, {y1}] lies far outside the frame")]
+    FarOutside { x0: f64, y0: f64, x1: f64, y1: f64 },
+}
+
 impl Stage {
-    fn new(sc: &StageConfig, model: Arc<LoadedModel>) -> Result<Stage, String> {
+    fn new(sc: &StageConfig, model: Arc<LoadedModel>) -> Result<Stage, StageError> {
         let m = &model.manifest;
         let pre = sc
             .preprocess
             .clone()
             .or_else(|| m.preprocess.clone())
-            .ok_or_else(|| format!("model `{}` declares no preprocessing", m.name))?;
+            .ok_or_else(|| StageError::NoPreprocessing(m.name.clone()))?;
         let post_cfg = sc
             .postprocess
             .clone()
@@ -271,7 +298,7 @@ impl Stage {
             ..
         } = &pre
         else {
-            return Err("a stage's preprocessing must be of type `image`".into());
+            return Err(StageError::NotImage);
         };
         if *dtype != OutputDType::F32 {
             problems.push("stage crops are f32 tensors: set `dtype = \"f32\"`".into());
@@ -280,7 +307,7 @@ impl Stage {
             .inputs
             .iter()
             .find(|i| i.fill.is_none() && !m.is_state_input(&i.name))
-            .ok_or_else(|| format!("model `{}` has no input a crop could feed", m.name))?;
+            .ok_or_else(|| StageError::NoInput(m.name.clone()))?;
         if m.inputs.len() != 1 {
             problems.push(format!(
                 "model `{}` has {} inputs; a stage feeds exactly one",
@@ -304,14 +331,14 @@ impl Stage {
         let free_width = *resize == ResizeMode::PadRight
             && matches!(input.shape.get(width_axis), Some(Dim::Symbolic(_)));
         if !problems.is_empty() {
-            return Err(problems.join("; "));
+            return Err(StageError::Problems(problems));
         }
         let base = model
             .path
             .parent()
             .map(|p| p.to_path_buf())
             .unwrap_or_default();
-        let post = post_cfg.build(&base).map_err(|e| e.to_string())?;
+        let post = post_cfg.build(&base)?;
         Ok(Stage {
             cfg: sc.clone(),
             padding,
@@ -329,7 +356,7 @@ impl Stage {
 
     /// The pixels of one box: its `crop` rectangle when a postprocessor set
     /// one, else its `box` grown by the padding; then the rotation.
-    fn crop(&self, frame: &Rgb, b: &Map<String, Value>) -> Result<Rgb, String> {
+    fn crop(&self, frame: &Rgb, b: &Map<String, Value>) -> Result<Rgb, CropError> {
         let four = |key: &str| -> Option<[f64; 4]> {
             let a = b.get(key)?.as_array()?;
             let v: Vec<f64> = a.iter().filter_map(Value::as_f64).collect();
@@ -348,15 +375,10 @@ impl Stage {
                 (r[3] + pad).ceil(),
             )
         } else {
-            return Err(format!(
-                "box without 4 finite corners: {}",
-                Value::Object(b.clone())
-            ));
+            return Err(CropError::NoCorners(Value::Object(b.clone())));
         };
         if [x0, y0, x1, y1].iter().any(|v| v.abs() > limit) {
-            return Err(format!(
-                "box [{x0}, {y0}, {x1}, {y1}] lies far outside the frame"
-            ));
+            return Err(CropError::FarOutside { x0, y0, x1, y1 });
         }
         // At least one pixel: a degenerate box still gets an answer.
         let (x0, y0) = (x0 as i64, y0 as i64);
@@ -409,18 +431,18 @@ impl Stage {
         // result with a box that gives no crop fails here, alone.
         let mut crops: Vec<(usize, usize, Rgb)> = Vec::new();
         for (p, part) in parts.iter_mut().enumerate() {
-            let mine: Result<Vec<_>, String> = part
+            let mine: Result<Vec<_>, CropError> = part
                 .boxes
                 .iter()
                 .enumerate()
                 .map(|(b, v)| {
-                    let o = v.as_object().ok_or("a box is not an object")?;
+                    let o = v.as_object().ok_or(CropError::NotAnObject)?;
                     Ok((p, b, self.crop(part.picture, o)?))
                 })
                 .collect();
             match mine {
                 Ok(mine) => crops.extend(mine),
-                Err(e) => part.error = Some(e),
+                Err(e) => part.error = Some(e.to_string()),
             }
         }
         // Sorting by aspect ratio keeps batches of similar widths (less padding).

@@ -548,6 +548,35 @@ length = 16
         assert!(d.terminate().success());
     }
 
+    /// A hand-written pipeline naming an element GStreamer does not have:
+    /// the camera's status says the failure is permanent, it waits minutes
+    /// (not the network's backoff) before its next try, the launch line
+    /// shows without its credentials, and the daemon serves on.
+    #[test]
+    fn a_pipeline_naming_a_missing_element_fails_permanently_and_the_daemon_serves() {
+        let line = "rtspsrc location=rtsp://viewer:hunter-two@127.0.0.1:9/cam ! nosuchelement ! appsink name=outpost";
+        let mut d = Daemon::start(&camera_config(&camera_pipeline(
+            "broken",
+            &format!(r#"{{ type = "camera", pipeline = "{line}" }}"#),
+        )));
+        let p = wait_status(&d, "broken", Duration::from_secs(60), "failed", |p| {
+            p["camera"]["state"] == "failed" && p["camera"]["last_error_permanent"] == true
+        });
+        let c = &p["camera"];
+        assert!(c["retry_after_s"].as_f64() >= Some(60.0), "{p:#}");
+        assert_eq!(c["reconnects"], 1, "{p:#}");
+        let error = c["last_error"].as_str().unwrap();
+        assert!(error.contains("nosuchelement"), "{error}");
+        let (code, _) = http("GET", &d.api, "/v1/status", b"").unwrap();
+        assert_eq!(code, 200);
+        let log = d.log();
+        assert!(log.contains("camera failed permanently"), "{log}");
+        assert!(!log.contains("hunter-two"), "credential in the log:\n{log}");
+        let status = d.status().to_string();
+        assert!(!status.contains("hunter-two"), "{status}");
+        assert!(d.terminate().success());
+    }
+
     /// A camera into a cascade: MTCNN (pyramid, then two refining stages)
     /// on I420 frames straight from the decoder finds the astronaut's face,
     /// and the snapshot is the camera's frame with it drawn.

@@ -24,6 +24,7 @@ mod fleet;
 mod floor;
 mod gpu;
 mod hardening;
+mod house;
 mod install;
 mod local_api;
 mod models_import;

@@ -69,15 +69,34 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
+/// Why a user's certificate file gives no thumbprint.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CertificateError {
+    #[error("{path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: not an X.509 certificate: {reason}")]
+    NotX509 { path: String, reason: String },
+}
+
 /// A user's certificate thumbprint, from a DER or PEM file.
-pub(crate) fn thumbprint(path: &std::path::Path) -> Result<Thumbprint, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+pub(crate) fn thumbprint(path: &std::path::Path) -> Result<Thumbprint, CertificateError> {
+    let shown = || path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| CertificateError::Read {
+        path: shown(),
+        source,
+    })?;
     let cert = if bytes.starts_with(b"-----BEGIN") {
         X509::from_pem(&bytes)
     } else {
         X509::from_der(&bytes)
     }
-    .map_err(|e| format!("{}: not an X.509 certificate: {e}", path.display()))?;
+    .map_err(|e| CertificateError::NotX509 {
+        path: shown(),
+        reason: e.to_string(),
+    })?;
     Ok(cert.thumbprint())
 }
 

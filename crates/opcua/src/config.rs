@@ -194,12 +194,27 @@ pub struct ListenUrl {
     pub path: String,
 }
 
+/// Why a `listen` URL is not `opc.tcp://HOST:PORT[/PATH]`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ListenUrlError {
+    #[error("`{0}` must start with opc.tcp://")]
+    Scheme(String),
+    #[error("`{0}`: unterminated `[` in the host")]
+    Bracket(String),
+    #[error("`{0}` has no port (opc.tcp://HOST:PORT)")]
+    NoPort(String),
+    #[error("`{0}` has no host")]
+    NoHost(String),
+    #[error("`{url}`: the port `{port}` is not a number 0 to 65535")]
+    Port { url: String, port: String },
+}
+
 impl ListenUrl {
     /// `opc.tcp://HOST:PORT[/PATH]` (a bracketed IPv6 host is fine).
-    pub fn parse(s: &str) -> Result<ListenUrl, String> {
+    pub fn parse(s: &str) -> Result<ListenUrl, ListenUrlError> {
         let rest = s
             .strip_prefix("opc.tcp://")
-            .ok_or_else(|| format!("`{s}` must start with opc.tcp://"))?;
+            .ok_or_else(|| ListenUrlError::Scheme(s.to_string()))?;
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
@@ -207,22 +222,23 @@ impl ListenUrl {
         let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
             let end = v6
                 .find(']')
-                .ok_or_else(|| format!("`{s}`: unterminated `[` in the host"))?;
+                .ok_or_else(|| ListenUrlError::Bracket(s.to_string()))?;
             let port = v6[end + 1..]
                 .strip_prefix(':')
-                .ok_or_else(|| format!("`{s}` has no port (opc.tcp://HOST:PORT)"))?;
+                .ok_or_else(|| ListenUrlError::NoPort(s.to_string()))?;
             (&v6[..end], port)
         } else {
             authority
                 .rsplit_once(':')
-                .ok_or_else(|| format!("`{s}` has no port (opc.tcp://HOST:PORT)"))?
+                .ok_or_else(|| ListenUrlError::NoPort(s.to_string()))?
         };
         if host.is_empty() {
-            return Err(format!("`{s}` has no host"));
+            return Err(ListenUrlError::NoHost(s.to_string()));
         }
-        let port = port
-            .parse::<u16>()
-            .map_err(|_| format!("`{s}`: the port `{port}` is not a number 0 to 65535"))?;
+        let port = port.parse::<u16>().map_err(|_| ListenUrlError::Port {
+            url: s.to_string(),
+            port: port.to_string(),
+        })?;
         Ok(ListenUrl {
             host: host.to_string(),
             port,
@@ -364,35 +380,56 @@ impl OpcuaConfig {
     }
 }
 
+/// Why a variable's field is not a JSON pointer below `outputs`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum PointerError {
+    #[error("`{0}` must be a JSON pointer into the record's outputs, like \"/top/0/index\"")]
+    NotAPointer(String),
+    #[error("`/record` is the name of the record's own variable")]
+    Record,
+    #[error("`{0}`: `~` must be followed by 0 or 1 (JSON pointer escapes)")]
+    Escape(String),
+}
+
 /// A field is a JSON pointer (RFC 6901) below `outputs`, not `outputs` itself.
-fn check_pointer(f: &str) -> Result<(), String> {
+fn check_pointer(f: &str) -> Result<(), PointerError> {
     if !f.starts_with('/') || f.len() < 2 {
-        return Err(format!(
-            "`{f}` must be a JSON pointer into the record's outputs, like \"/top/0/index\""
-        ));
+        return Err(PointerError::NotAPointer(f.to_string()));
     }
     if f == "/record" {
-        return Err("`/record` is the name of the record's own variable".into());
+        return Err(PointerError::Record);
     }
     let mut rest = f;
     while let Some(i) = rest.find('~') {
         if !matches!(rest.as_bytes().get(i + 1), Some(b'0' | b'1')) {
-            return Err(format!(
-                "`{f}`: `~` must be followed by 0 or 1 (JSON pointer escapes)"
-            ));
+            return Err(PointerError::Escape(f.to_string()));
         }
         rest = &rest[i + 2..];
     }
     Ok(())
 }
 
+/// Why a password file gives no password.
+#[derive(Debug, thiserror::Error)]
+pub enum PasswordFileError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0}: empty")]
+    Empty(String),
+}
+
 /// The first line of a password file, without its line end.
-pub fn read_password_file(f: &std::path::Path) -> Result<String, String> {
-    let text =
-        std::fs::read_to_string(f).map_err(|e| format!("{}: cannot read: {e}", f.display()))?;
+pub fn read_password_file(f: &std::path::Path) -> Result<String, PasswordFileError> {
+    let text = std::fs::read_to_string(f).map_err(|source| PasswordFileError::Read {
+        path: f.display().to_string(),
+        source,
+    })?;
     let line = text.lines().next().unwrap_or("").to_string();
     if line.is_empty() {
-        return Err(format!("{}: empty", f.display()));
+        return Err(PasswordFileError::Empty(f.display().to_string()));
     }
     Ok(line)
 }

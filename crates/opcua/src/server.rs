@@ -156,9 +156,9 @@ fn users(cfg: &OpcuaConfig) -> Result<Vec<User>, OpcuaError> {
                     .map_err(|_| err(format!("the environment variable `{e}` is not set")))?;
                 Secret::Password(p)
             } else if let Some(f) = &u.password_file {
-                Secret::Password(read_password_file(f).map_err(err)?)
+                Secret::Password(read_password_file(f).map_err(|e| err(e.to_string()))?)
             } else if let Some(c) = &u.certificate {
-                Secret::Certificate(thumbprint(c).map_err(err)?)
+                Secret::Certificate(thumbprint(c).map_err(|e| err(e.to_string()))?)
             } else {
                 return Err(err(
                     "set one of password_env, password_file or certificate".into()
@@ -239,7 +239,7 @@ impl Opcua {
         cfg: &OpcuaConfig,
         ctx: ServerCtx,
     ) -> Result<(Arc<Opcua>, tokio::task::JoinHandle<()>), OpcuaError> {
-        let url = ListenUrl::parse(&cfg.listen).map_err(OpcuaError::Listen)?;
+        let url = ListenUrl::parse(&cfg.listen).map_err(|e| OpcuaError::Listen(e.to_string()))?;
         let users = users(cfg)?;
         let pki = cfg
             .pki_dir

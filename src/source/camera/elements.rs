@@ -7,40 +7,21 @@ use gstreamer::prelude::*;
 use super::PARSER_NAME;
 use super::plan::{CapsPlan, ElementPlan, Prop};
 
-/// Why GStreamer could not make or wire a camera's pipeline: an element or
-/// plugin missing, a property it lacks, a description it cannot parse. The
-/// text is what the camera's status and log show.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub(super) struct SetupError(pub String);
-
-impl From<String> for SetupError {
-    fn from(s: String) -> Self {
-        SetupError(s)
-    }
-}
-
-impl From<&str> for SetupError {
-    fn from(s: &str) -> Self {
-        SetupError(s.to_string())
-    }
-}
-
-impl From<SetupError> for String {
-    fn from(e: SetupError) -> Self {
-        e.0
-    }
-}
+pub(super) use super::error::CameraError;
+use super::scrub::Scrubber;
 
 /// Makes a plan's elements in a new pipeline and links them in order. An
 /// element whose source pad appears only once the stream is known
 /// (`decodebin`) is linked when it appears.
-pub(super) fn from_plan(plan: &[ElementPlan]) -> Result<gst::Pipeline, SetupError> {
+pub(super) fn from_plan(plan: &[ElementPlan]) -> Result<gst::Pipeline, CameraError> {
     let p = gst::Pipeline::new();
     let mut prev: Option<gst::Element> = None;
     for ep in plan {
         let e = make(ep)?;
-        p.add(&e).map_err(|x| format!("{}: {x}", ep.factory))?;
+        p.add(&e).map_err(|x| CameraError::Add {
+            element: ep.factory.to_string(),
+            reason: x.to_string(),
+        })?;
         if let Some(a) = prev.take() {
             link(&a, &e)?;
         }
@@ -49,14 +30,12 @@ pub(super) fn from_plan(plan: &[ElementPlan]) -> Result<gst::Pipeline, SetupErro
     Ok(p)
 }
 
-pub(super) fn make(ep: &ElementPlan) -> Result<gst::Element, SetupError> {
+pub(super) fn make(ep: &ElementPlan) -> Result<gst::Element, CameraError> {
     let mut b = gst::ElementFactory::make(ep.factory);
     if let Some(n) = ep.name {
         b = b.name(n);
     }
-    let e = b
-        .build()
-        .map_err(|_| format!("GStreamer element `{}` is missing", ep.factory))?;
+    let e = b.build().map_err(|_| CameraError::missing(ep.factory))?;
     for (key, v) in &ep.props {
         set_prop(&e, ep.factory, key, v)?;
     }
@@ -65,13 +44,19 @@ pub(super) fn make(ep: &ElementPlan) -> Result<gst::Element, SetupError> {
 
 /// Sets a property as its own type, or says why not (never a type
 /// mismatch for GLib to abort on).
-fn set_prop(e: &gst::Element, factory: &str, key: &str, v: &Prop) -> Result<(), String> {
+fn set_prop(e: &gst::Element, factory: &str, key: &str, v: &Prop) -> Result<(), CameraError> {
     use gst::glib::{self, prelude::ToValue};
     let pspec = e
         .find_property(key)
-        .ok_or_else(|| format!("`{factory}` has no property `{key}`"))?;
+        .ok_or_else(|| CameraError::NoProperty {
+            factory: factory.to_string(),
+            property: key.to_string(),
+        })?;
     let t = pspec.value_type();
-    let range = |_| format!("`{factory}` {key}: value out of range");
+    let range = |_| CameraError::PropertyRange {
+        factory: factory.to_string(),
+        property: key.to_string(),
+    };
     let value = match v {
         Prop::Text(s) if t == glib::Type::STRING => s.to_value(),
         Prop::Int(n) if t == glib::Type::I32 => i32::try_from(*n).map_err(range)?.to_value(),
@@ -80,17 +65,19 @@ fn set_prop(e: &gst::Element, factory: &str, key: &str, v: &Prop) -> Result<(), 
         Prop::Int(n) if t == glib::Type::U64 => u64::try_from(*n).map_err(range)?.to_value(),
         Prop::Caps(c) if t == gst::Caps::static_type() => caps(c)?.to_value(),
         _ => {
-            return Err(format!(
-                "`{factory}` {key} is a {t}, not the value outpost sets"
-            ));
+            return Err(CameraError::PropertyType {
+                factory: factory.to_string(),
+                property: key.to_string(),
+                found: t.to_string(),
+            });
         }
     };
     e.set_property_from_value(key, &value);
     Ok(())
 }
 
-fn caps(plan: &[CapsPlan]) -> Result<gst::Caps, String> {
-    let int = |n: u32| i32::try_from(n).map_err(|_| format!("caps value {n} out of range"));
+fn caps(plan: &[CapsPlan]) -> Result<gst::Caps, CameraError> {
+    let int = |n: u32| i32::try_from(n).map_err(|_| CameraError::CapsRange(n));
     let mut caps = gst::Caps::new_empty();
     let c = caps.make_mut();
     for s in plan {
@@ -113,27 +100,20 @@ fn caps(plan: &[CapsPlan]) -> Result<gst::Caps, String> {
 
 /// Links `a` to `b`: now when `a` has its source pad, else when a video
 /// pad appears on it.
-fn link(a: &gst::Element, b: &gst::Element) -> Result<(), String> {
+fn link(a: &gst::Element, b: &gst::Element) -> Result<(), CameraError> {
     let dynamic = a.static_pad("src").is_none()
         && a.pad_template_list().iter().any(|t| {
             t.direction() == gst::PadDirection::Src && t.presence() == gst::PadPresence::Sometimes
         });
     if !dynamic {
-        return a.link(b).map_err(|_| {
-            format!(
-                "cannot link {} to {}",
-                a.factory()
-                    .map(|f| f.name().to_string())
-                    .unwrap_or_default(),
-                b.factory()
-                    .map(|f| f.name().to_string())
-                    .unwrap_or_default()
-            )
+        return a.link(b).map_err(|_| CameraError::Link {
+            from: factory_name(a),
+            to: factory_name(b),
         });
     }
     let sink = b
         .static_pad("sink")
-        .ok_or("an element without a sink pad")?;
+        .ok_or(CameraError::Shape("an element without a sink pad"))?;
     a.connect_pad_added(move |_, pad| {
         let video = pad
             .current_caps()
@@ -147,17 +127,30 @@ fn link(a: &gst::Element, b: &gst::Element) -> Result<(), String> {
     Ok(())
 }
 
-pub(super) fn launch(desc: &str) -> Result<gst::Pipeline, SetupError> {
-    let e = gst::parse::launch(desc).map_err(|e| format!("pipeline `{desc}`: {e}"))?;
+pub(super) fn launch(desc: &str) -> Result<gst::Pipeline, CameraError> {
+    let e = gst::parse::launch(desc).map_err(|e| CameraError::Launch {
+        line: Scrubber::default().scrub(desc),
+        reason: e.to_string(),
+    })?;
     match e.downcast::<gst::Pipeline>() {
         Ok(p) => Ok(p),
         Err(e) => {
             // A single element: wrap it.
             let p = gst::Pipeline::new();
-            p.add(&e).map_err(|x| x.to_string())?;
+            p.add(&e).map_err(|x| CameraError::Add {
+                element: factory_name(&e),
+                reason: x.to_string(),
+            })?;
             Ok(p)
         }
     }
+}
+
+/// The factory an element was made by (its name when it has none).
+fn factory_name(e: &gst::Element) -> String {
+    e.factory()
+        .map(|f| f.name().to_string())
+        .unwrap_or_else(|| e.name().to_string())
 }
 
 pub(super) fn element_names(p: &gst::Pipeline) -> Vec<String> {
@@ -181,7 +174,10 @@ pub(super) fn has(element: &str) -> bool {
 /// made one by one (not parsed) so the parser, always the chain's second,
 /// can be found by its name: keyframe-only decoding may drop delta frames
 /// at its source pad.
-pub(super) fn decoder_elements(chain: &[&str], from: usize) -> Result<Vec<gst::Element>, String> {
+pub(super) fn decoder_elements(
+    chain: &[&str],
+    from: usize,
+) -> Result<Vec<gst::Element>, CameraError> {
     chain
         .iter()
         .enumerate()
@@ -193,7 +189,7 @@ pub(super) fn decoder_elements(chain: &[&str], from: usize) -> Result<Vec<gst::E
                 // decodes alone (a decoder shared by cameras, `keyframes.rs`).
                 b = b.name(PARSER_NAME).property("config-interval", -1i32);
             }
-            b.build().map_err(|e| format!("{f}: {e}"))
+            b.build().map_err(|_| CameraError::missing(f))
         })
         .collect()
 }
@@ -331,12 +327,16 @@ mod tests {
             name: None,
             props: vec![("no-such-property", Prop::Int(1))],
         });
-        assert!(e.unwrap_err().0.contains("no property"));
+        let e = e.unwrap_err();
+        assert!(matches!(e, CameraError::NoProperty { .. }), "{e:?}");
+        assert!(e.to_string().contains("no property"), "{e}");
         let e = make(&ElementPlan {
             factory: "capsfilter",
             name: None,
             props: vec![("caps", Prop::Text("video/x-raw".into()))],
         });
-        assert!(e.unwrap_err().0.contains("not the value"));
+        let e = e.unwrap_err();
+        assert!(matches!(e, CameraError::PropertyType { .. }), "{e:?}");
+        assert!(e.to_string().contains("not the value"), "{e}");
     }
 }

@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::decode::{DecodeGate, Verdict};
+use super::error::CameraError;
 use super::{CameraDef, CameraEvent, CameraState, FpsGate, Scrubber, store_event};
 use crate::preprocess::raw::{RawFormat, RawImage};
 use crate::source::{Frame, SourceCtx};
@@ -290,15 +291,12 @@ impl Shared {
 
 /// Drops delta frames at the parser's source pad while keyframes alone
 /// serve every reader, and counts what the decoder gets.
-pub(super) fn add_decode_probe(
-    parser: &gst::Element,
-    sh: &Arc<Shared>,
-) -> Result<(), super::elements::SetupError> {
+pub(super) fn add_decode_probe(parser: &gst::Element, sh: &Arc<Shared>) -> Result<(), CameraError> {
     let g = sh.clone();
     add_key_units_probe(parser, move || g.keyframes_only())?;
     let pad = parser
         .static_pad("src")
-        .ok_or("the parser has no source pad")?;
+        .ok_or(CameraError::Shape("the parser has no source pad"))?;
     let g = sh.clone();
     pad.add_probe(gst::PadProbeType::BUFFER, move |_, info| {
         let Some(buf) = info.buffer() else {
@@ -333,10 +331,10 @@ pub(super) fn add_decode_probe(
 pub(super) fn add_key_units_probe(
     parser: &gst::Element,
     keyframes_only: impl Fn() -> bool + Send + Sync + 'static,
-) -> Result<(), super::elements::SetupError> {
+) -> Result<(), CameraError> {
     let pad = parser
         .static_pad("src")
-        .ok_or("the parser has no source pad")?;
+        .ok_or(CameraError::Shape("the parser has no source pad"))?;
     let flagged = AtomicBool::new(false);
     let kinds = gst::PadProbeType::BUFFER | gst::PadProbeType::EVENT_DOWNSTREAM;
     pad.add_probe(kinds, move |pad, info| {

@@ -59,7 +59,7 @@ use gstreamer::prelude::*;
 use gstreamer_app as gst_app;
 use parking_lot::{Condvar, Mutex};
 
-use super::elements::{SetupError, from_plan};
+use super::elements::{CameraError, from_plan};
 use super::fanout::{Shared, add_key_units_probe, capture_time, on_decoded, take_raw_frames};
 use super::keyframe_check::{Mismatch, same_picture};
 use super::keyframe_line::Line;
@@ -161,7 +161,7 @@ struct WorkState {
     /// The thread runs (from the first keyframe on).
     running: bool,
     /// Why the decoder could not be built: the cameras keep to their own.
-    broken: Option<String>,
+    broken: Option<Arc<CameraError>>,
     /// No camera uses the decoder any more: the thread ends.
     closed: bool,
 }
@@ -178,7 +178,7 @@ impl KeyDecoder {
     /// the camera through `on_decoded`. `Ok(true)`: the camera's oldest
     /// waiting keyframe left the line for it. `Err`: why the decoder cannot
     /// take keyframes (it could not be built): the camera decodes its own.
-    fn submit(&self, sh: &Arc<Shared>, job: Job) -> Result<bool, String> {
+    fn submit(&self, sh: &Arc<Shared>, job: Job) -> Result<bool, Arc<CameraError>> {
         let mut s = self.work.state.lock();
         if let Some(why) = &s.broken {
             return Err(why.clone());
@@ -190,8 +190,9 @@ impl KeyDecoder {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(decoder = %self.kind.decoder, error = %e, "no shared keyframe decoder: cameras keep their own");
-                    s.broken = Some(e.0.clone());
-                    return Err(e.0);
+                    let e = Arc::new(e);
+                    s.broken = Some(e.clone());
+                    return Err(e);
                 }
             };
             let (work, kind) = (self.work.clone(), self.kind.clone());
@@ -199,7 +200,10 @@ impl KeyDecoder {
                 .name("outpost-keyframes".into())
                 .spawn(move || serve(work, kind, run));
             if let Err(e) = spawned {
-                let why = format!("no thread for the shared decoder: {e}");
+                let why = Arc::new(CameraError::Thread {
+                    what: "the shared decoder's thread",
+                    source: e,
+                });
                 s.broken = Some(why.clone());
                 return Err(why);
             }
@@ -243,13 +247,13 @@ fn serve(work: Arc<Work>, kind: Kind, run: DecoderRun) {
                 Ok(r) => run = Some(r),
                 Err(e) => {
                     tracing::warn!(decoder = %kind.decoder, error = %e, "the shared keyframe decoder could not be rebuilt: cameras keep their own");
+                    let why = format!("the shared decoder could not be rebuilt ({e})");
                     let lost = {
                         let mut s = work.state.lock();
-                        s.broken = Some(e.0.clone());
+                        s.broken = Some(Arc::new(e));
                         s.running = false;
                         s.line.drain()
                     };
-                    let why = format!("the shared decoder could not be rebuilt ({e})");
                     for j in std::iter::once(job).chain(lost.into_iter().map(|(_, j)| j)) {
                         if let Some(sh) = j.camera.upgrade() {
                             bad_frame(&sh, &why);
@@ -358,20 +362,20 @@ impl Chain {
         first: &gst::Element,
         decoder: gst::Element,
         caps: &gst::Caps,
-    ) -> Result<Chain, SetupError> {
-        let sink = first
-            .static_pad("sink")
-            .ok_or("the shared decoder's parser has no sink pad")?;
+    ) -> Result<Chain, CameraError> {
+        let sink = first.static_pad("sink").ok_or(CameraError::Shape(
+            "the shared decoder's parser has no sink pad",
+        ))?;
         let feed = gst::Pad::builder(gst::PadDirection::Src)
             .name("keyframes")
             .build();
         feed.link(&sink)
-            .map_err(|e| SetupError(format!("feeding the shared decoder: {e:?}")))?;
+            .map_err(|e| CameraError::runtime("feeding the shared decoder", e))?;
         feed.set_active(true)
-            .map_err(|e| SetupError(format!("feeding the shared decoder: {e}")))?;
+            .map_err(|e| CameraError::runtime("feeding the shared decoder", e))?;
         pipeline
             .set_state(gst::State::Playing)
-            .map_err(|_| SetupError::from("the shared decoder did not start"))?;
+            .map_err(|e| CameraError::runtime("the shared decoder did not start", e))?;
         let chain = Chain {
             pipeline,
             feed,
@@ -380,7 +384,10 @@ impl Chain {
             segment: gst::FormattedSegment::<gst::ClockTime>::new(),
         };
         if !chain.stream() {
-            return Err("the shared decoder refused its stream".into());
+            return Err(CameraError::Runtime {
+                what: "starting the shared decoder's stream",
+                reason: "refused".into(),
+            });
         }
         Ok(chain)
     }
@@ -418,12 +425,12 @@ impl Chain {
 
     /// The first error on the pipeline's bus, reading every message there
     /// (nothing else reads them: they would pile up).
-    fn failed(&self) -> Option<String> {
+    fn failed(&self) -> Option<CameraError> {
         let bus = self.pipeline.bus()?;
         let mut failed = None;
         while let Some(msg) = bus.pop() {
-            if let gst::MessageView::Error(e) = msg.view() {
-                failed.get_or_insert_with(|| e.error().to_string());
+            if failed.is_none() {
+                failed = CameraError::from_bus(&msg);
             }
         }
         failed
@@ -441,7 +448,7 @@ struct DecoderRun {
 }
 
 impl DecoderRun {
-    fn build(k: &Kind) -> Result<DecoderRun, SetupError> {
+    fn build(k: &Kind) -> Result<DecoderRun, CameraError> {
         let slots = Arc::new(Mutex::new(Slots::default()));
         let check = {
             let p = gst::Pipeline::new();
@@ -451,15 +458,15 @@ impl DecoderRun {
                 .property("sync", false)
                 .property("async", false)
                 .build()
-                .map_err(|e| SetupError(format!("fakesink: {e}")))?;
+                .map_err(|_| CameraError::missing("fakesink"))?;
             p.add_many([&parse, &dec, &sink])
-                .map_err(|e| SetupError(e.to_string()))?;
+                .map_err(|e| CameraError::runtime("building the shared decoder", e))?;
             gst::Element::link_many([&parse, &dec, &sink])
-                .map_err(|e| SetupError(e.to_string()))?;
+                .map_err(|e| CameraError::runtime("building the shared decoder", e))?;
             add_key_units_probe(&parse, || true)?;
             let s = slots.clone();
             dec.static_pad("src")
-                .ok_or("the shared decoder has no source pad")?
+                .ok_or(CameraError::Shape("the shared decoder has no source pad"))?
                 .add_probe(gst::PadProbeType::BUFFER, move |pad, info| {
                     if let (Some(buffer), Some(caps)) = (info.take_buffer(), pad.current_caps()) {
                         s.lock().check = Some((buffer, caps));
@@ -474,15 +481,15 @@ impl DecoderRun {
             let dec = decoder(k, true)?;
             let convert = p
                 .by_name("outpost_convert")
-                .ok_or("no outpost_convert element")?;
+                .ok_or(CameraError::Shape("no outpost_convert element"))?;
             p.add_many([&parse, &dec])
-                .map_err(|e| SetupError(e.to_string()))?;
+                .map_err(|e| CameraError::runtime("building the shared decoder", e))?;
             gst::Element::link_many([&parse, &dec, &convert])
-                .map_err(|e| SetupError(e.to_string()))?;
+                .map_err(|e| CameraError::runtime("building the shared decoder", e))?;
             add_key_units_probe(&parse, || true)?;
             let s = slots.clone();
             dec.static_pad("src")
-                .ok_or("the shared decoder has no source pad")?
+                .ok_or(CameraError::Shape("the shared decoder has no source pad"))?
                 .add_probe(gst::PadProbeType::BUFFER, move |pad, info| {
                     let caps = pad.current_caps();
                     let Some(buffer) = info.buffer() else {
@@ -511,7 +518,7 @@ impl DecoderRun {
             let sink = p
                 .by_name("outpost")
                 .and_then(|e| e.downcast::<gst_app::AppSink>().ok())
-                .ok_or("the decoder has no appsink")?;
+                .ok_or(CameraError::Shape("the decoder has no appsink"))?;
             take_raw_frames(&sink);
             // Every frame is some camera's: none is dropped here.
             sink.set_drop(false);
@@ -548,14 +555,17 @@ impl DecoderRun {
         job: Job,
         id: u64,
         fresh: bool,
-    ) -> Result<Result<(), (Mismatch, glib::WeakRef<gst::Element>)>, String> {
+    ) -> Result<Result<(), (Mismatch, glib::WeakRef<gst::Element>)>, CameraError> {
         let emptied = if fresh {
             self.check.reset() && self.deliver.reset()
         } else {
             self.check.flush() && self.deliver.flush()
         };
         if !emptied {
-            return Err("the shared decoder refused to be emptied".into());
+            return Err(CameraError::Runtime {
+                what: "emptying the shared decoder",
+                reason: "refused".into(),
+            });
         }
         let Job {
             camera,
@@ -595,7 +605,10 @@ impl DecoderRun {
             return Err(e);
         }
         if let Err(e) = pushed {
-            return Err(format!("the shared decoder failed a keyframe: {e:?}"));
+            return Err(CameraError::runtime(
+                "the shared decoder failed a keyframe",
+                e,
+            ));
         }
         Ok(verdict
             .unwrap_or(Err(Mismatch::NoPicture))
@@ -603,10 +616,10 @@ impl DecoderRun {
     }
 }
 
-fn element(factory: &str) -> Result<gst::Element, SetupError> {
+fn element(factory: &str) -> Result<gst::Element, CameraError> {
     gst::ElementFactory::make(factory)
         .build()
-        .map_err(|e| SetupError(format!("{factory}: {e}")))
+        .map_err(|_| CameraError::missing(factory))
 }
 
 /// The kind's decoder: on one thread for the pictures the cameras get
@@ -614,7 +627,7 @@ fn element(factory: &str) -> Result<gst::Element, SetupError> {
 /// its picture), on slice threads for the check (libav leaves it as it
 /// was). Neither ever gives up on errors: a camera's broken keyframe must
 /// not stop the others' decoding.
-fn decoder(k: &Kind, deliver: bool) -> Result<gst::Element, SetupError> {
+fn decoder(k: &Kind, deliver: bool) -> Result<gst::Element, CameraError> {
     let dec = element(&k.decoder)?;
     if dec.find_property("max-errors").is_some() {
         dec.set_property("max-errors", -1i32);
@@ -682,10 +695,10 @@ fn add_divert_probe(
     decoders: &Arc<KeyframeDecoders>,
     decoder: &str,
     own: bool,
-) -> Result<(), SetupError> {
+) -> Result<(), CameraError> {
     let pad = parser
         .static_pad("src")
-        .ok_or("the parser has no source pad")?;
+        .ok_or(CameraError::Shape("the parser has no source pad"))?;
     let (sh, decoders, decoder) = (sh.clone(), decoders.clone(), decoder.to_string());
     let size = sh.def.width.zip(sh.def.height);
     let using: Mutex<Option<Arc<KeyDecoder>>> = Mutex::new(None);
@@ -737,7 +750,7 @@ fn add_divert_probe(
                     pts: buf.pts(),
                     captured,
                 };
-                dec.submit(&sh, job)
+                dec.submit(&sh, job).map_err(|e| e.to_string())
             }
         };
         match submitted {
@@ -789,12 +802,12 @@ pub(super) fn decodes_alone(chain: &[&str], sh: &Shared) -> bool {
 }
 
 /// What ends the parser of a camera that [`decodes_alone`].
-pub(super) fn parser_end() -> Result<gst::Element, SetupError> {
+pub(super) fn parser_end() -> Result<gst::Element, CameraError> {
     gst::ElementFactory::make("fakesink")
         .property("sync", false)
         .property("async", false)
         .build()
-        .map_err(|e| SetupError(format!("fakesink: {e}")))
+        .map_err(|_| CameraError::missing("fakesink"))
 }
 
 /// While the camera decodes keyframes only, they go to a decoder shared
@@ -807,7 +820,7 @@ pub(super) fn share_keyframe_decoder(
     sh: &Arc<Shared>,
     decoders: &Arc<KeyframeDecoders>,
     own: bool,
-) -> Result<(), SetupError> {
+) -> Result<(), CameraError> {
     match chain.get(2) {
         Some(d) if shareable(chain) => add_divert_probe(parser, sh, decoders, d, own),
         _ => Ok(()),

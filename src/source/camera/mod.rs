@@ -56,6 +56,8 @@ pub mod decode;
 #[cfg(feature = "camera")]
 mod elements;
 #[cfg(feature = "camera")]
+mod error;
+#[cfg(feature = "camera")]
 mod fanout;
 #[cfg(feature = "camera")]
 mod guard;
@@ -245,6 +247,12 @@ struct CameraStatus {
     since: String,
     last_error: Option<String>,
     last_error_at: Option<String>,
+    /// Whether the last error is one another try cannot mend (an element
+    /// or plugin missing, a pipeline GStreamer refuses): state `failed`,
+    /// retried only after `retry_after_s`.
+    last_error_permanent: Option<bool>,
+    /// How long the camera waited after its last error before it tried again.
+    retry_after_s: Option<f64>,
     elements: Vec<String>,
     hardware_decode: bool,
     width: Option<u32>,
@@ -316,6 +324,8 @@ impl CameraState {
                 since: crate::record::rfc3339(SystemTime::now()),
                 last_error: None,
                 last_error_at: None,
+                last_error_permanent: None,
+                retry_after_s: None,
                 elements: Vec::new(),
                 hardware_decode: false,
                 width: None,
@@ -348,10 +358,20 @@ impl CameraState {
         }
     }
 
+    /// An error the camera runs on with (a keyframe dropped).
     pub fn set_error(&self, error: &str) {
         let mut s = self.lock();
         s.last_error = Some(error.to_string());
         s.last_error_at = Some(crate::record::rfc3339(SystemTime::now()));
+    }
+
+    /// The failure that ended a run: its text (scrubbed), whether it is
+    /// permanent, and the wait before the next try.
+    pub fn set_failure(&self, error: &str, permanent: bool, retry_after: Duration) {
+        self.set_error(error);
+        let mut s = self.lock();
+        s.last_error_permanent = Some(permanent);
+        s.retry_after_s = Some(retry_after.as_secs_f64());
     }
 
     pub fn set_elements(&self, elements: &[&str]) {

@@ -10,7 +10,7 @@ use gstreamer as gst;
 use gstreamer::prelude::*;
 use parking_lot::Mutex;
 
-use super::elements::{decoder_elements, has};
+use super::elements::{CameraError, decoder_elements, has};
 use super::fanout::{Shared, add_decode_probe};
 use super::keyframes::{KeyframeDecoders, decodes_alone, parser_end, share_keyframe_decoder};
 use super::{CameraUrl, Transport, pick_decoder};
@@ -22,19 +22,20 @@ pub(super) fn add_rtspsrc(
     url: Option<&CameraUrl>,
     sh: &Arc<Shared>,
     decoders: &Arc<KeyframeDecoders>,
-) -> Result<(), String> {
+) -> Result<(), CameraError> {
     let Some(CameraUrl::Rtsp {
         location,
         user,
         password,
     }) = url
     else {
-        return Err("not an rtsp url".into());
+        return Err(CameraError::Shape("not an rtsp url"));
     };
     if !has("rtspsrc") {
-        return Err(
-            "GStreamer element `rtspsrc` is missing (Debian: gstreamer1.0-plugins-good)".into(),
-        );
+        return Err(CameraError::MissingElement {
+            factory: "rtspsrc".into(),
+            hint: Some("Debian: gstreamer1.0-plugins-good"),
+        });
     }
     let (protocols, latency) = match sh.def.transport {
         // TCP neither loses nor reorders: no jitter buffer delay is needed.
@@ -52,7 +53,7 @@ pub(super) fn add_rtspsrc(
     if let Some(pw) = password {
         b = b.property("user-pw", pw.as_str());
     }
-    let src = b.build().map_err(|e| format!("rtspsrc: {e}"))?;
+    let src = b.build().map_err(|_| CameraError::missing("rtspsrc"))?;
     // Before the server answers, status shows the H.264 chain this machine would use.
     if let Ok(planned) = pick_decoder("H264", has) {
         let mut v = vec!["rtspsrc"];
@@ -102,7 +103,7 @@ pub(super) fn add_rtspsrc(
             }
         };
         v.store(true, Ordering::SeqCst);
-        let linked = (|| -> Result<(), String> {
+        let linked = (|| -> Result<(), CameraError> {
             // [depayloader, parser, decoder, ...], or the parser into a
             // fakesink when its keyframes all leave there.
             let alone = decodes_alone(&chain, &s);
@@ -111,15 +112,19 @@ pub(super) fn add_rtspsrc(
                 elements.push(parser_end()?);
             }
             for e in &elements {
-                bin.add(e).map_err(|e| e.to_string())?;
+                bin.add(e).map_err(|x| CameraError::Add {
+                    element: e.name().to_string(),
+                    reason: x.to_string(),
+                })?;
             }
             if !alone {
                 let convert = bin
                     .by_name("outpost_convert")
-                    .ok_or("no outpost_convert element")?;
+                    .ok_or(CameraError::Shape("no outpost_convert element"))?;
                 elements.push(convert);
             }
-            gst::Element::link_many(&elements).map_err(|e| e.to_string())?;
+            gst::Element::link_many(&elements)
+                .map_err(|e| CameraError::runtime("linking the decoder chain", e))?;
             if !alone {
                 elements.pop();
             }
@@ -129,21 +134,32 @@ pub(super) fn add_rtspsrc(
             }
             // Downstream first, so no element pushes into one not yet playing.
             for e in elements.iter().rev() {
-                e.sync_state_with_parent().map_err(|e| e.to_string())?;
+                e.sync_state_with_parent()
+                    .map_err(|e| CameraError::runtime("starting the decoder chain", e))?;
             }
             let sink = elements
                 .first()
                 .and_then(|d| d.static_pad("sink"))
-                .ok_or("the depayloader has no sink pad")?;
-            pad.link(&sink).map_err(|e| format!("{e:?}"))?;
+                .ok_or(CameraError::Shape("the depayloader has no sink pad"))?;
+            pad.link(&sink)
+                .map_err(|e| CameraError::runtime("linking the video track", e))?;
             Ok(())
         })();
         if let Err(e) = linked {
-            gst::element_error!(
-                src,
-                gst::CoreError::Negotiation,
-                ["linking the decoder: {}", e]
-            );
+            // A part this machine lacks stays permanent on the bus.
+            if e.retriable() {
+                gst::element_error!(
+                    src,
+                    gst::CoreError::Negotiation,
+                    ["linking the decoder: {}", e]
+                );
+            } else {
+                gst::element_error!(
+                    src,
+                    gst::CoreError::MissingPlugin,
+                    ["linking the decoder: {}", e]
+                );
+            }
             return;
         }
         let mut names = vec!["rtspsrc"];
@@ -165,6 +181,9 @@ pub(super) fn add_rtspsrc(
             );
         }
     });
-    p.add(&src).map_err(|e| e.to_string())?;
+    p.add(&src).map_err(|x| CameraError::Add {
+        element: "rtspsrc".into(),
+        reason: x.to_string(),
+    })?;
     Ok(())
 }

@@ -16,6 +16,7 @@ use gstreamer_app as gst_app;
 use tokio_util::sync::CancellationToken;
 
 use super::elements::{decoder_elements, element_names, from_plan, has, launch};
+use super::error::{CameraError, PERMANENT_RETRY};
 use super::fanout::{
     Reader, Shared, add_decode_probe, add_gate_probe, add_key_units_probe, on_sample,
     take_raw_frames,
@@ -185,7 +186,7 @@ pub(super) fn spawn(
 /// Why a run of the pipeline ended.
 enum End {
     Stop,
-    Failed { error: String, streamed: bool },
+    Failed { error: CameraError, streamed: bool },
 }
 
 /// Builds, watches and rebuilds the camera's pipeline until the daemon stops.
@@ -208,28 +209,36 @@ fn supervise(
             run_once(url, max_fps, sh, decoders, &mut said)
         }))
         .unwrap_or_else(|p| End::Failed {
-            error: format!(
-                "the camera's thread failed: {}",
-                crate::panics::message(p.as_ref()).unwrap_or("a panic")
+            error: CameraError::Panic(
+                crate::panics::message(p.as_ref())
+                    .unwrap_or("a panic")
+                    .to_string(),
             ),
             streamed: false,
         });
         let (error, streamed) = match end {
             End::Stop => return,
-            // Once more here, where it is stored, logged and shown: the
-            // network diagnosis was added after the first pass.
-            End::Failed { error, streamed } => (sh.scrubber.scrub(&error), streamed),
+            End::Failed { error, streamed } => (error, streamed),
         };
         if streamed {
             backoff.reset();
         }
-        let delay = backoff.next_delay();
+        // The variant decides: the network's pace, or slowly for a failure
+        // another try cannot mend (a missing plugin, a bad launch line).
+        let permanent = !error.retriable();
+        let delay = if permanent {
+            PERMANENT_RETRY
+        } else {
+            backoff.next_delay()
+        };
+        // Scrubbed here, where it is stored, logged and shown.
+        let text = sh.scrubber.scrub(&error.to_string());
         sh.each(|s| {
             s.reconnects.fetch_add(1, Ordering::Relaxed);
-            s.set_error(&error);
+            s.set_failure(&text, permanent, delay);
         });
-        sh.set_state("reconnecting");
-        said.down(sh, &error, delay);
+        sh.set_state(if permanent { "failed" } else { "reconnecting" });
+        said.down(sh, &text, delay, permanent);
         let until = Instant::now() + delay;
         while Instant::now() < until {
             if sh.stopping() {
@@ -249,10 +258,7 @@ fn run_once(
     decoders: &Arc<KeyframeDecoders>,
     said: &mut Said<'_>,
 ) -> End {
-    let failed = |error: String, streamed: bool| End::Failed {
-        error: sh.scrubber.scrub(&error),
-        streamed,
-    };
+    let failed = |error: CameraError, streamed: bool| End::Failed { error, streamed };
     sh.restart();
     // rtsp:// on the daemon's client: connected first (the track's codec
     // picks the parser and decoder), fed into the pipeline once it plays.
@@ -268,7 +274,7 @@ fn run_once(
                 if let rtsp::RtspError::Oversize(o) = &e {
                     sh.count_oversize(o);
                 }
-                return failed(e.to_string(), false);
+                return failed(e.into(), false);
             }
         }
     }
@@ -288,8 +294,8 @@ fn run_once(
                 .and_then(|b| {
                     b.timed_pop_filtered(gst::ClockTime::ZERO, &[gst::MessageType::Error])
                 })
-                .map(|m| message_text(&m))
-                .unwrap_or_else(|| "the pipeline refused to start".into());
+                .and_then(|m| CameraError::from_bus(&m))
+                .unwrap_or(CameraError::Refused);
             failed(why, false)
         }
         Ok(_) => match session.map(|c| start_feed(c, &pipeline, sh)) {
@@ -301,12 +307,15 @@ fn run_once(
         },
     };
     let end = match (end, url) {
-        // rtspsrc says only "Failed to connect": ask the network why.
+        // rtspsrc says only that it could not connect: ask the network why.
         (End::Failed { error, streamed }, Some(CameraUrl::Rtsp { location, .. }))
-            if error.contains("Failed to connect") =>
+            if error.is_connect() =>
         {
             End::Failed {
-                error: format!("{error}: {}", diagnose_connect(location)),
+                error: CameraError::Connect {
+                    error: Box::new(error),
+                    diagnosis: diagnose_connect(location),
+                },
                 streamed,
             }
         }
@@ -372,14 +381,22 @@ type Feed = (
 );
 
 /// Starts the session's frames into the playing pipeline's appsrc.
-fn start_feed(c: rtsp::Connected, p: &gst::Pipeline, sh: &Arc<Shared>) -> Result<Feed, String> {
+fn start_feed(
+    c: rtsp::Connected,
+    p: &gst::Pipeline,
+    sh: &Arc<Shared>,
+) -> Result<Feed, CameraError> {
     let src = p
         .by_name("outpost_rtsp")
         .and_then(|e| e.downcast::<gst_app::AppSrc>().ok())
-        .ok_or("the pipeline has no appsrc for the RTSP session")?;
+        .ok_or(CameraError::Shape(
+            "the pipeline has no appsrc for the RTSP session",
+        ))?;
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let thread = rtsp::pump(c, src, sh.clone(), rx)
-        .map_err(|e| format!("cannot start the RTSP client thread: {e}"))?;
+    let thread = rtsp::pump(c, src, sh.clone(), rx).map_err(|source| CameraError::Thread {
+        what: "the RTSP client thread",
+        source,
+    })?;
     Ok((thread, tx))
 }
 
@@ -391,9 +408,9 @@ fn add_retina_chain(
     encoding: &str,
     sh: &Arc<Shared>,
     decoders: &Arc<KeyframeDecoders>,
-) -> Result<(), String> {
-    let chain = pick_decoder(encoding, has).map_err(|e| e.to_string())?;
-    let src = rtsp::appsrc(encoding).map_err(|e| e.to_string())?;
+) -> Result<(), CameraError> {
+    let chain = pick_decoder(encoding, has)?;
+    let src = rtsp::appsrc(encoding)?;
     let mut elements: Vec<gst::Element> = vec![src.upcast()];
     let alone = decodes_alone(&chain, sh);
     if alone {
@@ -404,19 +421,25 @@ fn add_retina_chain(
         elements.extend(decoder_elements(&chain, 1)?);
     }
     for e in &elements {
-        p.add(e).map_err(|e| e.to_string())?;
+        p.add(e).map_err(|x| CameraError::Add {
+            element: e.name().to_string(),
+            reason: x.to_string(),
+        })?;
     }
     if !alone {
         let convert = p
             .by_name("outpost_convert")
-            .ok_or("no outpost_convert element")?;
+            .ok_or(CameraError::Shape("no outpost_convert element"))?;
         elements.push(convert);
     }
-    gst::Element::link_many(&elements).map_err(|e| e.to_string())?;
+    gst::Element::link_many(&elements).map_err(|_| CameraError::Link {
+        from: "appsrc".into(),
+        to: chain.join(" ! "),
+    })?;
     // [appsrc, parser, decoder, ...]
     if let Some(parser) = elements.get(1) {
         let g = sh.clone();
-        add_key_units_probe(parser, move || g.keyframes_only()).map_err(|e| e.to_string())?;
+        add_key_units_probe(parser, move || g.keyframes_only())?;
         share_keyframe_decoder(parser, &chain, sh, decoders, !alone)?;
     }
     let names = retina_elements(&chain);
@@ -428,8 +451,8 @@ fn add_retina_chain(
 /// Watches a playing pipeline: bus messages, first frame, stalls, shutdown.
 fn watch(sh: &Arc<Shared>, bus: Option<&gst::Bus>, started: Instant, said: &mut Said<'_>) -> End {
     let mut streaming = false;
-    let failed = |error: String, streaming: bool| End::Failed {
-        error: sh.scrubber.scrub(&error),
+    let failed = |error: CameraError, streaming: bool| End::Failed {
+        error,
         streamed: streaming,
     };
     loop {
@@ -438,10 +461,11 @@ fn watch(sh: &Arc<Shared>, bus: Option<&gst::Bus>, started: Instant, said: &mut 
         }
         if let Some(msg) = bus.and_then(|b| b.timed_pop(gst::ClockTime::from_mseconds(100))) {
             match msg.view() {
-                gst::MessageView::Error(_) => return failed(message_text(&msg), streaming),
-                gst::MessageView::Eos(_) => {
-                    return failed("end of stream (the camera closed it)".into(), streaming);
+                gst::MessageView::Error(_) => {
+                    let error = CameraError::from_bus(&msg).unwrap_or(CameraError::Refused);
+                    return failed(error, streaming);
                 }
+                gst::MessageView::Eos(_) => return failed(CameraError::Eos, streaming),
                 gst::MessageView::Warning(w) => {
                     tracing::debug!(camera = %sh.def.name, warning = %sh.scrubber.scrub(&w.error().to_string()), "camera warning");
                 }
@@ -455,7 +479,7 @@ fn watch(sh: &Arc<Shared>, bus: Option<&gst::Bus>, started: Instant, said: &mut 
             said.up(sh);
         }
         if let Some(error) = stalled(sh, started, streaming) {
-            return failed(error, streaming);
+            return failed(CameraError::Stalled(error), streaming);
         }
     }
 }
@@ -537,28 +561,6 @@ fn diagnose_connect(location: &str) -> String {
     }
 }
 
-fn message_text(msg: &gst::Message) -> String {
-    match msg.view() {
-        gst::MessageView::Error(e) => {
-            let src = msg
-                .src()
-                .map(|s| s.name().to_string())
-                .unwrap_or_else(|| "pipeline".into());
-            match e.debug() {
-                Some(d) => format!("{src}: {} ({})", e.error(), first_line(&d)),
-                None => format!("{src}: {}", e.error()),
-            }
-        }
-        _ => format!("{:?}", msg.type_()),
-    }
-}
-
-/// GStreamer's debug strings start with the source file and function; the
-/// part after the last newline is the human one.
-fn first_line(d: &str) -> &str {
-    d.rsplit('\n').next().unwrap_or(d).trim()
-}
-
 /// Builds the pipeline for the camera: RTSP from the daemon's client into
 /// an appsrc (`session`: its encoding), `rtsps://` on rtspsrc with its
 /// decoder chosen when the stream's track is known, V4L2 and CSI from their element plans, a
@@ -569,7 +571,7 @@ fn build(
     sh: &Arc<Shared>,
     decoders: &Arc<KeyframeDecoders>,
     session: Option<&str>,
-) -> Result<gst::Pipeline, String> {
+) -> Result<gst::Pipeline, CameraError> {
     let def = &sh.def;
     let size = def.width.zip(def.height);
     let pipeline = match (url, &def.pipeline) {
@@ -586,11 +588,13 @@ fn build(
         }
         (Some(u), _) => {
             if matches!(u, CameraUrl::Csi { .. }) && !has("nvarguscamerasrc") {
-                return Err(
-                    "csi:// needs nvarguscamerasrc (a Jetson with its GStreamer plugins)".into(),
-                );
+                return Err(CameraError::MissingElement {
+                    factory: "nvarguscamerasrc".into(),
+                    hint: Some("csi:// needs a Jetson with its GStreamer plugins"),
+                });
             }
-            let plan = source_plan(def, max_fps, u).ok_or("no element plan for this camera")?;
+            let plan = source_plan(def, max_fps, u)
+                .ok_or(CameraError::Shape("no element plan for this camera"))?;
             let p = from_plan(&plan)?;
             let names: Vec<&str> = plan.iter().map(|e| e.factory).collect();
             sh.each(|s| s.set_elements(&names));
@@ -609,12 +613,14 @@ fn build(
             }
             p
         }
-        (None, None) => return Err("no url and no pipeline".into()),
+        (None, None) => return Err(CameraError::Shape("no url and no pipeline")),
     };
     let sink = pipeline
         .by_name("outpost")
         .and_then(|e| e.downcast::<gst_app::AppSink>().ok())
-        .ok_or("the pipeline has no `appsink name=outpost`")?;
+        .ok_or(CameraError::Shape(
+            "the pipeline has no `appsink name=outpost`",
+        ))?;
     // The fps gates sit before colour conversion when there is one of ours.
     let ours = pipeline
         .by_name("outpost_convert")
@@ -622,7 +628,7 @@ fn build(
     let dropping = ours.is_some();
     let gate_pad = ours
         .or_else(|| sink.static_pad("sink"))
-        .ok_or("the appsink has no sink pad")?;
+        .ok_or(CameraError::Shape("the appsink has no sink pad"))?;
     add_gate_probe(&gate_pad, sh, dropping);
     take_raw_frames(&sink);
     // Latest frame: the appsink keeps none of its own beyond one, and never

@@ -38,9 +38,19 @@ impl<'c> Said<'c> {
     }
 
     /// A failed run, retried in `delay`.
-    pub(super) fn down(&mut self, sh: &Shared, error: &str, delay: Duration) {
+    pub(super) fn down(&mut self, sh: &Shared, error: &str, delay: Duration, permanent: bool) {
         if let Some(f) = self.failures.failed(self.clocks.monotonic()) {
-            if f.failures == 1 {
+            if permanent {
+                tracing::error!(
+                    camera = %sh.shown,
+                    name = %sh.def.name,
+                    pipelines = %sh.pipelines(),
+                    error = %error,
+                    failed_attempts = f.failures,
+                    retry_in_s = delay.as_secs(),
+                    "camera failed permanently (another try cannot mend this); retrying slowly"
+                );
+            } else if f.failures == 1 {
                 tracing::warn!(
                     camera = %sh.shown,
                     name = %sh.def.name,

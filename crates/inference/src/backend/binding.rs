@@ -118,15 +118,27 @@ fn tensor_bytes(t: &Tensor) -> Option<&[u8]> {
     }
 }
 
+/// Why an input's bytes cannot be copied into its staging buffer.
+#[derive(Debug, thiserror::Error)]
+enum HostCopyError {
+    #[error("staging buffer is not host memory")]
+    NotHost,
+    #[error("{given} bytes for a {buffer}-byte buffer")]
+    Size { given: usize, buffer: usize },
+}
+
 /// Copies `src` into the host-accessible tensor `dst` of the same byte size.
-fn write_host(dst: &mut DynTensor, src: &[u8]) -> Result<(), String> {
+fn write_host(dst: &mut DynTensor, src: &[u8]) -> Result<(), HostCopyError> {
     let n = dst.memory_info().is_cpu_accessible();
     if !n {
-        return Err("staging buffer is not host memory".into());
+        return Err(HostCopyError::NotHost);
     }
     let len = tensor_byte_len(dst);
     if len != src.len() {
-        return Err(format!("{} bytes for a {len}-byte buffer", src.len()));
+        return Err(HostCopyError::Size {
+            given: src.len(),
+            buffer: len,
+        });
     }
     // SAFETY: `dst` is host-accessible memory of exactly `len` bytes owned by
     // the tensor, which nothing else reads while this copy runs.
@@ -320,11 +332,11 @@ impl DeviceBinding {
             };
             match &mut b.staging {
                 Some(staging) => {
-                    write_host(staging, bytes).map_err(e)?;
+                    write_host(staging, bytes).map_err(|x| e(x.to_string()))?;
                     // Synchronous: the upload is done before the run reads it.
                     staging.copy_into(&mut b.device)?;
                 }
-                None => write_host(&mut b.device, bytes).map_err(e)?,
+                None => write_host(&mut b.device, bytes).map_err(|x| e(x.to_string()))?,
             }
         }
         if self.outputs.is_empty() {
@@ -415,9 +427,9 @@ impl DeviceBinding {
                 }
                 None => &o.bound,
             };
-            let t = Tensor::from_ort(src).map_err(|detail| BindingError::Output {
+            let t = Tensor::from_ort(src).map_err(|x| BindingError::Output {
                 name: o.name.clone(),
-                detail,
+                detail: x.to_string(),
             })?;
             out.push((o.name.clone(), t));
         }

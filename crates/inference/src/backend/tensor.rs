@@ -451,13 +451,13 @@ impl Tensor {
     /// Copies an ONNX Runtime output value into an owned tensor.
     pub fn from_ort<V: ort::value::TensorValueTypeMarker + ?Sized>(
         v: &ort::value::Value<V>,
-    ) -> Result<Tensor, String> {
+    ) -> Result<Tensor, OutputValueError> {
         let Some(ty) = v.dtype().tensor_type() else {
-            return Err(format!("output is a {:?}, not a tensor", v.dtype()));
+            return Err(OutputValueError::NotATensor(format!("{:?}", v.dtype())));
         };
         let dtype =
-            DType::from_ort(ty).ok_or_else(|| format!("unsupported output element type {ty:?}"))?;
-        let e = |e: ort::Error| e.to_string();
+            DType::from_ort(ty).ok_or_else(|| OutputValueError::ElementType(format!("{ty:?}")))?;
+        let e = OutputValueError::Extract;
         Ok(match dtype {
             DType::F32 => Tensor::F32(v.try_extract_array::<f32>().map_err(e)?.to_owned()),
             DType::F16 => Tensor::F16(v.try_extract_array::<f16>().map_err(e)?.to_owned()),
@@ -478,6 +478,17 @@ fn vec_to_array<T>(v: Vec<T>, shape: &[usize], name: &str) -> Result<ArrayD<T>, 
         shape: shape.to_vec(),
         len,
     })
+}
+
+/// Why an ONNX Runtime output value is not a tensor outpost can hold.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputValueError {
+    #[error("output is a {0}, not a tensor")]
+    NotATensor(String),
+    #[error("unsupported output element type {0}")]
+    ElementType(String),
+    #[error("{0}")]
+    Extract(ort::Error),
 }
 
 #[cfg(test)]

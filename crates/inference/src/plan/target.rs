@@ -130,17 +130,20 @@ impl fmt::Display for Precision {
     }
 }
 
+/// A precision name outpost does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown precision `{0}` (expected fp32, fp16, bf16 or int8)")]
+pub struct UnknownPrecision(pub String);
+
 impl FromStr for Precision {
-    type Err = String;
+    type Err = UnknownPrecision;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.to_ascii_lowercase().as_str() {
             "fp32" => Ok(Precision::Fp32),
             "fp16" => Ok(Precision::Fp16),
             "bf16" => Ok(Precision::Bf16),
             "int8" => Ok(Precision::Int8),
-            other => Err(format!(
-                "unknown precision `{other}` (expected fp32, fp16, bf16 or int8)"
-            )),
+            other => Err(UnknownPrecision(other.to_string())),
         }
     }
 }

@@ -34,13 +34,18 @@ pub enum Connectivity {
     Eight,
 }
 
+/// A connectivity other than 4 or 8.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("connectivity {0} must be 4 or 8")]
+pub struct BadConnectivity(pub u8);
+
 impl TryFrom<u8> for Connectivity {
-    type Error = String;
-    fn try_from(v: u8) -> Result<Self, String> {
+    type Error = BadConnectivity;
+    fn try_from(v: u8) -> Result<Self, BadConnectivity> {
         match v {
             4 => Ok(Connectivity::Four),
             8 => Ok(Connectivity::Eight),
-            _ => Err(format!("connectivity {v} must be 4 or 8")),
+            _ => Err(BadConnectivity(v)),
         }
     }
 }

@@ -194,7 +194,8 @@ impl GpuImagePreprocessor {
             return Err(GpuError::NoNvrtc);
         }
         // Check the config once (any frame size will do).
-        LaunchParams::new(cfg, 2, 2, SourceFormat::Rgb).map_err(GpuError::Params)?;
+        LaunchParams::new(cfg, 2, 2, SourceFormat::Rgb)
+            .map_err(|e| GpuError::Params(e.to_string()))?;
         let ctx = CudaContext::new(ordinal)?;
         let opts = cudarc::nvrtc::CompileOptions {
             fmad: Some(false),
@@ -220,7 +221,7 @@ impl GpuImagePreprocessor {
     /// Launch parameters for a frame.
     pub fn params(&self, frame: &Frame<'_>) -> Result<LaunchParams, GpuError> {
         let p = LaunchParams::new(&self.cfg, frame.width, frame.height, frame.format)
-            .map_err(GpuError::Params)?;
+            .map_err(|e| GpuError::Params(e.to_string()))?;
         if frame.data.len() != p.src_bytes {
             return Err(GpuError::FrameSize {
                 got: frame.data.len(),

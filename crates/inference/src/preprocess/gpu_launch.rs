@@ -79,6 +79,22 @@ pub struct LaunchParams {
     pub transform: ImageTransform,
 }
 
+/// Why a frame and an image config give no launch parameters.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParamsError {
+    #[error("GPU preprocessing handles image configs only")]
+    NotImage,
+    #[error("empty image or model input ({src_w}x{src_h} to {tw}x{th})")]
+    Empty {
+        src_w: u32,
+        src_h: u32,
+        tw: u32,
+        th: u32,
+    },
+    #[error("NV12 needs an even size, got {src_w}x{src_h}")]
+    OddNv12 { src_w: u32, src_h: u32 },
+}
+
 impl LaunchParams {
     /// Launch parameters for a `src_w x src_h` frame under an image config.
     pub fn new(
@@ -86,7 +102,7 @@ impl LaunchParams {
         src_w: u32,
         src_h: u32,
         src_format: SourceFormat,
-    ) -> Result<LaunchParams, String> {
+    ) -> Result<LaunchParams, ParamsError> {
         let PreprocessConfig::Image {
             width,
             height,
@@ -102,18 +118,21 @@ impl LaunchParams {
             ..
         } = cfg
         else {
-            return Err("GPU preprocessing handles image configs only".into());
+            return Err(ParamsError::NotImage);
         };
         let (tw, th) = (*width, *height);
         if src_w == 0 || src_h == 0 || tw == 0 || th == 0 {
-            return Err(format!(
-                "empty image or model input ({src_w}x{src_h} to {tw}x{th})"
-            ));
+            return Err(ParamsError::Empty {
+                src_w,
+                src_h,
+                tw,
+                th,
+            });
         }
         if src_format == SourceFormat::Nv12
             && (!src_w.is_multiple_of(2) || !src_h.is_multiple_of(2))
         {
-            return Err(format!("NV12 needs an even size, got {src_w}x{src_h}"));
+            return Err(ParamsError::OddNv12 { src_w, src_h });
         }
         let (new_w, new_h) = fit_size(*resize, tw, th, src_w, src_h);
         let (pad_x, pad_y) = pad_offset(*resize, tw, th, new_w, new_h);

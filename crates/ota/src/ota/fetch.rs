@@ -51,6 +51,36 @@ pub enum BadUrl {
     Scheme(String),
 }
 
+/// Why a download stopped: the partial file stays for a resume.
+#[derive(Debug, thiserror::Error)]
+pub enum DownloadError {
+    /// The device's disk (its kind tells a full disk from a permission).
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    /// The client's error with its causes, as reqwest words them.
+    #[error("{0}")]
+    Transfer(String),
+    #[error("{url}: HTTP {status}")]
+    Status {
+        url: String,
+        status: reqwest::StatusCode,
+    },
+    #[error("stopping")]
+    Stopping,
+    #[error("{url}: more than the {size} bytes offered")]
+    TooLong { url: String, size: u64 },
+    #[error("{url}: connection ended at {have} of {size} bytes")]
+    Short { url: String, have: u64, size: u64 },
+}
+
+fn disk(path: &Path) -> impl FnOnce(std::io::Error) -> DownloadError {
+    let path = path.display().to_string();
+    move |source| DownloadError::Io { path, source }
+}
+
 /// Why a poll gave no offers.
 #[derive(Debug, thiserror::Error)]
 pub enum PollError {
@@ -237,10 +267,10 @@ impl Fetcher {
         cap: Option<u64>,
         shutdown: &tokio_util::sync::CancellationToken,
         progress: &std::sync::atomic::AtomicU64,
-    ) -> Result<(), String> {
+    ) -> Result<(), DownloadError> {
         use std::sync::atomic::Ordering;
         if let Some(d) = part.parent() {
-            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+            std::fs::create_dir_all(d).map_err(disk(d))?;
         }
         let mut have = std::fs::metadata(part).map(|m| m.len()).unwrap_or(0);
         if have > offer.size {
@@ -253,7 +283,10 @@ impl Fetcher {
         if have > 0 {
             req = req.header(RANGE, format!("bytes={have}-"));
         }
-        let mut resp = req.send().await.map_err(|e| chain(&e))?;
+        let mut resp = req
+            .send()
+            .await
+            .map_err(|e| DownloadError::Transfer(chain(&e)))?;
         let status = resp.status();
         let resumed = status == reqwest::StatusCode::PARTIAL_CONTENT
             && resp
@@ -262,7 +295,10 @@ impl Fetcher {
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|v| v.starts_with(&format!("bytes {have}-")));
         if !status.is_success() {
-            return Err(format!("{}: HTTP {status}", offer.url));
+            return Err(DownloadError::Status {
+                url: offer.url.clone(),
+                status,
+            });
         }
         if !resumed {
             // The server sends the whole file: start over.
@@ -274,22 +310,26 @@ impl Fetcher {
             .append(resumed)
             .truncate(!resumed)
             .open(part)
-            .map_err(|e| format!("{}: {e}", part.display()))?;
+            .map_err(disk(part))?;
         if resumed {
             tracing::info!(bundle = %offer.id(), from = have, "OTA: resuming download");
         }
         let t0 = Instant::now();
         let start = have;
         let mut logged = Instant::now();
-        while let Some(chunk) = resp.chunk().await.map_err(|e| chain(&e))? {
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| DownloadError::Transfer(chain(&e)))?
+        {
             if shutdown.is_cancelled() {
-                return Err("stopping".into());
+                return Err(DownloadError::Stopping);
             }
             if have + chunk.len() as u64 > offer.size {
-                return Err(format!(
-                    "{}: more than the {} bytes offered",
-                    offer.url, offer.size
-                ));
+                return Err(DownloadError::TooLong {
+                    url: offer.url.clone(),
+                    size: offer.size,
+                });
             }
             // Under a cap, write and pace in slices of ~1/20 s, so the rate
             // is smooth and what is on disk is what was paid for in time.
@@ -297,8 +337,7 @@ impl Fetcher {
                 .filter(|c| *c > 0)
                 .map_or(chunk.len(), |c| (c as usize / 20).max(1024));
             for part_bytes in chunk.chunks(slice.max(1)) {
-                f.write_all(part_bytes)
-                    .map_err(|e| format!("{}: {e}", part.display()))?;
+                f.write_all(part_bytes).map_err(disk(part))?;
                 have += part_bytes.len() as u64;
                 progress.store(have, Ordering::Relaxed);
                 if let Some(cap) = cap.filter(|c| *c > 0) {
@@ -320,13 +359,13 @@ impl Fetcher {
                 );
             }
         }
-        f.sync_all()
-            .map_err(|e| format!("{}: {e}", part.display()))?;
+        f.sync_all().map_err(disk(part))?;
         if have != offer.size {
-            return Err(format!(
-                "{}: connection ended at {have} of {} bytes",
-                offer.url, offer.size
-            ));
+            return Err(DownloadError::Short {
+                url: offer.url.clone(),
+                have,
+                size: offer.size,
+            });
         }
         tracing::info!(bundle = %offer.id(), bytes = have, seconds = t0.elapsed().as_secs_f64(), "OTA: downloaded");
         Ok(())

@@ -24,6 +24,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::bundle::{BundleKind, BundleManifest};
+use super::failure::Failure;
 use super::host::ModelHealth;
 /// The offer is data of its own (`offer.rs`); this path stays.
 pub use super::offer::Offer;
@@ -121,7 +122,7 @@ pub enum Event {
     },
     Downloaded,
     /// Network or disk trouble: the partial file stays for a resume.
-    DownloadFailed(String),
+    DownloadFailed(Failure),
     /// Size or sha256 differ from the offer: the file is discarded and the
     /// offer tried again at a later poll (the transfer may have been hit).
     Corrupt(String),
@@ -133,7 +134,9 @@ pub enum Event {
     /// Size, sha256 and signature hold; this is what the signed bundle says.
     Verified(Box<BundleManifest>),
     Staged,
-    StageFailed(String),
+    /// A full disk ([`Failure::disk_full`]) leaves the bundle to be tried
+    /// again at a later poll; any other failure refuses it.
+    StageFailed(Failure),
     /// Loaded and warmed up.
     Loaded,
     LoadFailed(String),
@@ -155,7 +158,7 @@ pub enum Event {
     RollbackFailed(String),
     /// The daemon slot is on trial and `current` names it.
     Activated,
-    ActivateFailed(String),
+    ActivateFailed(Failure),
 }
 
 /// A status event sent upstream (and logged).
@@ -232,6 +235,19 @@ fn refuse(step: &'static str, job: &Job, why: String, staged: bool) -> (State, V
         a.push(Action::DiscardStaged(job.offer.clone()));
     }
     (State::Idle, a)
+}
+
+/// Ends a job for want of disk space: what was staged goes (room for the
+/// next try), the download stays, and the bundle is tried again at a later
+/// poll; it is not refused.
+fn disk_full(job: &Job, why: Failure) -> (State, Vec<Action>) {
+    (
+        State::Idle,
+        vec![
+            Action::Emit(status("disk_full", job, Some(why.to_string()))),
+            Action::DiscardStaged(job.offer.clone()),
+        ],
+    )
 }
 
 /// Ends a job for this time only: the entry was wrong, not the bundle.
@@ -374,9 +390,14 @@ pub fn step(state: State, event: Event, p: &Policy) -> (State, Vec<Action>) {
         }
         (S::Downloading(job), E::DownloadFailed(why)) => {
             // The partial file stays: the next poll resumes it.
+            let step = if why.disk_full() {
+                "disk_full"
+            } else {
+                "download_failed"
+            };
             (
                 S::Idle,
-                vec![Action::Emit(status("download_failed", &job, Some(why)))],
+                vec![Action::Emit(status(step, &job, Some(why.to_string())))],
             )
         }
         (S::Verifying(job), E::Corrupt(why)) => (
@@ -418,7 +439,10 @@ pub fn step(state: State, event: Event, p: &Policy) -> (State, Vec<Action>) {
             ];
             (S::Idle, a)
         }
-        (S::Activating(job), E::ActivateFailed(why)) => refuse("stage_failed", &job, why, false),
+        (S::Activating(job), E::ActivateFailed(why)) if why.disk_full() => disk_full(&job, why),
+        (S::Activating(job), E::ActivateFailed(why)) => {
+            refuse("stage_failed", &job, why.to_string(), false)
+        }
         (S::Staging(job), E::Staged) => {
             let a = vec![
                 Action::Emit(status("staged", &job, None)),
@@ -426,7 +450,10 @@ pub fn step(state: State, event: Event, p: &Policy) -> (State, Vec<Action>) {
             ];
             (S::Loading(job), a)
         }
-        (S::Staging(job), E::StageFailed(why)) => refuse("stage_failed", &job, why, true),
+        (S::Staging(job), E::StageFailed(why)) if why.disk_full() => disk_full(&job, why),
+        (S::Staging(job), E::StageFailed(why)) => {
+            refuse("stage_failed", &job, why.to_string(), true)
+        }
         (S::Loading(job), E::Loaded) => {
             let a = vec![
                 Action::Emit(status("loaded", &job, None)),
@@ -757,7 +784,11 @@ mod tests {
         assert_eq!(s2, State::Idle);
         assert_eq!(steps(&a2), ["restarting"]);
         assert_eq!(a2.last(), Some(&Action::Restart));
-        let (s3, a3) = step(s, Event::ActivateFailed("disk full".into()), &policy());
+        let (s3, a3) = step(
+            s,
+            Event::ActivateFailed(Failure::Other("disk full".into())),
+            &policy(),
+        );
         assert_eq!(s3, State::Idle);
         assert_eq!(steps(&a3), ["stage_failed"]);
         assert!(has(&a3, |a| matches!(a, Action::Refuse(_))));
@@ -783,7 +814,7 @@ mod tests {
     fn download_failure_keeps_the_partial_file_and_is_not_refused() {
         let (s, a) = step(
             State::Downloading(job("1.1.0")),
-            Event::DownloadFailed("reset".into()),
+            Event::DownloadFailed(Failure::Other("reset".into())),
             &policy(),
         );
         assert_eq!(s, State::Idle);
@@ -911,12 +942,51 @@ mod tests {
         assert!(has(&a, |a| matches!(a, Action::Load(_))));
         let (s, a) = step(
             State::Staging(job("1.1.0")),
-            Event::StageFailed("disk full".into()),
+            Event::StageFailed(Failure::Other("unpack failed".into())),
             &policy(),
         );
         assert_eq!(s, State::Idle);
         assert!(has(&a, |a| matches!(a, Action::DiscardStaged(_))));
         assert!(has(&a, |a| matches!(a, Action::Refuse(_))));
+    }
+
+    /// The I/O error's kind reaches the machine: a full disk frees what
+    /// was staged and leaves the bundle for a later poll, a refused
+    /// permission refuses it as any other stage failure.
+    #[test]
+    fn a_full_disk_is_retried_later_and_a_refused_permission_refuses() {
+        let io = |kind: std::io::ErrorKind| {
+            Failure::of(&crate::ota::install::InstallError::Io {
+                what: "write",
+                path: "/data/ota/staging/m/1.1.0/model.onnx".into(),
+                source: std::io::Error::from(kind),
+            })
+        };
+        let (s, a) = step(
+            State::Staging(job("1.1.0")),
+            Event::StageFailed(io(std::io::ErrorKind::StorageFull)),
+            &policy(),
+        );
+        assert_eq!(s, State::Idle);
+        assert_eq!(steps(&a), ["disk_full"]);
+        assert!(has(&a, |a| matches!(a, Action::DiscardStaged(_))));
+        assert!(!has(&a, |a| matches!(a, Action::Refuse(_))));
+        assert!(!has(&a, |a| matches!(a, Action::DiscardDownload(_))));
+        let (s, a) = step(
+            State::Staging(job("1.1.0")),
+            Event::StageFailed(io(std::io::ErrorKind::PermissionDenied)),
+            &policy(),
+        );
+        assert_eq!(s, State::Idle);
+        assert_eq!(steps(&a), ["stage_failed"]);
+        assert!(has(&a, |a| matches!(a, Action::Refuse(_))));
+        // A download that fills the disk says so.
+        let (_, a) = step(
+            State::Downloading(job("1.1.0")),
+            Event::DownloadFailed(io(std::io::ErrorKind::StorageFull)),
+            &policy(),
+        );
+        assert_eq!(steps(&a), ["disk_full"]);
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub mod bundle;
 pub mod check;
 pub mod command;
 pub mod document;
+pub mod failure;
 pub mod fetch;
 pub mod host;
 pub mod install;

@@ -53,16 +53,30 @@ impl fmt::Display for Key {
     }
 }
 
-impl std::str::FromStr for Key {
-    type Err = String;
+/// Text that is not an outbox key `BOOT/SEQ`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadKey {
+    #[error("`{0}` is not a key BOOT/SEQ")]
+    NoSlash(String),
+    #[error("`{text}` is not a key BOOT/SEQ: {source}")]
+    Number {
+        text: String,
+        source: std::num::ParseIntError,
+    },
+}
 
-    fn from_str(s: &str) -> Result<Key, String> {
+impl std::str::FromStr for Key {
+    type Err = BadKey;
+
+    fn from_str(s: &str) -> Result<Key, BadKey> {
         let (b, q) = s
             .split_once('/')
-            .ok_or_else(|| format!("`{s}` is not a key BOOT/SEQ"))?;
+            .ok_or_else(|| BadKey::NoSlash(s.to_string()))?;
         let num = |x: &str| {
-            x.parse::<u64>()
-                .map_err(|e| format!("`{s}` is not a key BOOT/SEQ: {e}"))
+            x.parse::<u64>().map_err(|source| BadKey::Number {
+                text: s.to_string(),
+                source,
+            })
         };
         Ok(Key(num(b)?, num(q)?))
     }

@@ -195,15 +195,24 @@ pub struct Batcher {
     pub max_payload: usize,
 }
 
+/// Why a record cannot be encoded for the wire.
+#[derive(Debug, thiserror::Error)]
+enum EncodeError {
+    #[error("not a JSON record: {0}")]
+    NotJson(serde_json::Error),
+    #[error("CBOR encoding: {0}")]
+    Cbor(ciborium::ser::Error<std::io::Error>),
+}
+
 /// One record, encoded for the wire on its own.
-fn encode_one(format: PayloadFormat, record: &[u8]) -> Result<Vec<u8>, String> {
+fn encode_one(format: PayloadFormat, record: &[u8]) -> Result<Vec<u8>, EncodeError> {
     match format {
         PayloadFormat::Json | PayloadFormat::SparkplugB => Ok(record.to_vec()),
         PayloadFormat::Cbor => {
             let v: serde_json::Value =
-                serde_json::from_slice(record).map_err(|e| format!("not a JSON record: {e}"))?;
+                serde_json::from_slice(record).map_err(EncodeError::NotJson)?;
             let mut out = Vec::with_capacity(record.len());
-            ciborium::into_writer(&v, &mut out).map_err(|e| format!("CBOR encoding: {e}"))?;
+            ciborium::into_writer(&v, &mut out).map_err(EncodeError::Cbor)?;
             Ok(out)
         }
     }
@@ -300,7 +309,7 @@ impl Batcher {
             let item = match encode_one(self.format, &crate::clock::for_sending(&e.record)) {
                 Ok(i) => i,
                 Err(reason) => {
-                    built.rejected.push((e.key, reason));
+                    built.rejected.push((e.key, reason.to_string()));
                     continue;
                 }
             };

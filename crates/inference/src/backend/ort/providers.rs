@@ -187,6 +187,21 @@ pub(super) fn base_builder(rt: &Runtime, o: &SessionOptions) -> ort::Result<Sess
         .with_parallel_execution(false)?)
 }
 
+/// Why an execution provider cannot serve here.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RegisterError {
+    #[error("this ONNX Runtime build ({version} at {path}) has no {provider} execution provider")]
+    Unavailable {
+        version: String,
+        path: String,
+        provider: &'static str,
+    },
+    #[error("engine cache {dir}: {source}")]
+    EngineCache { dir: String, source: std::io::Error },
+    #[error("{0}")]
+    Ort(#[from] ort::Error),
+}
+
 /// Registers one provider on a builder, or says why it cannot serve here.
 pub(super) fn register(
     rt: &Runtime,
@@ -195,18 +210,17 @@ pub(super) fn register(
     o: &SessionOptions,
     key: &ModelKey<'_>,
     graph: bool,
-) -> Result<(), String> {
+) -> Result<(), RegisterError> {
     if !rt.provider_available(p) {
-        return Err(format!(
-            "this ONNX Runtime build ({} at {}) has no {} execution provider",
-            rt.info.version,
-            rt.info.path,
-            match p {
+        return Err(RegisterError::Unavailable {
+            version: rt.info.version.clone(),
+            path: rt.info.path.clone(),
+            provider: match p {
                 Provider::Tensorrt => "TensorRT",
                 Provider::Cuda => "CUDA",
                 Provider::Cpu => "CPU",
-            }
-        ));
+            },
+        });
     }
     match p {
         Provider::Cpu => Ok(()),
@@ -214,12 +228,14 @@ pub(super) fn register(
             .with_device_id(o.cuda_device_id)
             .with_cuda_graph(graph)
             .register(b)
-            .map_err(|e| e.to_string()),
+            .map_err(RegisterError::from),
         Provider::Tensorrt => {
             if o.tensorrt.engine_cache {
                 let dir = engine_cache_dir(&o.cache_dir, key.name, key.version);
-                std::fs::create_dir_all(&dir)
-                    .map_err(|e| format!("engine cache {}: {e}", dir.display()))?;
+                std::fs::create_dir_all(&dir).map_err(|source| RegisterError::EngineCache {
+                    dir: dir.display().to_string(),
+                    source,
+                })?;
             }
             let mut trt = ep::TensorRT::default();
             for (k, v) in
@@ -231,7 +247,7 @@ pub(super) fn register(
             if graph {
                 trt = trt.with_cuda_graph(true);
             }
-            trt.register(b).map_err(|e| e.to_string())?;
+            trt.register(b)?;
             // Nodes TensorRT cannot take go to CUDA rather than the CPU when CUDA is there.
             if rt.provider_available(Provider::Cuda) {
                 let _ = ep::CUDA::default()

@@ -79,7 +79,7 @@ impl OrtSession {
                 }
                 fallbacks.push(Fallback {
                     provider: p,
-                    reason,
+                    reason: reason.to_string(),
                 });
                 continue;
             }
@@ -103,7 +103,7 @@ impl OrtSession {
                         if let Err(reason) = register(rt, p, &mut b, o, key, graph) {
                             fallbacks.push(Fallback {
                                 provider: p,
-                                reason,
+                                reason: reason.to_string(),
                             });
                             continue;
                         }
@@ -120,7 +120,7 @@ impl OrtSession {
                 })?;
                 committed = match register(rt, p, &mut b, o, key, false) {
                     Ok(()) => b.commit_from_file(path),
-                    Err(reason) => Err(ort::Error::new(reason)),
+                    Err(reason) => Err(ort::Error::new(reason.to_string())),
                 };
             }
             match committed {
@@ -275,7 +275,7 @@ impl OrtSession {
         shapes: &[(&str, DType, &[usize])],
         data: &[(&str, &Tensor)],
         device_input: &str,
-        fill: &mut dyn FnMut(u64, usize) -> Result<(), String>,
+        fill: &mut dyn FnMut(u64, usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let Some((placement, graph)) = self.bind else {
             return Err(RunError::Engine("session is not bound".into()));
@@ -291,7 +291,7 @@ impl OrtSession {
         let (ptr, len) = binding
             .input_buffer(shapes, device_input)
             .map_err(|e| RunError::Engine(e.to_string()))?;
-        fill(ptr as u64, len).map_err(RunError::Engine)?;
+        fill(ptr as u64, len).map_err(|e| RunError::Engine(e.to_string()))?;
         binding
             .run(session, shapes, data)
             .map_err(|e| RunError::Engine(e.to_string()))

@@ -9,8 +9,8 @@
 use serde_json::{Value, json};
 
 use super::{
-    GraphFacts, Guess, Hints, IOU, Image, MAX_DETECTIONS, SCORE, STRIDES, class_names, fixed,
-    image_pre, list, post, size,
+    GraphFacts, Guess, GuessError, Hints, IOU, Image, MAX_DETECTIONS, SCORE, STRIDES, class_names,
+    fixed, image_pre, list, post, size,
 };
 use crate::backend::IoSpec;
 
@@ -35,24 +35,69 @@ fn dims(o: &IoSpec) -> Vec<Option<u64>> {
     o.shape.iter().map(fixed).collect()
 }
 
+/// Why the outputs fit no detector layout (or more than one).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoFit {
+    #[error(
+        "output `{output}` {shape}: {dims}-D, not a detector's [1, N, values] (an auxiliary \
+         output: a heatmap, mask prototypes or features)"
+    )]
+    NotRows {
+        output: String,
+        shape: String,
+        dims: usize,
+    },
+    #[error("output `{output}` {shape}: a detector's rows need fixed sizes")]
+    FreeRows { output: String, shape: String },
+    #[error(
+        "output `{output}` {shape}: not a detector layout outpost knows (YOLOv5/v8/11, YOLOX, \
+         rows of x1, y1, x2, y2, score, class); {w}x{h} has {grid} grid cells"
+    )]
+    UnknownLayout {
+        output: String,
+        shape: String,
+        w: u64,
+        h: u64,
+        grid: u64,
+    },
+    #[error("two outputs, {a} and {b}: not boxes [1, N, 4] beside scores [1, N, C]")]
+    NotAPair { a: String, b: String },
+    #[error("a detector's scores need fixed sizes")]
+    FreeScores,
+    #[error("--output `{name}`: the model has no such output (its outputs are {outputs})")]
+    NoSuchOutput { name: String, outputs: String },
+    #[error("--output `{name}`: {}", why.as_ref().map_or("it fits no detector layout outpost knows".to_string(), |w| w.to_string()))]
+    OutputFitsNone {
+        name: String,
+        why: Option<Box<NoFit>>,
+    },
+    #[error(
+        "outputs {outputs}: no classifier, detector, text or face layout outpost knows ({}); \
+         write the manifest by hand",
+        why.iter().map(|w| w.to_string()).collect::<Vec<_>>().join("; ")
+    )]
+    NoLayout { outputs: String, why: Vec<NoFit> },
+    #[error(
+        "several outputs fit a detector layout: {0}; give --output NAME to pick the one to read"
+    )]
+    Several(String),
+}
+
 /// The layout one output fits alone, or why it fits none.
-fn one(o: &IoSpec, w: u64, h: u64, grid: u64, facts: &GraphFacts) -> Result<Fit, String> {
+fn one(o: &IoSpec, w: u64, h: u64, grid: u64, facts: &GraphFacts) -> Result<Fit, NoFit> {
     if o.shape.len() != 3 {
-        return Err(format!(
-            "output `{}` {}: {}-D, not a detector's [1, N, values] (an auxiliary output: a \
-             heatmap, mask prototypes or features)",
-            o.name,
-            o.shape_string(),
-            o.shape.len()
-        ));
+        return Err(NoFit::NotRows {
+            output: o.name.clone(),
+            shape: o.shape_string(),
+            dims: o.shape.len(),
+        });
     }
     let d = dims(o);
     let (Some(a), Some(b)) = (d[1], d[2]) else {
-        return Err(format!(
-            "output `{}` {}: a detector's rows need fixed sizes",
-            o.name,
-            o.shape_string()
-        ));
+        return Err(NoFit::FreeRows {
+            output: o.name.clone(),
+            shape: o.shape_string(),
+        });
     };
     let fit = |layout, classes: Vec<u64>, extra, note| Fit {
         layout,
@@ -122,26 +167,22 @@ fn one(o: &IoSpec, w: u64, h: u64, grid: u64, facts: &GraphFacts) -> Result<Fit,
             ),
         ))
     } else {
-        Err(format!(
-            "output `{}` {}: not a detector layout outpost knows (YOLOv5/v8/11, YOLOX, rows of \
-             x1, y1, x2, y2, score, class); {w}x{h} has {grid} grid cells",
-            o.name,
-            o.shape_string()
-        ))
+        Err(NoFit::UnknownLayout {
+            output: o.name.clone(),
+            shape: o.shape_string(),
+            w,
+            h,
+            grid,
+        })
     }
 }
 
 /// The layout a pair of outputs fits as boxes `[1, N, 4]` beside scores
 /// `[1, N, C]` (DETR, RT-DETR, SSD), or why not.
-fn pair(a: &IoSpec, b: &IoSpec, w: u64, h: u64) -> Result<Fit, String> {
-    let not_a_pair = || {
-        format!(
-            "two outputs, `{}` {} and `{}` {}: not boxes [1, N, 4] beside scores [1, N, C]",
-            a.name,
-            a.shape_string(),
-            b.name,
-            b.shape_string()
-        )
+fn pair(a: &IoSpec, b: &IoSpec, w: u64, h: u64) -> Result<Fit, NoFit> {
+    let not_a_pair = || NoFit::NotAPair {
+        a: format!("`{}` {}", a.name, a.shape_string()),
+        b: format!("`{}` {}", b.name, b.shape_string()),
     };
     if a.shape.len() != 3 || b.shape.len() != 3 {
         return Err(not_a_pair());
@@ -157,7 +198,7 @@ fn pair(a: &IoSpec, b: &IoSpec, w: u64, h: u64) -> Result<Fit, String> {
     };
     let ds = dims(scores);
     let (Some(n), Some(k)) = (ds[1], ds[2]) else {
-        return Err("a detector's scores need fixed sizes".into());
+        return Err(NoFit::FreeScores);
     };
     if dims(boxes).get(2) != Some(&Some(4)) || dims(boxes).get(1) != Some(&Some(n)) {
         return Err(not_a_pair());
@@ -223,16 +264,16 @@ fn choose(
     facts: &GraphFacts,
     hint: Option<&str>,
     notes: &mut Vec<String>,
-) -> Result<Fit, String> {
+) -> Result<Fit, NoFit> {
     if let Some(name) = hint
         && !outputs.iter().any(|o| o.name == name)
     {
-        return Err(format!(
-            "--output `{name}`: the model has no such output (its outputs are {})",
-            list(outputs)
-        ));
+        return Err(NoFit::NoSuchOutput {
+            name: name.to_string(),
+            outputs: list(outputs),
+        });
     }
-    let singles: Vec<Result<Fit, String>> =
+    let singles: Vec<Result<Fit, NoFit>> =
         outputs.iter().map(|o| one(o, w, h, grid, facts)).collect();
     let mut pairs = Vec::new();
     let mut pair_error = None;
@@ -261,42 +302,42 @@ fn choose(
                 .zip(&singles)
                 .find(|(o, _)| o.name == name)
                 .and_then(|(_, r)| r.as_ref().err().cloned());
-            return Err(format!(
-                "--output `{name}`: {}",
-                why.unwrap_or_else(|| "it fits no detector layout outpost knows".into())
-            ));
+            return Err(NoFit::OutputFitsNone {
+                name: name.to_string(),
+                why: why.map(Box::new),
+            });
         }
     }
     let fit = match (fits.len(), outputs) {
         (1, _) => fits.remove(0),
         // Alone, an output's own reason; two 3-D outputs, the pair's.
         (0, [_] | [_, _]) if outputs.iter().all(|o| o.shape.len() == 3) => {
-            return Err(match (outputs, &singles[..]) {
-                ([_], [Err(e)]) => e.clone(),
-                _ => pair_error.unwrap_or_default(),
+            return Err(match (outputs, &singles[..], pair_error) {
+                ([_], [Err(e)], _) => e.clone(),
+                (_, _, Some(e)) => e,
+                (_, _, None) => NoFit::NoLayout {
+                    outputs: list(outputs),
+                    why: Vec::new(),
+                },
             });
         }
         (0, _) => {
-            let why: Vec<String> = singles
+            let why: Vec<NoFit> = singles
                 .iter()
                 .filter_map(|r| r.as_ref().err())
                 .cloned()
                 .collect();
-            return Err(format!(
-                "outputs {}: no classifier, detector, text or face layout outpost knows ({}); \
-                 write the manifest by hand",
-                list(outputs),
-                why.join("; ")
-            ));
+            return Err(NoFit::NoLayout {
+                outputs: list(outputs),
+                why,
+            });
         }
         _ => {
-            return Err(format!(
-                "several outputs fit a detector layout: {}; give --output NAME to pick the one \
-                 to read",
+            return Err(NoFit::Several(
                 fits.iter()
                     .map(|f| format!("`{}` ({})", f.output, f.layout))
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
             ));
         }
     };
@@ -332,7 +373,7 @@ pub(super) fn detector(
     hints: &Hints,
     notes: &mut Vec<String>,
     mut g: Guess,
-) -> Result<Guess, String> {
+) -> Result<Guess, GuessError> {
     let (w, h) = size(image, (640, 640), notes);
     let grid: u64 = STRIDES.iter().map(|s| (w / s) * (h / s)).sum();
     let fit = choose(outputs, w, h, grid, facts, hints.output.as_deref(), notes)?;

@@ -10,6 +10,8 @@
 
 mod detector;
 
+pub use detector::NoFit;
+
 use bytes::Bytes;
 use prost::Message;
 use serde_json::{Value, json};
@@ -34,6 +36,64 @@ const IMAGENET_STD: [f64; 3] = [0.229, 0.224, 0.225];
 pub struct ImportRefused {
     pub file: String,
     pub reason: String,
+}
+
+/// Why the importer cannot tell what the model is, or write its manifest.
+#[derive(Debug, thiserror::Error)]
+pub enum GuessError {
+    /// A preprocessing or postprocess table the importer made that the
+    /// manifest's types refuse.
+    #[error("{what}: {source}")]
+    Table {
+        what: &'static str,
+        source: serde_json::Error,
+    },
+    #[error(
+        "no single image input (a 4-D f32 or u8 tensor with 1 or 3 channels) and not a \
+         streaming audio model; the model's inputs are {inputs}"
+    )]
+    NoImageInput { inputs: String },
+    #[error(
+        "outpost feeds one image input; the model has {count} inputs ({inputs}): write the \
+         manifest by hand, with a `fill` for each constant input"
+    )]
+    SeveralInputs { count: usize, inputs: String },
+    #[error(
+        "output `{output}` {shape} on text lines of free width: a CTC text recogniser; give its \
+         character dictionary with --labels"
+    )]
+    NoDictionary { output: String, shape: String },
+    #[error(
+        "{from} has {given} characters, the model has {classes} classes: a CTC dictionary has \
+         {} (the blank and the space are outpost's)",
+        classes.saturating_sub(2)
+    )]
+    DictionarySize {
+        from: &'static str,
+        given: usize,
+        classes: u64,
+    },
+    #[error(
+        "{from} has {given} class names, the model has {classes} classes: give a list of {classes}"
+    )]
+    ClassCount {
+        from: &'static str,
+        given: usize,
+        classes: u64,
+    },
+    #[error(
+        "{from}: {what} {index}'s name {name:?} holds a control character (each name is one \
+         line of labels.txt: a line break would shift every later {what} by one)"
+    )]
+    ControlCharacter {
+        from: &'static str,
+        what: &'static str,
+        index: usize,
+        name: String,
+    },
+    /// The outputs fit no detector layout (or several).
+    #[error(transparent)]
+    Detector(#[from] NoFit),
 }
 
 /// What the file says beyond its inputs and outputs.
@@ -263,12 +323,18 @@ fn io(s: &IoSpec) -> ManifestIo {
     }
 }
 
-fn pre(v: Value) -> Result<Preprocess, String> {
-    serde_json::from_value(v).map_err(|e| format!("preprocessing: {e}"))
+fn pre(v: Value) -> Result<Preprocess, GuessError> {
+    serde_json::from_value(v).map_err(|source| GuessError::Table {
+        what: "preprocessing",
+        source,
+    })
 }
 
-fn post(v: Value) -> Result<Postprocess, String> {
-    serde_json::from_value(v).map_err(|e| format!("postprocess: {e}"))
+fn post(v: Value) -> Result<Postprocess, GuessError> {
+    serde_json::from_value(v).map_err(|source| GuessError::Table {
+        what: "postprocess",
+        source,
+    })
 }
 
 /// The image input: its layout and size.
@@ -304,7 +370,7 @@ pub fn guess(
     outputs: &[IoSpec],
     facts: &GraphFacts,
     hints: &Hints,
-) -> Result<Guess, String> {
+) -> Result<Guess, GuessError> {
     if let Some(g) = vad(inputs, outputs)? {
         return Ok(g);
     }
@@ -314,19 +380,15 @@ pub fn guess(
         .filter_map(|(i, s)| image_input(s).map(|im| (i, im)))
         .collect();
     let [(i, image)] = images.as_slice() else {
-        return Err(format!(
-            "no single image input (a 4-D f32 or u8 tensor with 1 or 3 channels) and not a \
-             streaming audio model; the model's inputs are {}",
-            list(inputs)
-        ));
+        return Err(GuessError::NoImageInput {
+            inputs: list(inputs),
+        });
     };
     if inputs.len() > 1 {
-        return Err(format!(
-            "outpost feeds one image input; the model has {} inputs ({}): write the manifest by \
-             hand, with a `fill` for each constant input",
-            inputs.len(),
-            list(inputs)
-        ));
+        return Err(GuessError::SeveralInputs {
+            count: inputs.len(),
+            inputs: list(inputs),
+        });
     }
     let input = &inputs[*i];
     let mut notes = Vec::new();
@@ -345,7 +407,7 @@ fn list(v: &[IoSpec]) -> String {
 /// A streaming voice-activity model in silero's form: audio `[batch,
 /// samples]`, a state input fed from an output of the same shape, a
 /// scalar sample rate, a probability `[batch, 1]`.
-fn vad(inputs: &[IoSpec], outputs: &[IoSpec]) -> Result<Option<Guess>, String> {
+fn vad(inputs: &[IoSpec], outputs: &[IoSpec]) -> Result<Option<Guess>, GuessError> {
     let audio = inputs
         .iter()
         .find(|s| s.shape.len() == 2 && s.dtype == DType::F32);
@@ -447,7 +509,7 @@ fn image_model(
     facts: &GraphFacts,
     hints: &Hints,
     notes: &mut Vec<String>,
-) -> Result<Guess, String> {
+) -> Result<Guess, GuessError> {
     let dims = |o: &IoSpec| o.shape.iter().map(fixed).collect::<Vec<_>>();
     let c = if image.layout == "nchw" {
         input.shape.get(1).and_then(fixed)
@@ -566,12 +628,10 @@ fn image_model(
             .as_ref()
             .or_else(|| (!facts.characters.is_empty()).then_some(&facts.characters));
         let Some(dict) = dict else {
-            return Err(format!(
-                "output `{}` {} on text lines of free width: a CTC text recogniser; give its \
-                 character dictionary with --labels",
-                o.name,
-                o.shape_string()
-            ));
+            return Err(GuessError::NoDictionary {
+                output: o.name.clone(),
+                shape: o.shape_string(),
+            });
         };
         let from = if hints.labels.is_some() {
             "--labels"
@@ -583,12 +643,11 @@ fn image_model(
         if let Some(k) = o.shape.get(2).and_then(fixed)
             && dict.len() as u64 + 2 != k
         {
-            return Err(format!(
-                "{from} has {} characters, the model has {k} classes: a CTC dictionary has \
-                 {} (the blank and the space are outpost's)",
-                dict.len(),
-                k.saturating_sub(2)
-            ));
+            return Err(GuessError::DictionarySize {
+                from,
+                given: dict.len(),
+                classes: k,
+            });
         }
         notes.push(format!(
             "output `{}` {} on 48-pixel text lines of free width: a CTC text recogniser \
@@ -618,7 +677,7 @@ fn mtcnn(
     image: &Image,
     outputs: &[IoSpec],
     notes: &mut Vec<String>,
-) -> Result<Option<(String, Preprocess, Postprocess)>, String> {
+) -> Result<Option<(String, Preprocess, Postprocess)>, GuessError> {
     if image.layout != "nhwc" || input.shape.len() != 4 {
         return Ok(None);
     }
@@ -700,7 +759,7 @@ fn class_names(
     facts: &GraphFacts,
     hints: &Hints,
     notes: &mut Vec<String>,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, GuessError> {
     let (names, from) = match (&hints.labels, facts.names.is_empty()) {
         (Some(l), _) => (l, "--labels"),
         (None, false) => (&facts.names, "the model's metadata (`names`)"),
@@ -715,10 +774,11 @@ fn class_names(
     if let Some(k) = classes.first()
         && !classes.contains(&(names.len() as u64))
     {
-        return Err(format!(
-            "{from} has {} class names, the model has {k} classes: give a list of {k}",
-            names.len()
-        ));
+        return Err(GuessError::ClassCount {
+            from,
+            given: names.len(),
+            classes: *k,
+        });
     }
     notes.push(format!("class names from {from} ({})", names.len()));
     Ok(names.clone())
@@ -726,16 +786,18 @@ fn class_names(
 
 /// Refuses a name holding a control character (a line break would split it
 /// over two lines of labels.txt).
-fn check_lines(names: &[String], from: &str, what: &str) -> Result<(), String> {
+fn check_lines(names: &[String], from: &'static str, what: &'static str) -> Result<(), GuessError> {
     match names
         .iter()
         .enumerate()
         .find(|(_, n)| n.chars().any(char::is_control))
     {
-        Some((i, n)) => Err(format!(
-            "{from}: {what} {i}'s name {n:?} holds a control character (each name is one line \
-             of labels.txt: a line break would shift every later {what} by one)"
-        )),
+        Some((i, n)) => Err(GuessError::ControlCharacter {
+            from,
+            what,
+            index: i,
+            name: n.clone(),
+        }),
         None => Ok(()),
     }
 }
@@ -751,7 +813,7 @@ fn image_pre(
     resize: &str,
     detector: bool,
     notes: &mut Vec<String>,
-) -> Result<Preprocess, String> {
+) -> Result<Preprocess, GuessError> {
     let mut v = json!({"type": "image", "width": w, "height": h, "layout": image.layout,
                        "channel_order": "rgb", "resize": resize});
     if facts.scales_itself {
@@ -841,13 +903,16 @@ mod tests {
             &names(&["cat\ndog", "bird", "fish"]),
             &Hints::default(),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("class 0's name \"cat\\ndog\""), "{e}");
         let hints = Hints {
             labels: Some(vec!["a".into(), "b\u{7}".into(), "c".into()]),
             ..Hints::default()
         };
-        let e = guess(&i, &o, &GraphFacts::default(), &hints).unwrap_err();
+        let e = guess(&i, &o, &GraphFacts::default(), &hints)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--labels: class 1's name"), "{e}");
         let g = guess(&i, &o, &names(&["a b", "é", ""]), &Hints::default()).unwrap();
         assert_eq!(g.labels, ["a b", "é", ""]);
@@ -860,7 +925,9 @@ mod tests {
             labels: Some((0..1_000_000).map(|n| n.to_string()).collect()),
             ..Hints::default()
         };
-        let e = guess(&i, &o, &GraphFacts::default(), &hints).unwrap_err();
+        let e = guess(&i, &o, &GraphFacts::default(), &hints)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("--labels has 1000000 class names, the model has 10 classes"),
             "{e}"
@@ -872,7 +939,9 @@ mod tests {
             ..Hints::default()
         };
         let yolo = [spec("o", DType::F32, &["1", "8", "525"])];
-        let e = guess(&img, &yolo, &GraphFacts::default(), &three).unwrap_err();
+        let e = guess(&img, &yolo, &GraphFacts::default(), &three)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("has 3 class names, the model has 4 classes"),
             "{e}"
@@ -890,7 +959,9 @@ mod tests {
             ..Hints::default()
         };
         assert!(guess(&line, &ctc, &GraphFacts::default(), &four).is_ok());
-        let e = guess(&line, &ctc, &GraphFacts::default(), &three).unwrap_err();
+        let e = guess(&line, &ctc, &GraphFacts::default(), &three)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("has 3 characters, the model has 6 classes"),
             "{e}"
@@ -926,7 +997,9 @@ mod tests {
             spec("raw", DType::F32, &["1", "7", "525"]),
             spec("final", DType::F32, &["1", "100", "6"]),
         ];
-        let e = guess(&img, &two, &GraphFacts::default(), &Hints::default()).unwrap_err();
+        let e = guess(&img, &two, &GraphFacts::default(), &Hints::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`raw` (yolov8), `final` (rows)"), "{e}");
         let pick = |o: &str| Hints {
             output: Some(o.into()),
@@ -941,7 +1014,9 @@ mod tests {
             "{:?}",
             g.notes
         );
-        let e = guess(&img, &two, &GraphFacts::default(), &pick("nope")).unwrap_err();
+        let e = guess(&img, &two, &GraphFacts::default(), &pick("nope"))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("--output `nope`: the model has no such output"),
             "{e}"
@@ -996,7 +1071,11 @@ mod tests {
             "ssd"
         );
         let e = one(spec("o", DType::F32, &["1", "33", "9"])).unwrap_err();
-        assert!(e.contains("not a detector layout"), "{e}");
+        assert!(
+            matches!(e, GuessError::Detector(NoFit::UnknownLayout { .. })),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("not a detector layout"), "{e}");
     }
 
     #[test]
@@ -1036,7 +1115,8 @@ mod tests {
             &GraphFacts::default(),
             &Hints::default(),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("no single image input"), "{e}");
         let e = guess(
             &[spec("x", DType::F32, &["batch", "3", "48", "width"])],
@@ -1044,7 +1124,8 @@ mod tests {
             &GraphFacts::default(),
             &Hints::default(),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("--labels"), "{e}");
     }
 }

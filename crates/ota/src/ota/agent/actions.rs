@@ -7,18 +7,53 @@ use ed25519_dalek::VerifyingKey;
 
 use super::{Agent, fingerprint};
 use crate::ota::bundle::{self, BundleKind};
-use crate::ota::check;
-use crate::ota::install::Installed;
+use crate::ota::check::{self, CheckError};
+use crate::ota::failure::Failure;
+use crate::ota::host::ModelHostError;
+use crate::ota::install::{InstallError, Installed};
 use crate::ota::machine::{Action, Event, Offer};
 use crate::ota::sign;
 
+/// Why a step the agent performs off the async threads failed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum StepError {
+    #[error(transparent)]
+    Install(#[from] InstallError),
+    /// Reading or writing the slots' state (`boot.json`, the link).
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Manifest(#[from] crate::model::manifest::ManifestError),
+    #[error("its manifest.toml says {name}@{version}")]
+    Mismatch { name: String, version: String },
+    #[error(transparent)]
+    Host(#[from] ModelHostError),
+    #[error(transparent)]
+    Check(#[from] CheckError),
+    #[error("task: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl StepError {
+    /// What the state machine gets: the I/O error's kind kept.
+    pub(super) fn failure(&self) -> Failure {
+        Failure::of(self)
+    }
+
+    /// An I/O error with what was being done.
+    pub(super) fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> StepError {
+        move |source| StepError::Io { what, source }
+    }
+}
+
 impl Agent {
     pub(super) async fn blocking<T: Send + 'static>(
-        f: impl FnOnce() -> Result<T, String> + Send + 'static,
-    ) -> Result<T, String> {
-        tokio::task::spawn_blocking(f)
-            .await
-            .map_err(|e| format!("task: {e}"))?
+        f: impl FnOnce() -> Result<T, StepError> + Send + 'static,
+    ) -> Result<T, StepError> {
+        tokio::task::spawn_blocking(f).await?
     }
 
     pub(super) async fn perform(&mut self, a: Action) -> Option<Event> {
@@ -101,7 +136,7 @@ impl Agent {
                 self.failpoint("downloaded");
                 Event::Downloaded
             }
-            Err(e) => Event::DownloadFailed(e),
+            Err(e) => Event::DownloadFailed(Failure::of(&e)),
         })
     }
 
@@ -110,7 +145,7 @@ impl Agent {
         let trusted = self.trusted.clone();
         let ev = Self::blocking(move || Ok(verify(&path, &o, &trusted)))
             .await
-            .unwrap_or_else(Event::Corrupt);
+            .unwrap_or_else(|e| Event::Corrupt(e.to_string()));
         if matches!(ev, Event::Verified(_)) {
             self.failpoint("verified");
         }
@@ -122,15 +157,15 @@ impl Agent {
         let layout = self.layout.clone();
         let bundle = layout.download(&o.sha256.to_ascii_lowercase());
         let r = Self::blocking(move || {
-            layout
-                .stage(&bundle, &o.name, &o.version)
-                .map_err(|e| e.to_string())?;
+            layout.stage(&bundle, &o.name, &o.version)?;
             let m = crate::model::manifest::Manifest::load(
                 &layout.model_path(&o.name, &o.version).join("manifest.toml"),
-            )
-            .map_err(|e| e.to_string())?;
+            )?;
             if m.name != o.name || m.version != o.version {
-                return Err(format!("its manifest.toml says {}@{}", m.name, m.version));
+                return Err(StepError::Mismatch {
+                    name: m.name,
+                    version: m.version,
+                });
             }
             Ok(())
         })
@@ -140,7 +175,7 @@ impl Agent {
                 self.failpoint("staged");
                 Event::Staged
             }
-            Err(e) => Event::StageFailed(e),
+            Err(e) => Event::StageFailed(e.failure()),
         }
     }
 
@@ -150,13 +185,13 @@ impl Agent {
             .layout
             .model_path(&o.name, &o.version)
             .join("manifest.toml");
-        match Self::blocking(move || host.load(&manifest).map_err(|e| e.to_string())).await {
+        match Self::blocking(move || Ok(host.load(&manifest)?)).await {
             Ok(m) => {
                 self.new_model = Some(m);
                 self.failpoint("loaded");
                 Event::Loaded
             }
-            Err(e) => Event::LoadFailed(e),
+            Err(e) => Event::LoadFailed(e.to_string()),
         }
     }
 
@@ -166,11 +201,7 @@ impl Agent {
         let folder = self.layout.model_path(&o.name, &o.version);
         let tol = self.cfg.check_tolerance;
         Some(
-            match Self::blocking(move || {
-                check::run(&model, &folder, tol).map_err(|e| e.to_string())
-            })
-            .await
-            {
+            match Self::blocking(move || Ok(check::run(&model, &folder, tol)?)).await {
                 Ok(n) => {
                     if n.is_none() {
                         tracing::warn!(bundle = %o.id(), "OTA: bundle has no check data; only the warm-up ran");
@@ -178,7 +209,7 @@ impl Agent {
                     self.failpoint("checked");
                     Event::CheckPassed
                 }
-                Err(e) => Event::CheckFailed(e),
+                Err(e) => Event::CheckFailed(e.to_string()),
             },
         )
     }
@@ -225,7 +256,7 @@ impl Agent {
         let (name, version) = (o.name.clone(), o.version.clone());
         let fp = self.failpoint.clone();
         let r = Self::blocking(move || {
-            let prev = layout.switch(&name, &version).map_err(|e| e.to_string())?;
+            let prev = layout.switch(&name, &version)?;
             if fp.as_deref() == Some("switched") {
                 let _ = rustix::process::kill_process(
                     rustix::process::getpid(),
@@ -248,7 +279,7 @@ impl Agent {
                 self.failpoint("committed");
                 Event::Committed
             }
-            Err(e) => Event::CommitFailed(e),
+            Err(e) => Event::CommitFailed(e.to_string()),
         }
     }
 

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use super::actions::StepError;
 use super::{Agent, emit};
 use crate::ota::machine::{Event, Offer, Status};
 use crate::ota::slots::{BootState, SlotInfo};
@@ -81,19 +82,20 @@ impl Agent {
                 _ = stop.cancelled() => return,
             }
             let r = tokio::task::spawn_blocking(
-                move || -> Result<Option<(BootState, bool)>, String> {
-                    let Some(mut b) = slots.load().map_err(|e| e.to_string())? else {
+                move || -> Result<Option<(BootState, bool)>, StepError> {
+                    let Some(mut b) = slots.load().map_err(StepError::io("reading boot.json"))?
+                    else {
                         return Ok(None);
                     };
                     let marked = b.mark_good(&slot);
                     if marked {
-                        slots.save(&b).map_err(|e| e.to_string())?;
+                        slots.save(&b).map_err(StepError::io("writing boot.json"))?;
                     }
                     Ok(Some((b, marked)))
                 },
             )
             .await
-            .map_err(|e| e.to_string())
+            .map_err(StepError::from)
             .and_then(|r| r);
             match r {
                 Ok(Some((b, true))) => {
@@ -125,11 +127,14 @@ impl Agent {
         let bundle = self.layout.download(&o.sha256.to_ascii_lowercase());
         let running = self.wiring.running_slot.clone();
         let r = Self::blocking(move || {
-            let boot = slots.load().map_err(|e| e.to_string())?.unwrap_or_default();
+            let boot = slots
+                .load()
+                .map_err(StepError::io("reading boot.json"))?
+                .unwrap_or_default();
             slots
                 .stage(&bundle, boot.inactive(running.as_deref()))
                 .map(|_| ())
-                .map_err(|e| e.to_string())
+                .map_err(StepError::from)
         })
         .await;
         match r {
@@ -137,7 +142,7 @@ impl Agent {
                 self.failpoint("staged");
                 Event::Staged
             }
-            Err(e) => Event::StageFailed(e),
+            Err(e) => Event::StageFailed(e.failure()),
         }
     }
 
@@ -147,7 +152,10 @@ impl Agent {
         let running = self.wiring.running_slot.clone();
         let max = self.cfg.daemon_max_attempts;
         let r = Self::blocking(move || {
-            let mut boot = slots.load().map_err(|e| e.to_string())?.unwrap_or_default();
+            let mut boot = slots
+                .load()
+                .map_err(StepError::io("reading boot.json"))?
+                .unwrap_or_default();
             let slot = boot.inactive(running.as_deref());
             boot.try_slot(
                 slot,
@@ -160,8 +168,12 @@ impl Agent {
             );
             // boot.json first: a crash before the link switches
             // still starts the new slot (the launcher follows boot.json).
-            slots.save(&boot).map_err(|e| e.to_string())?;
-            slots.point_current(Some(slot)).map_err(|e| e.to_string())
+            slots
+                .save(&boot)
+                .map_err(StepError::io("writing boot.json"))?;
+            slots
+                .point_current(Some(slot))
+                .map_err(StepError::io("pointing the current slot"))
         })
         .await;
         match r {
@@ -169,7 +181,7 @@ impl Agent {
                 self.failpoint("activated");
                 Event::Activated
             }
-            Err(e) => Event::ActivateFailed(e),
+            Err(e) => Event::ActivateFailed(e.failure()),
         }
     }
 }

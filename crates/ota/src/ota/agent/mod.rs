@@ -32,6 +32,18 @@ mod daemon_slot;
 /// point of an update deterministically.
 pub const FAILPOINT_ENV: &str = "OUTPOST_OTA_FAILPOINT";
 
+/// What is wrong with an offer's entry before anything is downloaded:
+/// the entry is skipped, the bundle not condemned.
+#[derive(Debug, thiserror::Error)]
+enum EntryFault {
+    #[error("states {size} bytes, over max_bundle_bytes {max}")]
+    TooLarge { size: u64, max: u64 },
+    #[error("sha256 `{0}` is not 64 hex digits")]
+    Sha256(String),
+    #[error("signature: {0}")]
+    Signature(sign::SignError),
+}
+
 /// Where the agent's inputs come from and its figures go.
 pub struct Wiring {
     pub device: String,
@@ -117,20 +129,20 @@ impl Agent {
     /// What can be told of an entry before downloading anything: its
     /// sha256 and signature line are well formed, the signature (over the
     /// stated sha256) holds, the stated size is within `max_bundle_bytes`.
-    fn precheck(&self, o: &Offer) -> Result<(), String> {
+    fn precheck(&self, o: &Offer) -> Result<(), EntryFault> {
         if o.size > self.cfg.max_bundle_bytes {
-            return Err(format!(
-                "states {} bytes, over max_bundle_bytes {}",
-                o.size, self.cfg.max_bundle_bytes
-            ));
+            return Err(EntryFault::TooLarge {
+                size: o.size,
+                max: self.cfg.max_bundle_bytes,
+            });
         }
         let digest: [u8; 32] = hex::decode(&o.sha256)
             .ok()
             .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| format!("sha256 `{}` is not 64 hex digits", o.sha256))?;
+            .ok_or_else(|| EntryFault::Sha256(o.sha256.clone()))?;
         sign::verify_digest(&self.trusted, &digest, &o.signature)
             .map(|_| ())
-            .map_err(|e| format!("signature: {e}"))
+            .map_err(EntryFault::Signature)
     }
 
     /// Reports junk on the command topic in aggregate, at most every
@@ -491,7 +503,7 @@ impl Agent {
                 name: offer.name.clone(),
                 version: offer.version.clone(),
                 from: None,
-                detail: Some(why),
+                detail: Some(why.to_string()),
             });
             return;
         }

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-pub use self::session::{Answer, Command, Next, Session, Settings};
+pub use self::session::{Answer, Command, Next, Session, Settings, Unreachable};
 use super::stats::UplinkStats;
 use super::{HttpConfig, UplinkError, sleep_or_stop, tls};
 use crate::clock::clocks::Clocks;
@@ -191,7 +191,7 @@ pub(super) fn spawn(
 }
 
 impl Ctx {
-    async fn post(&self, body: Vec<u8>, key: &str) -> Result<Answer, String> {
+    async fn post(&self, body: Vec<u8>, key: &str) -> Result<Answer, Unreachable> {
         use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, DATE, RETRY_AFTER};
         let resp = self
             .client
@@ -203,7 +203,7 @@ impl Ctx {
             .body(body)
             .send()
             .await
-            .map_err(error_chain)?;
+            .map_err(|e| Unreachable::Send(error_chain(e)))?;
         let status = resp.status().as_u16();
         let retry_after = resp
             .headers()
@@ -216,7 +216,10 @@ impl Ctx {
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
         // Read the body also on success, so the connection can be reused.
-        let bytes = resp.bytes().await.map_err(error_chain)?;
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| Unreachable::Body(error_chain(e)))?;
         let body = if (200..300).contains(&status) {
             String::new()
         } else {

@@ -92,6 +92,16 @@ pub enum Next {
     Wait(Option<Duration>),
 }
 
+/// Why a POST got no answer from the fleet endpoint: the HTTP client's
+/// error with its causes (reqwest's own words hide them).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unreachable {
+    #[error("{0}")]
+    Send(String),
+    #[error("{0}")]
+    Body(String),
+}
+
 /// The operation handed out and not answered yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Awaiting {
@@ -232,7 +242,7 @@ impl Session {
         &mut self,
         now: Instant,
         wall: SystemTime,
-        answer: Result<Answer, String>,
+        answer: Result<Answer, Unreachable>,
     ) -> Option<i64> {
         if self.awaiting != Some(Awaiting::Post) {
             return None;
@@ -256,7 +266,7 @@ impl Session {
                 self.stats.set_connected(false);
                 let v = Verdict::Retry {
                     after: None,
-                    reason: e,
+                    reason: e.to_string(),
                 };
                 (v, None)
             }

@@ -152,14 +152,33 @@ struct Parsed {
     values: Vec<(String, Value)>,
 }
 
-fn parse(record: &[u8], now_ms: u64) -> Result<Parsed, String> {
-    let r: serde_json::Value =
-        serde_json::from_slice(record).map_err(|e| format!("not a JSON record: {e}"))?;
+/// Why a record cannot go out as Sparkplug B.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordRefused {
+    #[error("not a JSON record: {0}")]
+    NotJson(serde_json::Error),
+    #[error("pipeline `{0}` cannot be a Sparkplug device id")]
+    DeviceId(String),
+    #[error("as Sparkplug B DDATA the record takes {bytes} bytes, above max_packet_bytes ({max})")]
+    TooLarge { bytes: usize, max: usize },
+    #[error(
+        "the record has {metrics} metrics ({bytes} bytes in a birth); a Sparkplug device declares \
+         at most {max_metrics} (sparkplug_max_metrics_per_device) in a birth of at most \
+         {max_birth_bytes} bytes (max_packet_bytes)"
+    )]
+    TooManyMetrics {
+        metrics: usize,
+        bytes: usize,
+        max_metrics: usize,
+        max_birth_bytes: usize,
+    },
+}
+
+fn parse(record: &[u8], now_ms: u64) -> Result<Parsed, RecordRefused> {
+    let r: serde_json::Value = serde_json::from_slice(record).map_err(RecordRefused::NotJson)?;
     let pipeline = r["pipeline"].as_str().unwrap_or_default().to_string();
     if bad_id(&pipeline) {
-        return Err(format!(
-            "pipeline `{pipeline}` cannot be a Sparkplug device id"
-        ));
+        return Err(RecordRefused::DeviceId(pipeline));
     }
     let stream = r["stream"].as_str().unwrap_or_default().to_string();
     let ts = r["ts"]
@@ -295,7 +314,7 @@ impl Session {
         ahead: impl IntoIterator<Item = &'a [u8]>,
         now: Instant,
         now_ms: u64,
-    ) -> Result<Step, String> {
+    ) -> Result<Step, RecordRefused> {
         let p = parse(record, now_ms)?;
         let limits = self.bounds.limits();
         let data: Vec<Metric> = p
@@ -312,18 +331,19 @@ impl Session {
         }
         .encoded_len();
         if data_len > self.bounds.max_payload {
-            return Err(format!(
-                "as Sparkplug B DDATA the record takes {data_len} bytes, above max_packet_bytes ({})",
-                self.bounds.max_payload
-            ));
+            return Err(RecordRefused::TooLarge {
+                bytes: data_len,
+                max: self.bounds.max_payload,
+            });
         }
         let (n, bytes) = MetricSet::alone(&p.values);
         if n > limits.max_metrics || bytes > limits.max_birth_bytes {
-            return Err(format!(
-                "the record has {n} metrics ({bytes} bytes in a birth); a Sparkplug device declares at most \
-                 {} (sparkplug_max_metrics_per_device) in a birth of at most {} bytes (max_packet_bytes)",
-                limits.max_metrics, limits.max_birth_bytes
-            ));
+            return Err(RecordRefused::TooManyMetrics {
+                metrics: n,
+                bytes,
+                max_metrics: limits.max_metrics,
+                max_birth_bytes: limits.max_birth_bytes,
+            });
         }
         let interval = self.bounds.rebirth_interval;
         let dev = self.devices.entry(p.pipeline.clone()).or_default();
@@ -494,7 +514,7 @@ mod tests {
     }
 
     /// The messages of a record that needs no wait, with nothing queued behind it.
-    fn send(s: &mut Session, r: &[u8], ms: u64) -> Result<Vec<Out>, String> {
+    fn send(s: &mut Session, r: &[u8], ms: u64) -> Result<Vec<Out>, RecordRefused> {
         match s.record(r, [], Instant::now(), ms)? {
             Step::Send { out, .. } => Ok(out),
             Step::Wait(w) => panic!("waits {w:?}"),
@@ -871,7 +891,7 @@ mod tests {
             .map(|i| (format!("k{i}"), serde_json::json!(i)))
             .collect();
         let e = send(&mut s, &rec("s", 1, serde_json::Value::Object(many)), 0).unwrap_err();
-        assert!(e.contains("max_packet_bytes"), "{e}");
+        assert!(e.to_string().contains("max_packet_bytes"), "{e}");
         let mut s = Session::new(
             topics(),
             0,
@@ -887,7 +907,10 @@ mod tests {
             0,
         )
         .unwrap_err();
-        assert!(e.contains("sparkplug_max_metrics_per_device"), "{e}");
+        assert!(
+            e.to_string().contains("sparkplug_max_metrics_per_device"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -16,9 +16,9 @@ const Y2100: i64 = 4_102_444_800 * S;
 const MIN: Duration = Duration::from_millis(100);
 const MAX: Duration = Duration::from_secs(5);
 
-type Fleet<'a> = &'a mut dyn FnMut(&[Entry]) -> Result<Answer, String>;
+type Fleet<'a> = &'a mut dyn FnMut(&[Entry]) -> Result<Answer, Unreachable>;
 
-fn ok(date: Option<i64>) -> Result<Answer, String> {
+fn ok(date: Option<i64>) -> Result<Answer, Unreachable> {
     Ok(Answer {
         status: 200,
         retry_after: None,
@@ -31,7 +31,7 @@ fn ok(date: Option<i64>) -> Result<Answer, String> {
     })
 }
 
-fn status(code: u16, retry_after: Option<&str>) -> Result<Answer, String> {
+fn status(code: u16, retry_after: Option<&str>) -> Result<Answer, Unreachable> {
     Ok(Answer {
         status: code,
         retry_after: retry_after.map(str::to_string),
@@ -207,7 +207,10 @@ fn retries_wait_for_the_seeded_backoff_or_the_servers_retry_after() {
     assert_eq!(w.run(&mut |_| status(503, Some("0"))), Some(MIN));
     // A connection error is a retry, and the endpoint is down.
     w.clocks.advance(MIN);
-    assert!(w.run(&mut |_| Err("connection refused".into())).is_some());
+    assert!(
+        w.run(&mut |_| Err(Unreachable::Send("connection refused".into())))
+            .is_some()
+    );
     assert!(!w.stats.is_connected());
     assert_eq!(UplinkStats::get(&w.stats.disconnects_total), 1);
 }

@@ -62,7 +62,7 @@ impl Session {
                 let m = self.conn.buf.pop_front()?;
                 for key in m.keys {
                     tracing::warn!(%key, %reason, "uplink: record cannot go out as Sparkplug B; moved to the dead letters");
-                    self.dead.push_back((key, reason.clone()));
+                    self.dead.push_back((key, reason.to_string()));
                 }
                 return None;
             }

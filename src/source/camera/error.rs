@@ -10,12 +10,37 @@ use std::time::Duration;
 use gstreamer::prelude::*;
 
 use super::DecoderError;
-use super::rtsp::RtspError;
+use super::guard::Oversize;
+use super::relay::RelayError;
 
 /// How long a camera whose failure is permanent waits before it tries
 /// again: long enough not to spin on a missing plugin, short enough that a
 /// plugin installed while the daemon runs is picked up.
 pub(super) const PERMANENT_RETRY: Duration = Duration::from_secs(300);
+
+/// Why a session could not start or went on no longer.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RtspError {
+    /// The camera sent more than the bound (`guard.rs`): counted.
+    #[error("{0}")]
+    Oversize(Oversize),
+    /// The camera's answer, or the network's, in words.
+    #[error("{0}")]
+    Camera(String),
+    /// The camera could not be reached, or the client not pointed at it.
+    #[error("{0}")]
+    Relay(#[from] RelayError),
+    #[error("no answer from the camera for {0} s (stall_timeout)")]
+    NoAnswer(f64),
+    #[error("the stream has no video track (tracks: {0})")]
+    NoVideo(String),
+    #[error("the camera's video is {0}; outpost decodes H.264 and H.265")]
+    Codec(String),
+    #[error("cannot start the RTSP client: {0}")]
+    Runtime(std::io::Error),
+    #[error("appsrc lacks current-level-buffers (GStreamer 1.20 or newer is needed)")]
+    OldGstreamer,
+}
 
 /// Why a camera's pipeline could not be made, or its run ended.
 #[derive(Debug, thiserror::Error)]

@@ -28,9 +28,9 @@ use retina::client::{
 use retina::codec::{CodecItem, FrameFormat};
 
 use super::decode::Verdict;
+use super::error::RtspError;
 use super::fanout::Shared;
-use super::guard::Oversize;
-use super::relay::{self, Cut, Refused, RelayError};
+use super::relay::{self, Cut, Refused};
 
 /// Compressed frames waiting in the appsrc beyond which the decoder is
 /// behind: frames are dropped from there to the next keyframe (a delta
@@ -54,30 +54,6 @@ const AWAKE_BEFORE: Duration = Duration::from_millis(150);
 /// How long a TEARDOWN may take when the session closes (for servers
 /// known to keep a session whose TCP connection closed).
 const TEARDOWN_WAIT: Duration = Duration::from_secs(2);
-
-/// Why a session could not start or went on no longer.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum RtspError {
-    /// The camera sent more than the bound (`guard.rs`): counted.
-    #[error("{0}")]
-    Oversize(Oversize),
-    /// The camera's answer, or the network's, in words.
-    #[error("{0}")]
-    Camera(String),
-    /// The camera could not be reached, or the client not pointed at it.
-    #[error("{0}")]
-    Relay(#[from] RelayError),
-    #[error("no answer from the camera for {0} s (stall_timeout)")]
-    NoAnswer(f64),
-    #[error("the stream has no video track (tracks: {0})")]
-    NoVideo(String),
-    #[error("the camera's video is {0}; outpost decodes H.264 and H.265")]
-    Codec(String),
-    #[error("cannot start the RTSP client: {0}")]
-    Runtime(std::io::Error),
-    #[error("appsrc lacks current-level-buffers (GStreamer 1.20 or newer is needed)")]
-    OldGstreamer,
-}
 
 impl RtspError {
     /// A client error, or what the relay cut when the client saw only the

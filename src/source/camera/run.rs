@@ -271,7 +271,7 @@ fn run_once(
             Ok(Some(c)) => session = Some(c),
             Ok(None) => return End::Stop,
             Err(e) => {
-                if let rtsp::RtspError::Oversize(o) = &e {
+                if let super::error::RtspError::Oversize(o) = &e {
                     sh.count_oversize(o);
                 }
                 return failed(e.into(), false);

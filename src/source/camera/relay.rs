@@ -283,12 +283,14 @@ mod tests {
             .unwrap();
             let port = r.url.port().unwrap();
             // Another process connects first, sends a request and prints
-            // whatever comes back until the connection closes.
+            // whatever comes back until the connection closes. Its request
+            // may meet a connection already closed: SIGPIPE is ignored, so
+            // it still says `closed`.
             let mut foreign = Command::new("bash")
                 .arg("-c")
                 .arg(format!(
-                    "exec 3<>/dev/tcp/127.0.0.1/{port}; echo connected; \
-                     printf 'OPTIONS foreign\\r\\n\\r\\n' >&3; cat <&3 2>/dev/null; echo closed"
+                    "trap '' PIPE; exec 3<>/dev/tcp/127.0.0.1/{port}; echo connected; \
+                     printf 'OPTIONS foreign\\r\\n\\r\\n' >&3 2>/dev/null; cat <&3 2>/dev/null; echo closed"
                 ))
                 .stdout(Stdio::piped())
                 .spawn()

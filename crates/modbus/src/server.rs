@@ -358,46 +358,44 @@ impl Server {
                 address,
                 count,
             } => {
-                let t = self.shared.table.read();
-                let cells = address..=address.saturating_add(count - 1);
-                // An address outside the map outranks a value not yet set.
-                if cells.clone().any(|a| !t.regs.contains_key(&a)) {
-                    return refuse(out, function, code::ILLEGAL_ADDRESS);
-                }
-                let mut values = Vec::with_capacity(usize::from(count));
-                for a in cells {
-                    match t.regs.get(&a) {
-                        Some(Some(v)) => values.push(*v),
-                        _ => return refuse(out, function, code::DEVICE_FAILURE),
+                let read = cells(&self.shared.table.read().regs, address, count);
+                match read {
+                    Ok(values) => {
+                        st.requests.fetch_add(1, Ordering::Relaxed);
+                        frame::words(out, req, function, &values);
                     }
+                    Err(c) => refuse(out, function, c),
                 }
-                drop(t);
-                st.requests.fetch_add(1, Ordering::Relaxed);
-                frame::words(out, req, function, &values);
             }
             Pdu::ReadBits {
                 function,
                 address,
                 count,
             } => {
-                let t = self.shared.table.read();
-                let cells = address..=address.saturating_add(count - 1);
-                if cells.clone().any(|a| !t.coils.contains_key(&a)) {
-                    return refuse(out, function, code::ILLEGAL_ADDRESS);
-                }
-                let mut values = Vec::with_capacity(usize::from(count));
-                for a in cells {
-                    match t.coils.get(&a) {
-                        Some(Some(v)) => values.push(*v),
-                        _ => return refuse(out, function, code::DEVICE_FAILURE),
+                let read = cells(&self.shared.table.read().coils, address, count);
+                match read {
+                    Ok(values) => {
+                        st.requests.fetch_add(1, Ordering::Relaxed);
+                        frame::bits(out, req, function, &values);
                     }
+                    Err(c) => refuse(out, function, c),
                 }
-                drop(t);
-                st.requests.fetch_add(1, Ordering::Relaxed);
-                frame::bits(out, req, function, &values);
             }
         }
     }
+}
+
+/// The values of `count` cells from `address` on, or the exception code
+/// that refuses the read: an address outside the map outranks a value not
+/// yet set.
+fn cells<T: Copy>(map: &BTreeMap<u16, Option<T>>, address: u16, count: u16) -> Result<Vec<T>, u8> {
+    let range = address..=address.saturating_add(count.saturating_sub(1));
+    if range.clone().any(|a| !map.contains_key(&a)) {
+        return Err(code::ILLEGAL_ADDRESS);
+    }
+    range
+        .map(|a| map.get(&a).copied().flatten().ok_or(code::DEVICE_FAILURE))
+        .collect()
 }
 
 #[cfg(test)]
